@@ -1,0 +1,99 @@
+"""What a client does for one message, on plain dicts: the ClientApp only marshals Flower records."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
+from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config
+from fedvit_app.data import DatasetUnavailableError, client_data
+from fedvit_app.model import build_model, resolve_device, set_weights
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(items: frozenset) -> Config:
+    return parse_config(dict(items))
+
+
+def client_config(run_config: Mapping[str, Any]) -> Config:
+    """Parse the run config once per process (cached by content)."""
+    return _parse(frozenset(run_config.items()))
+
+
+@functools.lru_cache(maxsize=4)
+def client_model(config: Config, num_classes: int) -> nn.Module:
+    """The model skeleton on the client's device; weights always come from the server."""
+    structure = dataclasses.replace(config.model, pretrained="off")
+    return build_model(structure, num_classes, config.seed).to(resolve_device(config.device))
+
+
+def describe(config: Config, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    """Answer the server's discovery query: partition facts, or the config error that forbids training."""
+    try:
+        data = client_data(config.data, config.seed, partition_id, num_partitions)
+        check_against_federation(config, num_partitions, len(data.images), data.images.num_classes)
+    except (ConfigError, DatasetUnavailableError, ValueError) as err:
+        return {"partition-id": partition_id, "error": str(err)}
+    return {
+        "partition-id": partition_id,
+        "num-partitions": num_partitions,
+        "num-train": len(data.train),
+        "num-test": len(data.test),
+        "num-classes": data.images.num_classes,
+    }
+
+
+def train(
+    config: Config,
+    partition_id: int,
+    num_partitions: int,
+    weights: dict[str, np.ndarray],
+    server_round: int,
+    lr: float,
+) -> tuple[dict[str, np.ndarray], dict[str, float | int]]:
+    """One round of local work: the FedSGD gradient or FedAvg local epochs. Returns (arrays, metrics)."""
+    data = client_data(config.data, config.seed, partition_id, num_partitions)
+    model = client_model(config, data.images.num_classes)
+    set_weights(model, weights)
+    device = next(model.parameters()).device
+    rng = batch_rng(config.seed, server_round, partition_id)
+    img_size = _img_size(model)
+    start = time.perf_counter()
+    if config.strategy == "fedsgd":
+        result = fedsgd_gradient(model, data.images, data.train, config.batch_size, img_size, rng, device)
+    else:
+        result = local_epochs(
+            model, data.images, data.train, epochs=config.local_epochs, batch_size=config.batch_size, lr=lr,
+            momentum=config.momentum, img_size=img_size, rng=rng, device=device,
+        )
+    metrics = {
+        "num-examples": result.num_examples,
+        "train-loss": result.loss,
+        "train-accuracy": result.accuracy,
+        "partition-id": partition_id,
+        "compute-s": time.perf_counter() - start,
+    }
+    return result.arrays, metrics
+
+
+def evaluate_local(
+    config: Config, partition_id: int, num_partitions: int, weights: dict[str, np.ndarray]
+) -> dict[str, float | int]:
+    """Evaluate the received global model on this client's test split."""
+    data = client_data(config.data, config.seed, partition_id, num_partitions)
+    model = client_model(config, data.images.num_classes)
+    set_weights(model, weights)
+    device = next(model.parameters()).device
+    loss, accuracy, n = evaluate(model, data.images, data.test, _img_size(model), device)
+    return {"num-examples": n, "eval-loss": loss, "eval-accuracy": accuracy, "partition-id": partition_id}
+
+
+def _img_size(model: nn.Module) -> int:
+    return int(model.patch_embed.img_size[0])

@@ -1,0 +1,54 @@
+"""fedvit ClientApp: marshals Flower records; the work happens in ``clients/``."""
+
+from __future__ import annotations
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients import runner
+
+app = ClientApp()
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as err:
+        raise RuntimeError(
+            "this SuperNode needs --node-config 'partition-id=<i> num-partitions=<n>'"
+        ) from err
+
+
+def _weights(msg: Message) -> dict:
+    return {name: array.numpy() for name, array in msg.content["arrays"].items()}
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Report this node's partition facts (or its config error) to the server before training."""
+    config = runner.client_config(context.run_config)
+    info = runner.describe(config, *_partition(context))
+    return Message(RecordDict({"config": ConfigRecord(info)}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training for one round; replies with 'arrays' (gradient or weights) and 'metrics'."""
+    config = runner.client_config(context.run_config)
+    round_config = msg.content["config"]
+    arrays, metrics = runner.train(
+        config, *_partition(context), _weights(msg), int(round_config["server-round"]),
+        float(round_config.get("lr", config.lr)),
+    )
+    content = RecordDict(
+        {"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "metrics": MetricRecord(metrics)}
+    )
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Evaluate the global model on this client's test split."""
+    config = runner.client_config(context.run_config)
+    metrics = runner.evaluate_local(config, *_partition(context), _weights(msg))
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

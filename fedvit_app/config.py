@@ -1,0 +1,236 @@
+"""Typed, validated run configuration parsed once from ``context.run_config``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+STRATEGIES = ("fedsgd", "fedavg")
+PARTITIONERS = ("iid", "noniid-k", "dirichlet")
+DATASETS = ("synthetic", "cifar10", "imagefolder:<path>")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"config error: {key}={value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which timm ViT to build; 0 for an override means "timm's default"."""
+
+    name: str = "vit_tiny_patch16_224"
+    img_size: int = 32
+    patch_size: int = 8
+    embed_dim: int = 64
+    depth: int = 2
+    num_heads: int = 4
+    pretrained: str = "off"  # "off" | "hub" | path to a weights file
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Dataset, partitioning and loading options."""
+
+    name: str = "synthetic"
+    root: str = "data"
+    download: bool = True
+    synthetic_train_size: int = 1200
+    synthetic_test_size: int = 300
+    synthetic_num_classes: int = 10
+    partitioner: str = "iid"
+    classes_per_client: int = 2
+    dirichlet_alpha: float = 0.5
+    client_test_fraction: float = 0.2
+
+    @property
+    def imagefolder_path(self) -> str | None:
+        return self.name.split(":", 1)[1] if self.name.startswith("imagefolder:") else None
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs; built only by :func:`parse_config`."""
+
+    run_name: str = ""
+    out_dir: str = "outputs"
+    seed: int = 0
+    num_server_rounds: int = 5
+    strategy: str = "fedsgd"
+    lr: float = 0.1
+    momentum: float = 0.0
+    local_epochs: int = 1
+    batch_size: int = 32
+    fraction_train: float = 1.0
+    fraction_evaluate: float = 1.0
+    min_nodes: int = 2
+    round_timeout: float = 600.0
+    centralized_evaluation: bool = True
+    resume_from: str = ""
+    checkpoint_keep: int = 2
+    device: str = "auto"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, hyphenated form (the same keys as ``[tool.flwr.app.config]``)."""
+        flat: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value):
+                for sub in dataclasses.fields(value):
+                    flat[f"{f.name}.{_hyphen(sub.name)}"] = getattr(value, sub.name)
+            else:
+                flat[_hyphen(f.name)] = value
+        return flat
+
+    def fingerprint(self) -> str:
+        """Stable key for caches: the whole config as sorted JSON."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _hyphen(name: str) -> str:
+    return name.replace("_", "-")
+
+
+# Per-key checks: (predicate, description of what is allowed).
+Check = tuple[Callable[[Any], bool], str]
+_POSITIVE: Check = (lambda v: v > 0, "a number > 0")
+_POSITIVE_INT: Check = (lambda v: v >= 1, "an integer >= 1")
+_NON_NEG_INT: Check = (lambda v: v >= 0, "an integer >= 0 (0 = timm's default)")
+_FRACTION: Check = (lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+_OPEN_FRACTION: Check = (lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
+
+
+def _one_of(options: tuple[str, ...]) -> Check:
+    return (lambda v: v in options, "one of " + ", ".join(options))
+
+
+def _dataset_name(value: str) -> bool:
+    if value.startswith("imagefolder:"):
+        return len(value) > len("imagefolder:")
+    return value in ("synthetic", "cifar10")
+
+
+def _timm_model_name(value: str) -> bool:
+    import timm
+
+    return value in timm.list_models()
+
+
+_CHECKS: dict[str, Check] = {
+    "seed": (lambda v: v >= 0, "an integer >= 0"),
+    "num-server-rounds": _POSITIVE_INT,
+    "strategy": _one_of(STRATEGIES),
+    "lr": _POSITIVE,
+    "momentum": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "local-epochs": _POSITIVE_INT,
+    "batch-size": _POSITIVE_INT,
+    "fraction-train": (lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"),
+    "fraction-evaluate": _FRACTION,
+    "min-nodes": _POSITIVE_INT,
+    "round-timeout": _POSITIVE,
+    "checkpoint-keep": _POSITIVE_INT,
+    "device": _one_of(DEVICES),
+    "run-name": (lambda v: "/" not in v and v not in (".", ".."), "a name without '/'"),
+    "model.name": (_timm_model_name, "a model name from timm.list_models(), e.g. vit_small_patch16_224"),
+    "model.img-size": _NON_NEG_INT,
+    "model.patch-size": _NON_NEG_INT,
+    "model.embed-dim": _NON_NEG_INT,
+    "model.depth": _NON_NEG_INT,
+    "model.num-heads": _NON_NEG_INT,
+    "model.pretrained": (lambda v: v != "", "'off', 'hub' or a path to a weights file"),
+    "data.name": (_dataset_name, "one of " + ", ".join(DATASETS)),
+    "data.synthetic-train-size": _POSITIVE_INT,
+    "data.synthetic-test-size": _POSITIVE_INT,
+    "data.synthetic-num-classes": (lambda v: v >= 2, "an integer >= 2"),
+    "data.partitioner": _one_of(PARTITIONERS),
+    "data.classes-per-client": _POSITIVE_INT,
+    "data.dirichlet-alpha": _POSITIVE,
+    "data.client-test-fraction": _OPEN_FRACTION,
+}
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    """Convert a TOML value to the default's type, refusing lossy conversions."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, value, "true or false")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(key, value, "an integer")
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise ConfigError(key, value, "a finite number")
+    if isinstance(value, str):
+        return value
+    raise ConfigError(key, value, "a string")
+
+
+def parse_config(run_config: Mapping[str, Any]) -> Config:
+    """Build a validated :class:`Config` from Flower's flat run config.
+
+    Raises :class:`ConfigError` on the first unknown key or invalid value. Keys
+    missing from ``run_config`` keep their defaults.
+    """
+    defaults = Config().to_dict()
+    values: dict[str, Any] = {}
+    for key, value in run_config.items():
+        if key not in defaults:
+            raise ConfigError(key, value, "a known key: " + ", ".join(sorted(defaults)))
+        value = _coerce(key, value, defaults[key])
+        predicate, allowed = _CHECKS.get(key, (lambda _v: True, ""))
+        if not predicate(value):
+            raise ConfigError(key, value, allowed)
+        values[key] = value
+    merged = {**defaults, **values}
+    config = _build(merged)
+    _check_cross_field(config)
+    return config
+
+
+def _build(flat: dict[str, Any]) -> Config:
+    groups: dict[str, dict[str, Any]] = {"model": {}, "data": {}}
+    top: dict[str, Any] = {}
+    for key, value in flat.items():
+        prefix, _, rest = key.partition(".")
+        if rest:
+            groups[prefix][rest.replace("-", "_")] = value
+        else:
+            top[key.replace("-", "_")] = value
+    return Config(**top, model=ModelConfig(**groups["model"]), data=DataConfig(**groups["data"]))
+
+
+def _check_cross_field(config: Config) -> None:
+    data = config.data
+    if data.name == "synthetic" and data.partitioner == "noniid-k":
+        if data.classes_per_client > data.synthetic_num_classes:
+            raise ConfigError(
+                "data.classes-per-client",
+                data.classes_per_client,
+                f"at most the number of classes ({data.synthetic_num_classes})",
+            )
+
+
+def check_against_federation(config: Config, num_clients: int, num_train: int, num_classes: int) -> None:
+    """Checks that need the dataset size and the number of clients (run before training)."""
+    data = config.data
+    if data.partitioner == "noniid-k" and data.classes_per_client > num_classes:
+        raise ConfigError(
+            "data.classes-per-client", data.classes_per_client, f"at most the number of classes ({num_classes})"
+        )
+    if num_clients > num_train:
+        raise ConfigError("num-partitions", num_clients, f"at most the number of training samples ({num_train})")

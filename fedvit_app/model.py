@@ -1,0 +1,132 @@
+"""timm ViT factory, input normalisation and the one place that names parameter roles."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import numpy as np
+import timm
+import torch
+from torch import nn
+
+from fedvit_app.config import ModelConfig
+
+# Parameter roles by name in timm's VisionTransformer. Later defences and attacks
+# address parameters only through these names, never by position.
+POS_EMBED = "pos_embed"
+PATCH_EMBED_WEIGHT = "patch_embed.proj.weight"
+PATCH_EMBED_BIAS = "patch_embed.proj.bias"
+CLS_TOKEN = "cls_token"
+QKV0_WEIGHT = "blocks.0.attn.qkv.weight"
+QKV0_BIAS = "blocks.0.attn.qkv.bias"
+HEAD_WEIGHT = "head.weight"
+HEAD_BIAS = "head.bias"
+
+PARAM_ROLES: dict[str, tuple[str, ...]] = {
+    "position-embedding": (POS_EMBED,),
+    "patch-embedding": (PATCH_EMBED_WEIGHT, PATCH_EMBED_BIAS),
+    "class-token": (CLS_TOKEN,),
+    "qkv-block-0": (QKV0_WEIGHT, QKV0_BIAS),
+    "classifier-head": (HEAD_WEIGHT, HEAD_BIAS),
+}
+
+
+class PretrainedWeightsError(RuntimeError):
+    """Pretrained weights were requested but could not be obtained."""
+
+
+def role_params(model: nn.Module, role: str) -> list[str]:
+    """Names of the parameters that play ``role`` in ``model`` (see :data:`PARAM_ROLES`).
+
+    Raises ``KeyError`` for an unknown role and ``ValueError`` when the model has
+    none of the role's parameters (e.g. a model without a position embedding).
+    """
+    names = dict(model.named_parameters())
+    found = [n for n in PARAM_ROLES[role] if n in names]
+    if not found:
+        raise ValueError(f"model {type(model).__name__} has no parameter for role {role!r} ({PARAM_ROLES[role]})")
+    return found
+
+
+def _overrides(cfg: ModelConfig) -> dict[str, int]:
+    values = {
+        "img_size": cfg.img_size,
+        "patch_size": cfg.patch_size,
+        "embed_dim": cfg.embed_dim,
+        "depth": cfg.depth,
+        "num_heads": cfg.num_heads,
+    }
+    return {k: v for k, v in values.items() if v}
+
+
+def build_model(cfg: ModelConfig, num_classes: int, seed: int = 0) -> nn.Module:
+    """Create the timm model; initialisation is seeded and leaves the global RNG untouched."""
+    kwargs: dict = dict(num_classes=num_classes, **_overrides(cfg))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if cfg.pretrained == "off":
+            return timm.create_model(cfg.name, pretrained=False, **kwargs)
+        if cfg.pretrained == "hub":
+            try:
+                return timm.create_model(cfg.name, pretrained=True, **kwargs)
+            except Exception as err:  # network / hub errors come in many types
+                raise PretrainedWeightsError(
+                    f"could not fetch pretrained weights for {cfg.name!r} from the timm hub ({type(err).__name__}: "
+                    f"{err}). Offline? Download them on a connected machine (timm.create_model("
+                    f"{cfg.name!r}, pretrained=True) and save_file(model.state_dict(), 'weights.safetensors')) "
+                    "and set model.pretrained='/abs/path/weights.safetensors'"
+                ) from err
+        path = os.path.abspath(os.path.expanduser(cfg.pretrained))
+        if not os.path.isfile(path):
+            raise PretrainedWeightsError(
+                f"model.pretrained={cfg.pretrained!r}: no such file; expected 'off', 'hub' or a "
+                ".safetensors/.pth/.npz weights file"
+            )
+        # timm's own loader adapts the checkpoint: it resamples pos_embed to the
+        # new grid and drops a head whose class count differs.
+        return timm.create_model(cfg.name, pretrained=True, pretrained_cfg_overlay={"file": path}, **kwargs)
+
+
+def normalize(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Map pixels in [0, 1] to the model's input statistics (attacks perturb before this)."""
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    mean = torch.tensor(cfg.get("mean", (0.5, 0.5, 0.5)), device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+    std = torch.tensor(cfg.get("std", (0.5, 0.5, 0.5)), device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+    return (x - mean) / std
+
+
+def classify(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """Logits for images with pixels in [0, 1]."""
+    return model(normalize(model, pixels))
+
+
+def get_weights(model: nn.Module) -> OrderedDict[str, np.ndarray]:
+    """Trainable parameters by name as float32 numpy arrays (copies)."""
+    return OrderedDict(
+        (name, p.detach().to("cpu", torch.float32).numpy().copy()) for name, p in model.named_parameters()
+    )
+
+
+def set_weights(model: nn.Module, weights: dict[str, np.ndarray]) -> None:
+    """Copy named arrays into the model's parameters in place; names and shapes must match."""
+    params = dict(model.named_parameters())
+    missing = set(params) - set(weights)
+    extra = set(weights) - set(params)
+    if missing or extra:
+        raise ValueError(f"weights do not match the model: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    with torch.no_grad():
+        for name, p in params.items():
+            value = torch.as_tensor(weights[name])
+            if value.shape != p.shape:
+                raise ValueError(f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(p.shape)}")
+            p.copy_(value)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when available; asking for CUDA without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' requested but torch.cuda.is_available() is False")
+    return torch.device(name)

@@ -1,0 +1,95 @@
+"""Run outputs: resolved config, per-round metrics, checkpoints, the final model and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from fedvit_app.config import Config, ConfigError
+
+STRATEGY_PREFIX = "strategy/"
+# Keys that may differ between a run and its resumption.
+RESUMABLE_DIFFERENCES = {"num-server-rounds", "resume-from", "run-name", "round-timeout", "device", "out-dir"}
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file and rename, so a crash never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def atomic_save_safetensors(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp)
+    os.replace(tmp, path)
+
+
+class RunRecorder:
+    """Owns ``<out-dir>/<run-name>/``: config.json, metrics.json, checkpoints/, model.safetensors, plots/."""
+
+    def __init__(self, root: Path, config: Config, history: list[dict[str, Any]] | None = None) -> None:
+        self.root = root
+        self.config = config
+        self.history: list[dict[str, Any]] = history or []
+        (root / "checkpoints").mkdir(parents=True, exist_ok=True)
+        atomic_write(root / "config.json", json.dumps(config.to_dict(), indent=2).encode())
+
+    def record_round(self, entry: dict[str, Any]) -> None:
+        """Append one round's metrics and rewrite metrics.json."""
+        self.history = [h for h in self.history if h["round"] != entry["round"]] + [entry]
+        atomic_write(self.root / "metrics.json", json.dumps({"rounds": self.history}, indent=2).encode())
+
+    def checkpoint(self, server_round: int, weights: dict[str, np.ndarray], strategy_state: dict[str, np.ndarray]):
+        """Save the global model and strategy state after ``server_round``; keep the newest few."""
+        arrays = dict(weights) | {STRATEGY_PREFIX + k: v for k, v in strategy_state.items()}
+        ckpt_dir = self.root / "checkpoints"
+        atomic_save_safetensors(ckpt_dir / f"round-{server_round:04d}.safetensors", arrays)
+        atomic_write(ckpt_dir / f"round-{server_round:04d}.json", json.dumps({"round": server_round,
+                                                                              "history": self.history}).encode())
+        for old in _checkpoints(ckpt_dir)[: -self.config.checkpoint_keep]:
+            old.unlink()
+            old.with_suffix(".json").unlink(missing_ok=True)
+
+    def finish(self, weights: dict[str, np.ndarray]) -> None:
+        """Write the final model and the plots."""
+        atomic_save_safetensors(self.root / "model.safetensors", weights)
+        from fedvit_app.plots import plot_history
+
+        plot_history(self.history, self.root / "plots")
+
+
+def _checkpoints(ckpt_dir: Path) -> list[Path]:
+    return sorted(p for p in ckpt_dir.glob("round-*.safetensors") if re.fullmatch(r"round-\d{4}\.safetensors", p.name))
+
+
+def load_checkpoint(run_dir: Path, config: Config) -> tuple[int, dict[str, np.ndarray], dict[str, np.ndarray], list]:
+    """Latest checkpoint of ``run_dir``: (round, weights, strategy state, metrics history).
+
+    Refuses a checkpoint written with a config that differs in anything but
+    :data:`RESUMABLE_DIFFERENCES`, since the result could not match an uninterrupted run.
+    """
+    ckpts = _checkpoints(run_dir / "checkpoints")
+    if not ckpts:
+        raise ConfigError("resume-from", str(run_dir), "a run directory with checkpoints/round-NNNN.safetensors")
+    saved = json.loads((run_dir / "config.json").read_text())
+    now = config.to_dict()
+    differing = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k) and k not in RESUMABLE_DIFFERENCES)
+    if differing:
+        raise ConfigError("resume-from", str(run_dir), f"a run made with the same config (differs in {differing})")
+    latest = ckpts[-1]
+    meta = json.loads(latest.with_suffix(".json").read_text())
+    arrays = load_file(str(latest))
+    weights = {k: v for k, v in arrays.items() if not k.startswith(STRATEGY_PREFIX)}
+    state = {k[len(STRATEGY_PREFIX):]: v for k, v in arrays.items() if k.startswith(STRATEGY_PREFIX)}
+    return int(meta["round"]), weights, state, meta["history"]

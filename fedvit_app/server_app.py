@@ -1,0 +1,149 @@
+"""fedvit ServerApp: parse the config, build the model, run the strategy, write the outputs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from datetime import datetime
+from logging import ERROR, INFO
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from clients.training import evaluate
+from fedvit_app.config import Config, ConfigError, parse_config
+from fedvit_app.data import DatasetUnavailableError, load_dataset
+from fedvit_app.model import PretrainedWeightsError, build_model, get_weights, resolve_device, set_weights
+from fedvit_app.results import RunRecorder, load_checkpoint
+from strategies import STRATEGIES, FedVitStrategy
+from strategies.base import ClientSetupError, NodesUnavailableError
+
+app = ServerApp()
+
+# Failures that are the user's to fix: reported as one line, the run stops before training.
+SETUP_ERRORS = (ConfigError, ClientSetupError, NodesUnavailableError, PretrainedWeightsError, DatasetUnavailableError)
+
+
+def make_strategy(config: Config) -> FedVitStrategy:
+    """The configured strategy with the shared sampling/validation settings."""
+    common = dict(
+        seed=config.seed,
+        fraction_train=config.fraction_train,
+        fraction_evaluate=config.fraction_evaluate,
+        min_nodes=config.min_nodes,
+        wait_timeout=config.round_timeout,
+    )
+    if config.strategy == "fedsgd":
+        return STRATEGIES["fedsgd"](lr=config.lr, **common)
+    return STRATEGIES[config.strategy](**common)
+
+
+def run_dir_for(config: Config) -> Path:
+    """Where this run writes; refuses to overwrite another run's results."""
+    if config.resume_from and not config.run_name:
+        return Path(config.resume_from).expanduser().resolve()
+    name = config.run_name or f"{config.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    path = (Path(config.out_dir).expanduser() / name).resolve()
+    resuming_here = config.resume_from and Path(config.resume_from).expanduser().resolve() == path
+    if (path / "metrics.json").exists() and not resuming_here:
+        raise ConfigError("run-name", name, f"a name not used yet in {path.parent} (or resume-from={path})")
+    return path
+
+
+def _num_classes(strategy: FedVitStrategy) -> int:
+    reported = {info["num-classes"] for info in strategy.node_info.values()}
+    if len(reported) != 1:
+        raise ClientSetupError(f"clients disagree on the number of classes: {sorted(reported)}")
+    return int(reported.pop())
+
+
+class RoundEnd:
+    """Called by ``Strategy.start`` after each round (and before the first): central evaluation,
+    the one-line log, metrics.json and the checkpoint."""
+
+    def __init__(self, config: Config, strategy: FedVitStrategy, recorder: RunRecorder, model, total_rounds: int):
+        self.config, self.strategy, self.recorder, self.model = config, strategy, recorder, model
+        self.total_rounds = total_rounds
+        self.test = load_dataset(config.data, config.seed, "test") if config.centralized_evaluation else None
+        self.last = time.perf_counter()
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        rnd = self.strategy.round_of(server_round)
+        if server_round == 0 and self.strategy.round_offset > 0:
+            return None  # resumed: this round was evaluated and logged before the interruption
+        weights = {name: a.numpy() for name, a in arrays.items()}
+        entry: dict = {"round": rnd}
+        central = None
+        if self.test is not None:
+            set_weights(self.model, weights)
+            device = next(self.model.parameters()).device
+            img_size = int(self.model.patch_embed.img_size[0])
+            loss, acc, _ = evaluate(self.model, self.test, np.arange(len(self.test)), img_size, device)
+            central = MetricRecord({"central-loss": loss, "central-accuracy": acc})
+            entry |= dict(central)
+        stats = self.strategy.stats.get(rnd)
+        if stats is not None:
+            entry |= {k: v for k, v in stats.train.items()} | {k: v for k, v in stats.evaluate.items()}
+            entry |= {k: v for k, v in asdict(stats).items() if k not in ("train", "evaluate")}
+        now = time.perf_counter()
+        entry["round-s"] = now - self.last
+        self.last = now
+        self.recorder.record_round(entry)
+        self._log(entry)
+        if rnd > 0:
+            self.recorder.checkpoint(rnd, weights, self.strategy.state_dict())
+        return central
+
+    def _log(self, e: dict) -> None:
+        source = next((p for p in ("central", "eval", "train") if f"{p}-accuracy" in e), None)
+        quality = f"loss {e[f'{source}-loss']:.4f} acc {100 * e[f'{source}-accuracy']:5.1f}% ({source})" if source \
+            else "no metrics"
+        log(INFO, "round %d/%d | %s | %.2f s | up %.2f MB down %.2f MB", e["round"], self.total_rounds, quality,
+            e["round-s"], e.get("bytes_up", 0) / 1e6, e.get("bytes_down", 0) / 1e6)
+
+
+def run(grid: Grid, context: Context) -> Path:
+    """The whole run; returns the output directory."""
+    config = parse_config(context.run_config)
+    run_dir = run_dir_for(config)
+    strategy = make_strategy(config)
+    done, history, state = 0, [], {}
+    if config.resume_from:
+        done, checkpoint_weights, state, history = load_checkpoint(Path(config.resume_from).expanduser(), config)
+        if done >= config.num_server_rounds:
+            raise ConfigError("num-server-rounds", config.num_server_rounds, f"more than the {done} rounds done")
+    strategy.discover(grid)
+    model = build_model(config.model, _num_classes(strategy), config.seed).to(resolve_device(config.device))
+    if config.resume_from:
+        set_weights(model, checkpoint_weights)
+        strategy.load_state_dict(state)
+        strategy.round_offset = done
+    log(INFO, "fedvit: %s on %d node(s); outputs in %s", config.strategy, len(strategy.node_info), run_dir)
+    recorder = RunRecorder(run_dir, config, history)
+    round_end = RoundEnd(config, strategy, recorder, model, config.num_server_rounds)
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord({k: Array(v) for k, v in get_weights(model).items()}),
+        num_rounds=config.num_server_rounds - done,
+        timeout=config.round_timeout,
+        train_config=ConfigRecord({"lr": config.lr}),
+        evaluate_config=ConfigRecord(),
+        evaluate_fn=round_end,
+    )
+    final = result.arrays if result.arrays is not None else ArrayRecord()
+    recorder.finish({k: a.numpy() for k, a in final.items()} or get_weights(model))
+    log(INFO, "fedvit: finished; results in %s", run_dir)
+    return run_dir
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point for ``flwr run``."""
+    try:
+        run(grid, context)
+    except SETUP_ERRORS as err:
+        log(ERROR, "%s", err)
+        raise SystemExit(2) from None

@@ -1,0 +1,289 @@
+"""Shared strategy base: seeded sampling by partition id, reply validation, sorted replies, accounting."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+WAIT_POLL_S = 1.0
+
+
+class NodesUnavailableError(RuntimeError):
+    """Fewer nodes than ``min-nodes`` connected within the timeout."""
+
+
+class ClientSetupError(RuntimeError):
+    """A client reported that it cannot train with this config (e.g. a bad partitioning)."""
+
+
+@dataclass
+class RoundStats:
+    """Per-round accounting kept by the strategy (merged into metrics.json by the server app)."""
+
+    bytes_down: int = 0
+    bytes_up: int = 0
+    train_s: float = 0.0
+    evaluate_s: float = 0.0
+    sampled: list[int] = field(default_factory=list)  # partition ids
+    rejected: dict[int, str] = field(default_factory=dict)  # partition id (or -node id) -> reason
+    train: dict[str, float] = field(default_factory=dict)  # aggregated client train metrics
+    evaluate: dict[str, float] = field(default_factory=dict)  # aggregated client evaluation metrics
+
+
+def array_bytes(record: RecordDict) -> int:
+    """Payload bytes of all ArrayRecords in a message's content."""
+    return sum(rec.count_bytes() for rec in record.array_records.values())
+
+
+def check_arrays(arrays: ArrayRecord, expected: dict[str, tuple[int, ...]]) -> str | None:
+    """Why ``arrays`` does not match the expected names/shapes or is not finite float32; None if it does."""
+    names = set(arrays.keys())
+    if names != set(expected):
+        missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
+        return f"array names differ from the model's (missing {missing[:3]}, unexpected {extra[:3]})"
+    for name, shape in expected.items():
+        array = arrays[name]
+        if tuple(array.shape) != tuple(shape):
+            return f"{name}: shape {tuple(array.shape)} != {tuple(shape)}"
+        if array.dtype != "float32":
+            return f"{name}: dtype {array.dtype} is not float32"
+        if not np.isfinite(array.numpy()).all():
+            return f"{name}: contains NaN or Inf"
+    return None
+
+
+def check_metrics(content: RecordDict) -> str | None:
+    """Why a reply's metrics are unusable; None if they carry a positive integer ``num-examples``."""
+    metrics = content.metric_records.get("metrics")
+    if metrics is None:
+        return "no 'metrics' MetricRecord"
+    n = metrics.get("num-examples")
+    if not isinstance(n, int) or n <= 0:
+        return f"num-examples={n!r} is not a positive integer"
+    return None
+
+
+def weighted_metrics(replies: list[Message]) -> MetricRecord:
+    """Weighted mean (by num-examples) of every scalar metric; compute time summed and maxed."""
+    weights = np.array([r.content["metrics"]["num-examples"] for r in replies], dtype=np.float64)
+    weights /= weights.sum()
+    out: dict[str, float | int] = {"num-examples": int(sum(r.content["metrics"]["num-examples"] for r in replies))}
+    keys = set.intersection(*(set(r.content["metrics"].keys()) for r in replies)) - {"num-examples", "partition-id"}
+    for key in sorted(keys):
+        values = np.array([float(r.content["metrics"][key]) for r in replies])
+        if key == "compute-s":
+            out["compute-s-sum"] = float(values.sum())
+            out["compute-s-max"] = float(values.max())
+        else:
+            out[key] = float(np.dot(weights, values))
+    return MetricRecord(out)
+
+
+class FedVitStrategy(FedAvg):
+    """Base for fedvit's strategies; subclasses implement :meth:`aggregate_arrays`.
+
+    Sampling draws from a private generator seeded by (seed, round), over nodes
+    ordered by partition id, so runs are reproducible and independent of node ids.
+    Replies are validated and sorted by partition id before aggregation.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_nodes: int = 2,
+        wait_timeout: float = 600.0,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=1,
+            min_evaluate_nodes=1,
+            min_available_nodes=min_nodes,
+        )
+        self.seed = seed
+        self.wait_timeout = wait_timeout
+        self.round_offset = 0  # rounds already done before a resumed start()
+        self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.node_info: dict[int, dict] = {}  # node id -> what the node reported at discovery
+        self.stats: dict[int, RoundStats] = {}
+        self.global_arrays: ArrayRecord | None = None
+        self._expected: dict[str, tuple[int, ...]] = {}
+        self._t_train = self._t_eval = 0.0
+
+    # ------------------------------------------------------------------ sampling
+
+    def discover(self, grid: Grid) -> dict[int, int]:
+        """Wait for ``min_available_nodes`` and learn the partition id of every new node (one query each)."""
+        deadline = time.monotonic() + self.wait_timeout
+        while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
+            if time.monotonic() > deadline:
+                raise NodesUnavailableError(
+                    f"only {len(nodes)} node(s) connected after {self.wait_timeout:.0f} s; "
+                    f"min-nodes={self.min_available_nodes}"
+                )
+            log(INFO, "Waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
+            time.sleep(WAIT_POLL_S)
+        new = [n for n in nodes if n not in self.partition_of]
+        if new:
+            query = RecordDict({"config": ConfigRecord({"ask": "partition-id"})})
+            messages = [Message(query, dst_node_id=n, message_type=MessageType.QUERY) for n in new]
+            for reply in grid.send_and_receive(messages, timeout=self.wait_timeout):
+                node = reply.metadata.src_node_id
+                if reply.has_error():
+                    log(WARNING, "node %d did not report its partition: %s", node, reply.error.reason)
+                    continue
+                info = dict(reply.content["config"])
+                if "error" in info:
+                    raise ClientSetupError(f"partition {info.get('partition-id')}: {info['error']}")
+                self.node_info[node] = info
+                self.partition_of[node] = int(info["partition-id"])
+        present = set(nodes)
+        return {n: p for n, p in self.partition_of.items() if n in present}
+
+    def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
+        """Node ids for this round, chosen by a generator seeded with (seed, round, stream)."""
+        available = self.discover(grid)
+        by_partition = sorted(available, key=available.__getitem__)
+        count = min(len(by_partition), max(1, math.floor(len(by_partition) * fraction)))
+        rng = np.random.default_rng([self.seed, server_round, stream])
+        chosen = rng.choice(len(by_partition), size=count, replace=False)
+        return [by_partition[i] for i in sorted(chosen)]
+
+    def round_of(self, server_round: int) -> int:
+        """The run's round number (Flower's counter restarts at 1 after a resume)."""
+        return server_round + self.round_offset
+
+    # ------------------------------------------------------------------ train
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send the global model and round config to the sampled nodes (one shared RecordDict)."""
+        self._t_train = time.perf_counter()
+        rnd = self.round_of(server_round)
+        self.global_arrays = arrays
+        self._expected = self.expected_reply_arrays(arrays)
+        node_ids = self.sample(grid, rnd, self.fraction_train, stream=0)
+        stats = self.stats.setdefault(rnd, RoundStats())
+        stats.sampled = [self.partition_of[n] for n in node_ids]
+        config = ConfigRecord(dict(config))
+        config["server-round"] = rnd
+        content = RecordDict({"arrays": arrays, "config": self.train_config(rnd, config)})
+        stats.bytes_down += array_bytes(content) * len(node_ids)
+        log(INFO, "configure_train: round %d, partitions %s", rnd, stats.sampled)
+        return [
+            Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(rnd)) for n in node_ids
+        ]
+
+    def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """Hook for per-round values (e.g. a decayed learning rate)."""
+        return config
+
+    def expected_reply_arrays(self, arrays: ArrayRecord) -> dict[str, tuple[int, ...]]:
+        """Names and shapes a train reply's 'arrays' must have (default: those of the global model)."""
+        return {name: tuple(a.shape) for name, a in arrays.items()}
+
+    def validate_train_reply(self, msg: Message) -> str | None:
+        """Why a train reply must be rejected, or None. Subclasses add checks for their records."""
+        reason = check_metrics(msg.content)
+        if reason is None:
+            arrays = msg.content.array_records.get("arrays")
+            reason = "no 'arrays' ArrayRecord" if arrays is None else check_arrays(arrays, self._expected)
+        return reason
+
+    def accept(self, server_round: int, replies: Iterable[Message], kind: str) -> list[Message]:
+        """Log and drop error or invalid replies; return the valid ones sorted by partition id."""
+        stats = self.stats.setdefault(server_round, RoundStats())
+        valid = []
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            who = self.partition_of.get(node, -node)
+            if msg.has_error():
+                reason = f"error {msg.error.code}: {msg.error.reason.splitlines()[0] if msg.error.reason else ''}"
+            else:
+                if kind == "train":
+                    stats.bytes_up += array_bytes(msg.content)
+                reason = self.validate_train_reply(msg) if kind == "train" else check_metrics(msg.content)
+            if reason is None:
+                valid.append(msg)
+            else:
+                stats.rejected[who] = reason
+                log(WARNING, "round %d %s: rejected reply of partition %s: %s", server_round, kind, who, reason)
+        return sorted(valid, key=lambda m: self.partition_of.get(m.metadata.src_node_id, -1))
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate, sort and aggregate; keep the global model when no reply is usable."""
+        rnd = self.round_of(server_round)
+        valid = self.accept(rnd, replies, "train")
+        result: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
+        if valid:
+            result = self.aggregate_arrays(rnd, valid), weighted_metrics(valid)
+            self.stats[rnd].train = dict(result[1])
+        else:
+            log(WARNING, "round %d: no valid train replies; the global model is unchanged", rnd)
+        self.stats[rnd].train_s = time.perf_counter() - self._t_train
+        return result
+
+    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
+        """Combine valid replies (sorted by partition id) into the new global model."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ evaluate
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Federated evaluation on the sampled clients' local test splits."""
+        self._t_eval = time.perf_counter()
+        if self.fraction_evaluate == 0.0:
+            return []
+        rnd = self.round_of(server_round)
+        node_ids = self.sample(grid, rnd, self.fraction_evaluate, stream=1)
+        config = ConfigRecord(dict(config))
+        config["server-round"] = rnd
+        content = RecordDict({"arrays": arrays, "config": config})
+        self.stats.setdefault(rnd, RoundStats()).bytes_down += array_bytes(content) * len(node_ids)
+        return [
+            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(rnd)) for n in node_ids
+        ]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Weighted mean of the clients' evaluation metrics."""
+        rnd = self.round_of(server_round)
+        valid = self.accept(rnd, replies, "evaluate")
+        stats = self.stats.setdefault(rnd, RoundStats())
+        stats.evaluate_s = time.perf_counter() - self._t_eval
+        if not valid:
+            return None
+        metrics = weighted_metrics(valid)
+        stats.evaluate = dict(metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Strategy state that a checkpoint must hold to resume bit-identically (none for stateless ones)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore :meth:`state_dict`."""
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state, got {sorted(state)}")
+
+    def summary(self) -> None:
+        log(INFO, "\t├── %s: seed %d, fraction train %.2f / evaluate %.2f, min nodes %d", type(self).__name__,
+            self.seed, self.fraction_train, self.fraction_evaluate, self.min_available_nodes)
