@@ -63,12 +63,12 @@ class Config:
     run_name: str = ""
     out_dir: str = "outputs"
     seed: int = 0
-    num_server_rounds: int = 5
+    num_server_rounds: int = 30
     strategy: str = "fedsgd"
-    lr: float = 0.1
+    lr: float = 0.05
     momentum: float = 0.0
     local_epochs: int = 1
-    batch_size: int = 32
+    batch_size: int = 64
     fraction_train: float = 1.0
     fraction_evaluate: float = 1.0
     min_nodes: int = 2

@@ -139,6 +139,10 @@ def run(grid: Grid, context: Context) -> Path:
     return run_dir
 
 
+class RunAborted(RuntimeError):
+    """Raised so that Flower marks the run ``finished:failed`` (SystemExit would read as completed)."""
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point for ``flwr run``."""
@@ -146,4 +150,4 @@ def main(grid: Grid, context: Context) -> None:
         run(grid, context)
     except SETUP_ERRORS as err:
         log(ERROR, "%s", err)
-        raise SystemExit(2) from None
+        raise RunAborted(str(err)) from None

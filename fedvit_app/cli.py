@@ -1,0 +1,163 @@
+"""``fedvit`` command line: validated ``flwr run`` with Flower's traps handled, config check, SuperLink stop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedvit_app.config import ConfigError, parse_config
+
+# Safe defaults for every flwr call made through this CLI (a user's explicit setting wins):
+# without the first, the local SuperLink re-installs torch into a fresh env for every run.
+FLOWER_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+}
+DEFAULT_FEDERATION = "num-supernodes=5 client-resources-num-cpus=1"
+RUN_STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def flower_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for flwr commands: ``base`` (default: os.environ) plus :data:`FLOWER_ENV` defaults."""
+    env = dict(os.environ if base is None else base)
+    for key, value in FLOWER_ENV.items():
+        env.setdefault(key, value)
+    return env
+
+
+def resolved_run_config(app_dir: Path, overrides: list[str]) -> dict:
+    """The run config ``flwr run`` would use: pyproject defaults fused with ``-c`` overrides."""
+    from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
+
+    defaults = get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {})
+    return fuse_dicts(flatten_dict(defaults), parse_config_args(overrides or None))
+
+
+def check_config(app_dir: Path, overrides: list[str]) -> int:
+    """Validate the fused run config; print one line and return 2 on the first error."""
+    try:
+        parse_config(resolved_run_config(app_dir, overrides))
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as err:  # unreadable override file, bad TOML
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _superlink_pids(flwr_home: Path) -> list[int]:
+    """PIDs of local SuperLink/SuperExec processes started with this FLWR_HOME (Linux /proc)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "flower-superlink" not in cmdline and "flower-superexec" not in cmdline:
+            continue
+        home = next((e[len(b"FLWR_HOME="):].decode() for e in environ if e.startswith(b"FLWR_HOME=")), "")
+        if Path(home or Path.home() / ".flwr").resolve() == flwr_home.resolve():
+            pids.append(int(proc.name))
+    return pids
+
+
+def flwr_home() -> Path:
+    return Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+
+
+def stop_local_superlink(home: Path | None = None, timeout: float = 10.0) -> int:
+    """Stop the detached local SuperLink (and its SuperExec) that ``flwr run`` left running for ``home``."""
+    pids = _superlink_pids(home or flwr_home())
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def run_status(run_id: str, superlink: str | None, env: dict[str, str]) -> str:
+    """Final status of a run as Flower reports it, e.g. ``finished:completed`` or ``finished:failed``."""
+    cmd = ["flwr", "ls", *([superlink] if superlink else []), "--run-id", run_id, "--format", "json"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False).stdout
+    try:
+        return json.loads(out)["runs"][0]["status"]
+    except (ValueError, KeyError, IndexError):
+        return f"unknown ({out.strip()[:200]})"
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flwr run <app> --stream`` after a local config check; the exit code reflects the run's status."""
+    app_dir = Path(args.app)
+    code = check_config(app_dir, args.run_config)
+    if code:
+        return code
+    env = flower_env()
+    cmd = ["flwr", "run", str(app_dir), *([args.superlink] if args.superlink else []), "--stream"]
+    for override in args.run_config:
+        cmd += ["--run-config", override]
+    if args.superlink is None or args.superlink == "local":
+        cmd += ["--federation-config", args.federation_config]
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_id = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if run_id is None and (match := RUN_STARTED.search(line)):
+            run_id = match.group(1)
+    if proc.wait() != 0 or run_id is None:
+        return proc.returncode or 1
+    status = run_status(run_id, args.superlink, env)
+    print(f"fedvit: run {run_id} {status}", flush=True)
+    return 0 if status == "finished:completed" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedvit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_run = sub.add_parser("run", help="run the app with flwr (streams logs; non-zero exit if the run failed)")
+    p_run.add_argument("app", nargs="?", default=".")
+    p_run.add_argument("superlink", nargs="?", default=None, help="connection name from $FLWR_HOME/config.toml")
+    p_run.add_argument("-c", "--run-config", action="append", default=[], help="key=value ... or a TOML file")
+    p_run.add_argument("--federation-config", default=DEFAULT_FEDERATION,
+                       help=f"simulation settings (default: {DEFAULT_FEDERATION!r})")
+
+    p_check = sub.add_parser("check-config", help="validate the run config without running")
+    p_check.add_argument("app", nargs="?", default=".")
+    p_check.add_argument("-c", "--run-config", action="append", default=[])
+
+    sub.add_parser("stop-superlink", help="stop the local SuperLink that flwr run left running ($FLWR_HOME)")
+
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    if args.command == "check-config":
+        return check_config(Path(args.app), args.run_config)
+    stopped = stop_local_superlink()
+    print(f"stopped {stopped} process(es)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
