@@ -84,8 +84,17 @@ def build_model(cfg: ModelConfig, num_classes: int, seed: int = 0) -> nn.Module:
                 ".safetensors/.pth/.npz weights file"
             )
         # timm's own loader adapts the checkpoint: it resamples pos_embed to the
-        # new grid and drops a head whose class count differs.
-        return timm.create_model(cfg.name, pretrained=True, pretrained_cfg_overlay={"file": path}, **kwargs)
+        # new grid and drops the head when the file's class count differs from ours.
+        overlay = {"file": path, "num_classes": _head_classes(path)}
+        return timm.create_model(cfg.name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+
+
+def _head_classes(path: str) -> int:
+    """Rows of the classifier head stored in a weights file (1000 for ImageNet checkpoints)."""
+    from timm.models import load_state_dict
+
+    head = load_state_dict(path).get(HEAD_BIAS)
+    return int(head.shape[0]) if head is not None else 0
 
 
 def normalize(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,48 @@
+"""Shared test helpers: Flower reply messages without a running Flower runtime, a fake Grid."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Error, Message, Metadata, MetricRecord, RecordDict
+from flwr.app.message import make_message
+
+
+def reply(src_node_id: int, arrays: dict[str, np.ndarray] | None = None, error: str | None = None,
+          **metrics) -> Message:
+    """A train reply from ``src_node_id`` as the strategy would receive it."""
+    meta = Metadata(run_id=1, message_id=f"m{src_node_id}", src_node_id=src_node_id, dst_node_id=0,
+                    reply_to_message_id="i", group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+    if error is not None:
+        return make_message(meta, error=Error(code=2, reason=error))
+    content = RecordDict({"metrics": MetricRecord(metrics)})
+    if arrays is not None:
+        content["arrays"] = ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
+    return make_message(meta, content=content)
+
+
+class FakeGrid:
+    """Answers the partition query for a fixed node-id -> partition-id map."""
+
+    def __init__(self, partition_of: dict[int, int]) -> None:
+        self.partition_of = partition_of
+        self.queries = 0
+
+    def get_node_ids(self):
+        return list(self.partition_of)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import ConfigRecord
+
+        out = []
+        for msg in messages:
+            self.queries += 1
+            node = msg.metadata.dst_node_id
+            meta = Metadata(run_id=1, message_id=f"q{node}", src_node_id=node, dst_node_id=0,
+                            reply_to_message_id="", group_id="", created_at=time.time(), ttl=60.0,
+                            message_type="query")
+            info = {"partition-id": self.partition_of[node], "num-partitions": len(self.partition_of),
+                    "num-classes": 10}
+            out.append(make_message(meta, content=RecordDict({"config": ConfigRecord(info)})))
+        return out

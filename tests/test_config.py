@@ -1,0 +1,69 @@
+import pytest
+
+from fedvit_app.cli import check_config
+from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config
+
+
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("model.name", "vit_does_not_exist", "timm.list_models"),
+        ("data.name", "mnist", "synthetic, cifar10"),
+        ("data.name", "imagefolder:", "imagefolder:<path>"),
+        ("strategy", "fedsomething", "fedsgd, fedavg"),
+        ("data.partitioner", "shards", "iid, noniid-k, dirichlet"),
+        ("lr", 0.0, "> 0"),
+        ("lr", -0.5, "> 0"),
+        ("num-server-rounds", 0, ">= 1"),
+        ("num-server-rounds", 2.5, "an integer"),
+        ("fraction-train", 0.0, "(0, 1]"),
+        ("momentum", 1.0, "[0, 1)"),
+        ("data.client-test-fraction", 1.0, "(0, 1)"),
+        ("centralized-evaluation", "yes", "true or false"),
+        ("not-a-key", 1, "a known key"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(key, value, allowed):
+    with pytest.raises(ConfigError) as err:
+        parse_config({key: value})
+    line = str(err.value)
+    assert "\n" not in line
+    assert key in line and repr(value if key != "lr" else float(value))[:6] in line and allowed in line
+
+
+def test_k_classes_more_than_synthetic_classes():
+    with pytest.raises(ConfigError, match=r"data.classes-per-client=11 .*at most the number of classes \(10\)"):
+        parse_config({"data.partitioner": "noniid-k", "data.classes-per-client": 11})
+
+
+def test_federation_checks_need_data_facts():
+    config = parse_config({"data.partitioner": "noniid-k", "data.classes-per-client": 4})
+    with pytest.raises(ConfigError, match="classes-per-client=4"):
+        check_against_federation(config, num_clients=2, num_train=100, num_classes=3)
+    with pytest.raises(ConfigError, match="num-partitions=5 .*training samples \\(4\\)"):
+        check_against_federation(config, num_clients=5, num_train=4, num_classes=10)
+    check_against_federation(config, num_clients=5, num_train=100, num_classes=10)
+
+
+def test_defaults_match_pyproject_and_round_trip():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    flat = {}
+    for key, value in pyproject["tool"]["flwr"]["app"]["config"].items():
+        if isinstance(value, dict):
+            flat |= {f"{key}.{k}": v for k, v in value.items()}
+        else:
+            flat[key] = value
+    assert flat == Config().to_dict()
+    assert parse_config(flat) == Config()
+
+
+def test_cli_check_config_exit_codes(capsys):
+    from pathlib import Path
+
+    app = Path(__file__).parents[1]
+    assert check_config(app, []) == 0
+    assert check_config(app, ["lr=-1"]) == 2
+    assert "lr=-1.0 is invalid" in capsys.readouterr().err

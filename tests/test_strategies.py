@@ -1,0 +1,111 @@
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+from strategies import FedAvg, FedSGD
+from strategies.fedsgd import fedsgd_update
+from tests.helpers import FakeGrid, reply
+
+SHAPES = {"w": (2, 2), "b": (3,)}
+
+
+def global_record(value=1.0):
+    return ArrayRecord({k: Array(np.full(s, value, np.float32)) for k, s in SHAPES.items()})
+
+
+def prepared(strategy, partition_of):
+    grid = FakeGrid(partition_of)
+    list(strategy.configure_train(1, global_record(), __import__("flwr.app").app.ConfigRecord(), grid))
+    return grid
+
+
+def test_fedsgd_eq10_hand_computed():
+    w = {"w": np.array([1.0, 2.0], np.float32)}
+    grads = [{"w": np.array([1.0, 0.0], np.float32)}, {"w": np.array([3.0, -4.0], np.float32)}]
+    # mean gradient = [2, -2]; w - 0.5 * mean = [0, 3]
+    out = fedsgd_update(w, grads, lr=0.5)
+    np.testing.assert_array_equal(out["w"], np.array([0.0, 3.0], np.float32))
+    assert out["w"].dtype == np.float32
+
+
+def test_fedsgd_strategy_applies_eq10_over_valid_replies():
+    s = FedSGD(lr=0.1, min_nodes=1)
+    prepared(s, {11: 0, 12: 1, 13: 2})
+    g0 = {"w": np.full((2, 2), 1.0, np.float32), "b": np.zeros(3, np.float32)}
+    g1 = {"w": np.full((2, 2), 3.0, np.float32), "b": np.full(3, 2.0, np.float32)}
+    bad = {"w": np.full((2, 2), np.nan, np.float32), "b": np.zeros(3, np.float32)}
+    replies = [reply(12, g1, **{"num-examples": 4}), reply(11, g0, **{"num-examples": 4}),
+               reply(13, bad, **{"num-examples": 4})]
+    arrays, metrics = s.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays["w"].numpy(), 1.0 - 0.1 * 2.0)
+    np.testing.assert_allclose(arrays["b"].numpy(), 1.0 - 0.1 * 1.0)
+    assert 2 in s.stats[1].rejected and "NaN" in s.stats[1].rejected[2]
+    assert metrics["num-examples"] == 8
+
+
+@pytest.mark.parametrize(
+    "bad_reply, reason",
+    [
+        (reply(11, {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}, **{"num-examples": 1}),
+         "shape"),
+        (reply(11, {"w": np.zeros((2, 2), np.float64), "b": np.zeros(3, np.float32)}, **{"num-examples": 1}),
+         "float32"),
+        (reply(11, {"w": np.zeros((2, 2), np.float32)}, **{"num-examples": 1}), "missing"),
+        (reply(11, {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}, **{"num-examples": 0}),
+         "num-examples"),
+        (reply(11, error="Traceback: boom"), "error 2"),
+    ],
+)
+def test_invalid_replies_are_rejected_and_model_kept(bad_reply, reason):
+    s = FedSGD(lr=0.1, min_nodes=1)
+    prepared(s, {11: 0})
+    arrays, metrics = s.aggregate_train(1, [bad_reply])
+    assert arrays is None and metrics is None  # Strategy.start keeps the previous global model
+    assert reason in s.stats[1].rejected[0]
+
+
+def test_fedavg_matches_flowers_fedavg_on_same_replies():
+    rng = np.random.default_rng(0)
+    replies = [
+        reply(node, {k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()},
+              **{"num-examples": n, "train-loss": float(n)})
+        for node, n in [(21, 10), (22, 30), (23, 7)]
+    ]
+    ours = FedAvg(min_nodes=1)
+    prepared(ours, {21: 0, 22: 1, 23: 2})
+    mine, _ = ours.aggregate_train(1, replies)
+    theirs, _ = FlowerFedAvg().aggregate_train(1, replies)
+    for k in SHAPES:
+        np.testing.assert_array_equal(mine[k].numpy(), theirs[k].numpy())
+
+
+def test_sampling_is_seeded_and_independent_of_node_ids():
+    def sampled(seed, partition_of, rnd):
+        s = FedSGD(lr=0.1, seed=seed, fraction_train=0.5, min_nodes=1)
+        nodes = s.sample(FakeGrid(partition_of), rnd, s.fraction_train, stream=0)
+        return sorted(s.partition_of[n] for n in nodes)
+
+    a = {100 + i: i for i in range(10)}
+    b = {9000 - 7 * i: i for i in range(10)}  # other node ids, same partitions
+    assert sampled(3, a, 1) == sampled(3, b, 1)
+    assert len(sampled(3, a, 1)) == 5
+    rounds = {tuple(sampled(3, a, r)) for r in range(1, 8)}
+    assert len(rounds) > 1  # different rounds sample differently
+    assert sampled(3, a, 1) != sampled(4, a, 1) or sampled(3, a, 2) != sampled(4, a, 2)
+
+
+def test_discovery_queries_each_node_once():
+    s = FedSGD(lr=0.1, min_nodes=2)
+    grid = FakeGrid({1: 0, 2: 1})
+    s.discover(grid)
+    s.discover(grid)
+    assert grid.queries == 2 and s.partition_of == {1: 0, 2: 1}
+
+
+def test_waiting_for_nodes_times_out_with_clear_error():
+    from strategies.base import NodesUnavailableError
+
+    s = FedSGD(lr=0.1, min_nodes=3, wait_timeout=0.01)
+    with pytest.raises(NodesUnavailableError, match="min-nodes=3"):
+        s.discover(FakeGrid({1: 0}))
