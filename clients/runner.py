@@ -13,7 +13,7 @@ from torch import nn
 
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
 from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config
-from fedvit_app.data import DatasetUnavailableError, client_data
+from fedvit_app.data import DatasetUnavailableError, client_data, load_dataset
 from fedvit_app.model import build_model, resolve_device, set_weights
 
 
@@ -37,8 +37,9 @@ def client_model(config: Config, num_classes: int) -> nn.Module:
 def describe(config: Config, partition_id: int, num_partitions: int) -> dict[str, Any]:
     """Answer the server's discovery query: partition facts, or the config error that forbids training."""
     try:
+        images = load_dataset(config.data, config.seed, "train")
+        check_against_federation(config, num_partitions, len(images), images.num_classes)
         data = client_data(config.data, config.seed, partition_id, num_partitions)
-        check_against_federation(config, num_partitions, len(data.images), data.images.num_classes)
     except (ConfigError, DatasetUnavailableError, ValueError) as err:
         return {"partition-id": partition_id, "error": str(err)}
     return {
@@ -70,8 +71,16 @@ def train(
         result = fedsgd_gradient(model, data.images, data.train, config.batch_size, img_size, rng, device)
     else:
         result = local_epochs(
-            model, data.images, data.train, epochs=config.local_epochs, batch_size=config.batch_size, lr=lr,
-            momentum=config.momentum, img_size=img_size, rng=rng, device=device,
+            model,
+            data.images,
+            data.train,
+            epochs=config.local_epochs,
+            batch_size=config.batch_size,
+            lr=lr,
+            momentum=config.momentum,
+            img_size=img_size,
+            rng=rng,
+            device=device,
         )
     metrics = {
         "num-examples": result.num_examples,

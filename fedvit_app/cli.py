@@ -65,7 +65,7 @@ def _superlink_pids(flwr_home: Path) -> list[int]:
             continue
         if "flower-superlink" not in cmdline and "flower-superexec" not in cmdline:
             continue
-        home = next((e[len(b"FLWR_HOME="):].decode() for e in environ if e.startswith(b"FLWR_HOME=")), "")
+        home = next((e[len(b"FLWR_HOME=") :].decode() for e in environ if e.startswith(b"FLWR_HOME=")), "")
         if Path(home or Path.home() / ".flwr").resolve() == flwr_home.resolve():
             pids.append(int(proc.name))
     return pids
@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("app", nargs="?", default=".")
     p_run.add_argument("superlink", nargs="?", default=None, help="connection name from $FLWR_HOME/config.toml")
     p_run.add_argument("-c", "--run-config", action="append", default=[], help="key=value ... or a TOML file")
-    p_run.add_argument("--federation-config", default=DEFAULT_FEDERATION,
-                       help=f"simulation settings (default: {DEFAULT_FEDERATION!r})")
+    p_run.add_argument(
+        "--federation-config", default=DEFAULT_FEDERATION, help=f"simulation settings (default: {DEFAULT_FEDERATION!r})"
+    )
 
     p_check = sub.add_parser("check-config", help="validate the run config without running")
     p_check.add_argument("app", nargs="?", default=".")

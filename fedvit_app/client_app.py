@@ -14,9 +14,7 @@ def _partition(context: Context) -> tuple[int, int]:
     try:
         return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     except KeyError as err:
-        raise RuntimeError(
-            "this SuperNode needs --node-config 'partition-id=<i> num-partitions=<n>'"
-        ) from err
+        raise RuntimeError("this SuperNode needs --node-config 'partition-id=<i> num-partitions=<n>'") from err
 
 
 def _weights(msg: Message) -> dict:
@@ -37,7 +35,10 @@ def train(msg: Message, context: Context) -> Message:
     config = runner.client_config(context.run_config)
     round_config = msg.content["config"]
     arrays, metrics = runner.train(
-        config, *_partition(context), _weights(msg), int(round_config["server-round"]),
+        config,
+        *_partition(context),
+        _weights(msg),
+        int(round_config["server-round"]),
         float(round_config.get("lr", config.lr)),
     )
     content = RecordDict(

@@ -65,7 +65,7 @@ class Config:
     seed: int = 0
     num_server_rounds: int = 30
     strategy: str = "fedsgd"
-    lr: float = 0.05
+    lr: float = 0.02
     momentum: float = 0.0
     local_epochs: int = 1
     batch_size: int = 64

@@ -11,10 +11,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 SERIES = {
-    "accuracy": [("central-accuracy", "server test set"), ("eval-accuracy", "clients' test splits"),
-                 ("train-accuracy", "train batches")],
-    "loss": [("central-loss", "server test set"), ("eval-loss", "clients' test splits"),
-             ("train-loss", "train batches")],
+    "accuracy": [
+        ("central-accuracy", "server test set"),
+        ("eval-accuracy", "clients' test splits"),
+        ("train-accuracy", "train batches"),
+    ],
+    "loss": [
+        ("central-loss", "server test set"),
+        ("eval-loss", "clients' test splits"),
+        ("train-loss", "train batches"),
+    ],
 }
 
 
@@ -27,7 +33,7 @@ def plot_history(history: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         for key, label in series:
             points = [(h["round"], h[key]) for h in history if key in h]
             if points:
-                rounds, values = zip(*points)
+                rounds, values = zip(*points, strict=True)
                 ax.plot(rounds, values, marker="o", label=label)
         ax.set_xlabel("round")
         ax.set_ylabel(name)

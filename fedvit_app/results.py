@@ -55,8 +55,10 @@ class RunRecorder:
         arrays = dict(weights) | {STRATEGY_PREFIX + k: v for k, v in strategy_state.items()}
         ckpt_dir = self.root / "checkpoints"
         atomic_save_safetensors(ckpt_dir / f"round-{server_round:04d}.safetensors", arrays)
-        atomic_write(ckpt_dir / f"round-{server_round:04d}.json", json.dumps({"round": server_round,
-                                                                              "history": self.history}).encode())
+        atomic_write(
+            ckpt_dir / f"round-{server_round:04d}.json",
+            json.dumps({"round": server_round, "history": self.history}).encode(),
+        )
         for old in _checkpoints(ckpt_dir)[: -self.config.checkpoint_keep]:
             old.unlink()
             old.with_suffix(".json").unlink(missing_ok=True)
@@ -84,12 +86,14 @@ def load_checkpoint(run_dir: Path, config: Config) -> tuple[int, dict[str, np.nd
         raise ConfigError("resume-from", str(run_dir), "a run directory with checkpoints/round-NNNN.safetensors")
     saved = json.loads((run_dir / "config.json").read_text())
     now = config.to_dict()
-    differing = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k) and k not in RESUMABLE_DIFFERENCES)
+    differing = sorted(
+        k for k in set(saved) | set(now) if saved.get(k) != now.get(k) and k not in RESUMABLE_DIFFERENCES
+    )
     if differing:
         raise ConfigError("resume-from", str(run_dir), f"a run made with the same config (differs in {differing})")
     latest = ckpts[-1]
     meta = json.loads(latest.with_suffix(".json").read_text())
     arrays = load_file(str(latest))
     weights = {k: v for k, v in arrays.items() if not k.startswith(STRATEGY_PREFIX)}
-    state = {k[len(STRATEGY_PREFIX):]: v for k, v in arrays.items() if k.startswith(STRATEGY_PREFIX)}
+    state = {k[len(STRATEGY_PREFIX) :]: v for k, v in arrays.items() if k.startswith(STRATEGY_PREFIX)}
     return int(meta["round"]), weights, state, meta["history"]

@@ -99,10 +99,21 @@ class RoundEnd:
 
     def _log(self, e: dict) -> None:
         source = next((p for p in ("central", "eval", "train") if f"{p}-accuracy" in e), None)
-        quality = f"loss {e[f'{source}-loss']:.4f} acc {100 * e[f'{source}-accuracy']:5.1f}% ({source})" if source \
+        quality = (
+            f"loss {e[f'{source}-loss']:.4f} acc {100 * e[f'{source}-accuracy']:5.1f}% ({source})"
+            if source
             else "no metrics"
-        log(INFO, "round %d/%d | %s | %.2f s | up %.2f MB down %.2f MB", e["round"], self.total_rounds, quality,
-            e["round-s"], e.get("bytes_up", 0) / 1e6, e.get("bytes_down", 0) / 1e6)
+        )
+        log(
+            INFO,
+            "round %d/%d | %s | %.2f s | up %.2f MB down %.2f MB",
+            e["round"],
+            self.total_rounds,
+            quality,
+            e["round-s"],
+            e.get("bytes_up", 0) / 1e6,
+            e.get("bytes_down", 0) / 1e6,
+        )
 
 
 def run(grid: Grid, context: Context) -> Path:

@@ -183,9 +183,7 @@ class FedVitStrategy(FedAvg):
         content = RecordDict({"arrays": arrays, "config": self.train_config(rnd, config)})
         stats.bytes_down += array_bytes(content) * len(node_ids)
         log(INFO, "configure_train: round %d, partitions %s", rnd, stats.sampled)
-        return [
-            Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(rnd)) for n in node_ids
-        ]
+        return [Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(rnd)) for n in node_ids]
 
     def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """Hook for per-round values (e.g. a decayed learning rate)."""
@@ -257,9 +255,7 @@ class FedVitStrategy(FedAvg):
         config["server-round"] = rnd
         content = RecordDict({"arrays": arrays, "config": config})
         self.stats.setdefault(rnd, RoundStats()).bytes_down += array_bytes(content) * len(node_ids)
-        return [
-            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(rnd)) for n in node_ids
-        ]
+        return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(rnd)) for n in node_ids]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Weighted mean of the clients' evaluation metrics."""
@@ -285,5 +281,12 @@ class FedVitStrategy(FedAvg):
             raise ValueError(f"{type(self).__name__} has no state, got {sorted(state)}")
 
     def summary(self) -> None:
-        log(INFO, "\t├── %s: seed %d, fraction train %.2f / evaluate %.2f, min nodes %d", type(self).__name__,
-            self.seed, self.fraction_train, self.fraction_evaluate, self.min_available_nodes)
+        log(
+            INFO,
+            "\t├── %s: seed %d, fraction train %.2f / evaluate %.2f, min nodes %d",
+            type(self).__name__,
+            self.seed,
+            self.fraction_train,
+            self.fraction_evaluate,
+            self.min_available_nodes,
+        )

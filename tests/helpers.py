@@ -9,11 +9,21 @@ from flwr.app import Array, ArrayRecord, Error, Message, Metadata, MetricRecord,
 from flwr.app.message import make_message
 
 
-def reply(src_node_id: int, arrays: dict[str, np.ndarray] | None = None, error: str | None = None,
-          **metrics) -> Message:
+def reply(
+    src_node_id: int, arrays: dict[str, np.ndarray] | None = None, error: str | None = None, **metrics
+) -> Message:
     """A train reply from ``src_node_id`` as the strategy would receive it."""
-    meta = Metadata(run_id=1, message_id=f"m{src_node_id}", src_node_id=src_node_id, dst_node_id=0,
-                    reply_to_message_id="i", group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+    meta = Metadata(
+        run_id=1,
+        message_id=f"m{src_node_id}",
+        src_node_id=src_node_id,
+        dst_node_id=0,
+        reply_to_message_id="i",
+        group_id="1",
+        created_at=time.time(),
+        ttl=60.0,
+        message_type="train",
+    )
     if error is not None:
         return make_message(meta, error=Error(code=2, reason=error))
     content = RecordDict({"metrics": MetricRecord(metrics)})
@@ -39,10 +49,21 @@ class FakeGrid:
         for msg in messages:
             self.queries += 1
             node = msg.metadata.dst_node_id
-            meta = Metadata(run_id=1, message_id=f"q{node}", src_node_id=node, dst_node_id=0,
-                            reply_to_message_id="", group_id="", created_at=time.time(), ttl=60.0,
-                            message_type="query")
-            info = {"partition-id": self.partition_of[node], "num-partitions": len(self.partition_of),
-                    "num-classes": 10}
+            meta = Metadata(
+                run_id=1,
+                message_id=f"q{node}",
+                src_node_id=node,
+                dst_node_id=0,
+                reply_to_message_id="",
+                group_id="",
+                created_at=time.time(),
+                ttl=60.0,
+                message_type="query",
+            )
+            info = {
+                "partition-id": self.partition_of[node],
+                "num-partitions": len(self.partition_of),
+                "num-classes": 10,
+            }
             out.append(make_message(meta, content=RecordDict({"config": ConfigRecord(info)})))
         return out

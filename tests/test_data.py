@@ -20,9 +20,9 @@ def test_partitions_are_disjoint_and_reproducible(partitioner):
     flat = np.concatenate(a)
     assert len(flat) == len(set(flat.tolist()))
     assert all(len(p) > 0 for p in a)
-    for x, y in zip(a, parts(partitioner, seed=1)):
+    for x, y in zip(a, parts(partitioner, seed=1), strict=True):
         np.testing.assert_array_equal(x, y)
-    assert any(not np.array_equal(x, y) for x, y in zip(a, parts(partitioner, seed=2)))
+    assert any(not np.array_equal(x, y) for x, y in zip(a, parts(partitioner, seed=2), strict=True))
 
 
 def test_iid_sizes_and_coverage():

@@ -35,8 +35,11 @@ def test_fedsgd_strategy_applies_eq10_over_valid_replies():
     g0 = {"w": np.full((2, 2), 1.0, np.float32), "b": np.zeros(3, np.float32)}
     g1 = {"w": np.full((2, 2), 3.0, np.float32), "b": np.full(3, 2.0, np.float32)}
     bad = {"w": np.full((2, 2), np.nan, np.float32), "b": np.zeros(3, np.float32)}
-    replies = [reply(12, g1, **{"num-examples": 4}), reply(11, g0, **{"num-examples": 4}),
-               reply(13, bad, **{"num-examples": 4})]
+    replies = [
+        reply(12, g1, **{"num-examples": 4}),
+        reply(11, g0, **{"num-examples": 4}),
+        reply(13, bad, **{"num-examples": 4}),
+    ]
     arrays, metrics = s.aggregate_train(1, replies)
     np.testing.assert_allclose(arrays["w"].numpy(), 1.0 - 0.1 * 2.0)
     np.testing.assert_allclose(arrays["b"].numpy(), 1.0 - 0.1 * 1.0)
@@ -47,13 +50,16 @@ def test_fedsgd_strategy_applies_eq10_over_valid_replies():
 @pytest.mark.parametrize(
     "bad_reply, reason",
     [
-        (reply(11, {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}, **{"num-examples": 1}),
-         "shape"),
-        (reply(11, {"w": np.zeros((2, 2), np.float64), "b": np.zeros(3, np.float32)}, **{"num-examples": 1}),
-         "float32"),
+        (reply(11, {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}, **{"num-examples": 1}), "shape"),
+        (
+            reply(11, {"w": np.zeros((2, 2), np.float64), "b": np.zeros(3, np.float32)}, **{"num-examples": 1}),
+            "float32",
+        ),
         (reply(11, {"w": np.zeros((2, 2), np.float32)}, **{"num-examples": 1}), "missing"),
-        (reply(11, {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}, **{"num-examples": 0}),
-         "num-examples"),
+        (
+            reply(11, {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}, **{"num-examples": 0}),
+            "num-examples",
+        ),
         (reply(11, error="Traceback: boom"), "error 2"),
     ],
 )
@@ -68,8 +74,11 @@ def test_invalid_replies_are_rejected_and_model_kept(bad_reply, reason):
 def test_fedavg_matches_flowers_fedavg_on_same_replies():
     rng = np.random.default_rng(0)
     replies = [
-        reply(node, {k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()},
-              **{"num-examples": n, "train-loss": float(n)})
+        reply(
+            node,
+            {k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()},
+            **{"num-examples": n, "train-loss": float(n)},
+        )
         for node, n in [(21, 10), (22, 30), (23, 7)]
     ]
     ours = FedAvg(min_nodes=1)
