@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from fedvit_app.cli import check_config
@@ -67,3 +69,8 @@ def test_cli_check_config_exit_codes(capsys):
     assert check_config(app, []) == 0
     assert check_config(app, ["lr=-1"]) == 2
     assert "lr=-1.0 is invalid" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", sorted((Path(__file__).parents[1] / "conf").glob("*.toml")), ids=lambda p: p.name)
+def test_presets_are_valid(preset):
+    assert check_config(Path(__file__).parents[1], [str(preset)]) == 0
