@@ -87,7 +87,7 @@ class RoundEnd:
         stats = self.strategy.stats.get(rnd)
         if stats is not None:
             entry |= {k: v for k, v in stats.train.items()} | {k: v for k, v in stats.evaluate.items()}
-            entry |= {k: v for k, v in asdict(stats).items() if k not in ("train", "evaluate")}
+            entry |= {k.replace("_", "-"): v for k, v in asdict(stats).items() if k not in ("train", "evaluate")}
         now = time.perf_counter()
         entry["round-s"] = now - self.last
         self.last = now
@@ -111,8 +111,8 @@ class RoundEnd:
             self.total_rounds,
             quality,
             e["round-s"],
-            e.get("bytes_up", 0) / 1e6,
-            e.get("bytes_down", 0) / 1e6,
+            e.get("bytes-up", 0) / 1e6,
+            e.get("bytes-down", 0) / 1e6,
         )
 
 

@@ -79,7 +79,7 @@ def test_training_reproducibility_and_resume(flower):
     rounds = json.loads((out / "full" / "metrics.json").read_text())["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2, 3]
     assert rounds[-1]["central-accuracy"] > rounds[0]["central-accuracy"]
-    assert all(r["bytes_up"] > 0 and len(r["sampled"]) == 2 for r in rounds[1:])
+    assert all(r["bytes-up"] > 0 and len(r["sampled"]) == 2 for r in rounds[1:])
     for name in (
         "config.json",
         "model.safetensors",
