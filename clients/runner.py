@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from clients.masking import client_seed, draw_masks, encode, fixed_position_masks, locked_masks, mask_rates
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
 from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config
 from fedvit_app.data import DatasetUnavailableError, client_data, load_dataset
@@ -58,8 +59,15 @@ def train(
     weights: dict[str, np.ndarray],
     server_round: int,
     lr: float,
-) -> tuple[dict[str, np.ndarray], dict[str, float | int]]:
-    """One round of local work: the FedSGD gradient or FedAvg local epochs. Returns (arrays, metrics)."""
+    mask_seed: int | None = None,
+    locked_cache: dict[str, np.ndarray] | None = None,
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float | int]]:
+    """One round of local work: the FedSGD gradient (masked for masked-fedsgd) or FedAvg local epochs.
+
+    Returns the reply's array records by name ("arrays", and "masks" when masking) and its metrics.
+    ``mask_seed`` is the client's private seed (node config ``mask-seed``); ``locked_cache``
+    holds locked masks between rounds (the client's context state).
+    """
     data = client_data(config.data, config.seed, partition_id, num_partitions)
     model = client_model(config, data.images.num_classes)
     set_weights(model, weights)
@@ -67,7 +75,7 @@ def train(
     rng = batch_rng(config.seed, server_round, partition_id)
     img_size = _img_size(model)
     start = time.perf_counter()
-    if config.strategy == "fedsgd":
+    if config.strategy in ("fedsgd", "masked-fedsgd"):
         result = fedsgd_gradient(model, data.images, data.train, config.batch_size, img_size, rng, device)
     else:
         result = local_epochs(
@@ -82,14 +90,46 @@ def train(
             rng=rng,
             device=device,
         )
+    records = {"arrays": result.arrays}
+    compute_s = time.perf_counter() - start
+    extra: dict[str, float] = {}
+    if config.strategy == "masked-fedsgd":
+        mask_start = time.perf_counter()
+        masks = client_masks(config, partition_id, server_round, result.arrays, mask_seed, locked_cache)
+        records["arrays"], records["masks"] = encode(result.arrays, masks)
+        kept = sum(int(m.sum()) for m in masks.values())
+        extra = {
+            "mask-s": time.perf_counter() - mask_start,
+            "kept-fraction": kept / sum(m.size for m in masks.values()),
+        }
     metrics = {
         "num-examples": result.num_examples,
         "train-loss": result.loss,
         "train-accuracy": result.accuracy,
         "partition-id": partition_id,
-        "compute-s": time.perf_counter() - start,
+        "compute-s": compute_s,
+        **extra,
     }
-    return result.arrays, metrics
+    return records, metrics
+
+
+def client_masks(
+    config: Config,
+    partition_id: int,
+    server_round: int,
+    gradients: dict[str, np.ndarray],
+    mask_seed: int | None,
+    locked_cache: dict[str, np.ndarray] | None,
+) -> dict[str, np.ndarray]:
+    """This round's binary weights B for every gradient entry, per the configured mask mode."""
+    shapes = {name: g.shape for name, g in gradients.items()}
+    if config.mask.mode == "fixed-position":
+        return fixed_position_masks(shapes)
+    rates = mask_rates(list(shapes), config.mask)
+    seed = client_seed(partition_id, mask_seed)
+    if config.mask.mode == "locked":
+        return locked_masks(partition_id, seed, shapes, rates, locked_cache)
+    return draw_masks(shapes, rates, seed, stream=server_round)
 
 
 def evaluate_local(

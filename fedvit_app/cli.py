@@ -150,11 +150,22 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("stop-superlink", help="stop the local SuperLink that flwr run left running ($FLWR_HOME)")
 
+    p_exp = sub.add_parser("experiment", help="run a comparison from conf/experiments/*.toml; writes a table + plots")
+    p_exp.add_argument("spec", help="experiment file, e.g. conf/experiments/masking-cpu.toml")
+    p_exp.add_argument("--app", default=".")
+    p_exp.add_argument("--out", default="outputs", help="results go to <out>/<experiment name>/")
+    p_exp.add_argument("-c", "--run-config", action="append", default=[], help="key=value overrides for every run")
+
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args)
     if args.command == "check-config":
         return check_config(Path(args.app), args.run_config)
+    if args.command == "experiment":
+        from fedvit_app.experiments import load_experiment, run_experiment
+
+        run_experiment(load_experiment(Path(args.spec)), Path(args.app).resolve(), Path(args.out), args.run_config)
+        return 0
     stopped = stop_local_superlink()
     print(f"stopped {stopped} process(es)")
     return 0

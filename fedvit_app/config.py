@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-STRATEGIES = ("fedsgd", "fedavg")
+STRATEGIES = ("fedsgd", "fedavg", "masked-fedsgd")
+MASK_MODES = ("fresh", "locked", "fixed-position")
 PARTITIONERS = ("iid", "noniid-k", "dirichlet")
 DATASETS = ("synthetic", "cifar10", "imagefolder:<path>")
 DEVICES = ("auto", "cpu", "cuda")
@@ -57,6 +58,17 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class MaskConfig:
+    """Random binary weights (strategy masked-fedsgd); R = P(B = 0), role overrides < 0 mean "use r"."""
+
+    mode: str = "fresh"
+    r: float = 0.5
+    r_pos_embed: float = -1.0
+    r_patch_embed: float = -1.0
+    r_patterns: str = ""  # "blocks.0.*=0.9; head.*=0.1" (fnmatch on parameter names, last match wins)
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything a run needs; built only by :func:`parse_config`."""
 
@@ -74,11 +86,13 @@ class Config:
     min_nodes: int = 2
     round_timeout: float = 600.0
     centralized_evaluation: bool = True
+    eval_every: int = 1
     resume_from: str = ""
     checkpoint_keep: int = 2
     device: str = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    mask: MaskConfig = field(default_factory=MaskConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, hyphenated form (the same keys as ``[tool.flwr.app.config]``)."""
@@ -120,6 +134,29 @@ def _dataset_name(value: str) -> bool:
     return value in ("synthetic", "cifar10")
 
 
+def _mask_patterns(value: str) -> bool:
+    try:
+        parse_patterns(value)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_patterns(text: str) -> tuple[tuple[str, float], ...]:
+    """``"blocks.0.*=0.9; head.*=0.1"`` -> ((pattern, R), ...); raises ValueError with the bad item."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        pattern, sep, value = item.partition("=")
+        try:
+            r = float(value)
+        except ValueError:
+            r = float("nan")
+        if not sep or not pattern.strip() or not 0.0 <= r <= 1.0:
+            raise ValueError(f"{item!r} is not '<name pattern>=<R in [0, 1]>'")
+        out.append((pattern.strip(), r))
+    return tuple(out)
+
+
 def _timm_model_name(value: str) -> bool:
     import timm
 
@@ -138,6 +175,7 @@ _CHECKS: dict[str, Check] = {
     "fraction-evaluate": _FRACTION,
     "min-nodes": _POSITIVE_INT,
     "round-timeout": _POSITIVE,
+    "eval-every": _POSITIVE_INT,
     "checkpoint-keep": _POSITIVE_INT,
     "device": _one_of(DEVICES),
     "run-name": (lambda v: "/" not in v and v not in (".", ".."), "a name without '/'"),
@@ -156,6 +194,11 @@ _CHECKS: dict[str, Check] = {
     "data.classes-per-client": _POSITIVE_INT,
     "data.dirichlet-alpha": _POSITIVE,
     "data.client-test-fraction": _OPEN_FRACTION,
+    "mask.mode": _one_of(MASK_MODES),
+    "mask.r": _FRACTION,
+    "mask.r-pos-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),
+    "mask.r-patch-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),
+    "mask.r-patterns": (_mask_patterns, "'<name pattern>=<R in [0, 1]>' items separated by ';'"),
 }
 
 
@@ -203,7 +246,7 @@ def parse_config(run_config: Mapping[str, Any]) -> Config:
 
 
 def _build(flat: dict[str, Any]) -> Config:
-    groups: dict[str, dict[str, Any]] = {"model": {}, "data": {}}
+    groups: dict[str, dict[str, Any]] = {"model": {}, "data": {}, "mask": {}}
     top: dict[str, Any] = {}
     for key, value in flat.items():
         prefix, _, rest = key.partition(".")
@@ -211,7 +254,12 @@ def _build(flat: dict[str, Any]) -> Config:
             groups[prefix][rest.replace("-", "_")] = value
         else:
             top[key.replace("-", "_")] = value
-    return Config(**top, model=ModelConfig(**groups["model"]), data=DataConfig(**groups["data"]))
+    return Config(
+        **top,
+        model=ModelConfig(**groups["model"]),
+        data=DataConfig(**groups["data"]),
+        mask=MaskConfig(**groups["mask"]),
+    )
 
 
 def _check_cross_field(config: Config) -> None:
@@ -223,6 +271,11 @@ def _check_cross_field(config: Config) -> None:
                 data.classes_per_client,
                 f"at most the number of classes ({data.synthetic_num_classes})",
             )
+
+
+def evaluates_in(config: Config, server_round: int) -> bool:
+    """Whether round ``server_round`` is evaluated: round 0, every ``eval-every``-th round and the last."""
+    return server_round % config.eval_every == 0 or server_round == config.num_server_rounds
 
 
 def check_against_federation(config: Config, num_clients: int, num_train: int, num_classes: int) -> None:

@@ -14,7 +14,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from clients.training import evaluate
-from fedvit_app.config import Config, ConfigError, parse_config
+from fedvit_app.config import Config, ConfigError, evaluates_in, parse_config
 from fedvit_app.data import DatasetUnavailableError, load_dataset
 from fedvit_app.model import PretrainedWeightsError, build_model, get_weights, resolve_device, set_weights
 from fedvit_app.results import RunRecorder, load_checkpoint
@@ -35,9 +35,12 @@ def make_strategy(config: Config) -> FedVitStrategy:
         fraction_evaluate=config.fraction_evaluate,
         min_nodes=config.min_nodes,
         wait_timeout=config.round_timeout,
+        evaluate_round=lambda rnd: evaluates_in(config, rnd),
     )
     if config.strategy == "fedsgd":
         return STRATEGIES["fedsgd"](lr=config.lr, **common)
+    if config.strategy == "masked-fedsgd":
+        return STRATEGIES["masked-fedsgd"](lr=config.lr, mask=config.mask, **common)
     return STRATEGIES[config.strategy](**common)
 
 
@@ -77,7 +80,7 @@ class RoundEnd:
         weights = {name: a.numpy() for name, a in arrays.items()}
         entry: dict = {"round": rnd}
         central = None
-        if self.test is not None:
+        if self.test is not None and evaluates_in(self.config, rnd):
             set_weights(self.model, weights)
             device = next(self.model.parameters()).device
             img_size = int(self.model.patch_embed.img_size[0])
@@ -146,6 +149,7 @@ def run(grid: Grid, context: Context) -> Path:
     )
     final = result.arrays if result.arrays is not None else ArrayRecord()
     recorder.finish({k: a.numpy() for k, a in final.items()} or get_weights(model))
+    strategy.write_report(run_dir)
     log(INFO, "fedvit: finished; results in %s", run_dir)
     return run_dir
 

@@ -3,7 +3,8 @@
 from strategies.base import FedVitStrategy
 from strategies.fedavg import FedAvg
 from strategies.fedsgd import FedSGD
+from strategies.masked_fedsgd import MaskedFedSGD
 
-STRATEGIES: dict[str, type[FedVitStrategy]] = {"fedsgd": FedSGD, "fedavg": FedAvg}
+STRATEGIES: dict[str, type[FedVitStrategy]] = {"fedsgd": FedSGD, "fedavg": FedAvg, "masked-fedsgd": MaskedFedSGD}
 
-__all__ = ["STRATEGIES", "FedAvg", "FedSGD", "FedVitStrategy"]
+__all__ = ["STRATEGIES", "FedAvg", "FedSGD", "FedVitStrategy", "MaskedFedSGD"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
@@ -104,6 +104,7 @@ class FedVitStrategy(FedAvg):
         fraction_evaluate: float = 1.0,
         min_nodes: int = 2,
         wait_timeout: float = 600.0,
+        evaluate_round: Callable[[int], bool] = lambda _round: True,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -114,6 +115,7 @@ class FedVitStrategy(FedAvg):
         )
         self.seed = seed
         self.wait_timeout = wait_timeout
+        self.evaluate_round = evaluate_round  # whether federated evaluation runs in a given round
         self.round_offset = 0  # rounds already done before a resumed start()
         self.partition_of: dict[int, int] = {}  # node id -> partition id
         self.node_info: dict[int, dict] = {}  # node id -> what the node reported at discovery
@@ -247,9 +249,9 @@ class FedVitStrategy(FedAvg):
     ) -> Iterable[Message]:
         """Federated evaluation on the sampled clients' local test splits."""
         self._t_eval = time.perf_counter()
-        if self.fraction_evaluate == 0.0:
-            return []
         rnd = self.round_of(server_round)
+        if self.fraction_evaluate == 0.0 or not self.evaluate_round(rnd):
+            return []
         node_ids = self.sample(grid, rnd, self.fraction_evaluate, stream=1)
         config = ConfigRecord(dict(config))
         config["server-round"] = rnd
@@ -279,6 +281,9 @@ class FedVitStrategy(FedAvg):
         """Restore :meth:`state_dict`."""
         if state:
             raise ValueError(f"{type(self).__name__} has no state, got {sorted(state)}")
+
+    def write_report(self, run_dir) -> None:
+        """Strategy-specific outputs written at the end of a run (none by default)."""
 
     def summary(self) -> None:
         log(

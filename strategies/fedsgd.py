@@ -8,6 +8,14 @@ from flwr.app import Array, ArrayRecord, Message
 from strategies.base import FedVitStrategy
 
 
+def apply_mean_gradient(w: np.ndarray, total: np.ndarray, count: np.ndarray | int, lr: float) -> np.ndarray:
+    """w − η · total / count where count > 0, w unchanged where count = 0 (shared by eqs. 10 and 12)."""
+    count = np.asarray(count)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stepped = w - lr * (total / count)
+    return np.where(count > 0, stepped, w).astype(w.dtype)
+
+
 def fedsgd_update(
     weights: dict[str, np.ndarray], gradients: list[dict[str, np.ndarray]], lr: float
 ) -> dict[str, np.ndarray]:
@@ -23,7 +31,7 @@ def fedsgd_update(
         total = np.zeros(w.shape, dtype=np.float64)
         for grad in gradients:
             total += grad[name]
-        out[name] = (w - lr * (total / len(gradients))).astype(w.dtype)
+        out[name] = apply_mean_gradient(w, total, len(gradients), lr)
     return out
 
 

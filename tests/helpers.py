@@ -10,9 +10,13 @@ from flwr.app.message import make_message
 
 
 def reply(
-    src_node_id: int, arrays: dict[str, np.ndarray] | None = None, error: str | None = None, **metrics
+    src_node_id: int,
+    arrays: dict[str, np.ndarray] | None = None,
+    error: str | None = None,
+    records: dict[str, dict[str, np.ndarray]] | None = None,
+    **metrics,
 ) -> Message:
-    """A train reply from ``src_node_id`` as the strategy would receive it."""
+    """A train reply from ``src_node_id`` as the strategy would receive it (``records``: more ArrayRecords)."""
     meta = Metadata(
         run_id=1,
         message_id=f"m{src_node_id}",
@@ -29,6 +33,8 @@ def reply(
     content = RecordDict({"metrics": MetricRecord(metrics)})
     if arrays is not None:
         content["arrays"] = ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
+    for name, record in (records or {}).items():
+        content[name] = ArrayRecord({k: Array(np.asarray(v)) for k, v in record.items()})
     return make_message(meta, content=content)
 
 

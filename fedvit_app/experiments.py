@@ -1,0 +1,128 @@
+"""Experiment runner: several ``flwr run``s that differ in a few keys, then one table and one figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedvit_app.cli import check_config
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A comparison: shared run config, one override set per method, and the federation to run on."""
+
+    name: str
+    base: tuple[str, ...]  # preset files shared by every method (relative to the app dir)
+    methods: dict[str, str]  # label -> key=value overrides
+    federation: str
+    update_counts: tuple[str, ...] = ()  # labels whose update-count histograms go into one figure
+
+
+def load_experiment(path: Path) -> Experiment:
+    """Read an experiment file (see ``conf/experiments/``); relative preset paths resolve from the app dir."""
+    spec = tomllib.loads(path.read_text())["experiment"]
+    return Experiment(
+        name=spec["name"],
+        base=tuple(spec.get("base", [])),
+        methods=dict(spec["methods"]),
+        federation=spec.get("federation", "num-supernodes=5 client-resources-num-cpus=1"),
+        update_counts=tuple(spec.get("update-counts", [])),
+    )
+
+
+def run_experiment(exp: Experiment, app_dir: Path, out_root: Path, extra: list[str]) -> Path:
+    """Run every method (skipping finished ones), then write ``summary.md``/``summary.json`` and the plots."""
+    out = (out_root / exp.name).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for label, overrides in exp.methods.items():
+        run_config = [str(method_config(exp, app_dir, out, label, [*extra, overrides]))]
+        if check_config(app_dir, run_config):
+            raise SystemExit(2)
+        if (out / label / "model.safetensors").exists():
+            print(f"[{exp.name}] {label}: already done, reusing {out / label}", flush=True)
+            continue
+        print(f"[{exp.name}] {label}: running", flush=True)
+        cmd = [sys.executable, "-m", "fedvit_app.cli", "run", str(app_dir), "--federation-config", exp.federation]
+        for part in run_config:
+            cmd += ["-c", part]
+        if subprocess.run(cmd).returncode != 0:
+            raise SystemExit(f"[{exp.name}] {label} failed; fix it and rerun (finished methods are kept)")
+    summary = summarize(out, list(exp.methods))
+    plot_accuracy(out, list(exp.methods))
+    if exp.update_counts:
+        from strategies.update_counts import plot_update_counts
+
+        reports = {
+            label: json.loads((out / label / "update-counts.json").read_text())
+            for label in exp.update_counts
+            if (out / label / "update-counts.json").exists()
+        }
+        plot_update_counts(reports, out / "update-counts.png")
+    print(summary, flush=True)
+    return out
+
+
+def method_config(exp: Experiment, app_dir: Path, out: Path, label: str, overrides: list[str]) -> Path:
+    """One TOML file with the method's whole override set (``flwr run -c`` takes one file, unmixed)."""
+    from flwr.common.config import flatten_dict, parse_config_args
+
+    values: dict[str, Any] = {}
+    for preset in exp.base:
+        values |= flatten_dict(tomllib.loads((app_dir / preset).read_text()))
+    values |= parse_config_args([o for o in overrides if o.strip()] or None)
+    values |= {"out-dir": str(out), "run-name": label}
+    path = out / ".configs" / f"{label}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()))
+    return path
+
+
+def _accuracy_series(run_dir: Path) -> list[tuple[int, float]]:
+    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    key = "central-accuracy" if any("central-accuracy" in r for r in rounds) else "eval-accuracy"
+    return [(r["round"], r[key]) for r in rounds if key in r]
+
+
+def summarize(out: Path, labels: list[str]) -> str:
+    """Markdown table of final and best accuracy per method; also written as summary.md/.json."""
+    rows: list[dict[str, Any]] = []
+    for label in labels:
+        series = _accuracy_series(out / label)
+        best_round, best = max(series, key=lambda p: p[1])
+        rows.append({"method": label, "final": series[-1][1], "best": best, "best-round": best_round,
+                     "rounds": series[-1][0]})
+    lines = ["| method | final accuracy | best accuracy (round) | rounds |", "|---|---|---|---|"]
+    lines += [f"| {r['method']} | {100 * r['final']:.2f}% | {100 * r['best']:.2f}% ({r['best-round']}) | "
+              f"{r['rounds']} |" for r in rows]
+    table = "\n".join(lines)
+    (out / "summary.md").write_text(table + "\n")
+    (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    return table
+
+
+def plot_accuracy(out: Path, labels: list[str]) -> Path:
+    """All methods' accuracy per round on one figure (Fig. 5 analogue)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label in labels:
+        rounds, acc = zip(*_accuracy_series(out / label), strict=True)
+        ax.plot(rounds, [100 * a for a in acc], label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out / "accuracy.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
