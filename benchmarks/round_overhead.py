@@ -64,7 +64,7 @@ def flwr_run(app: Path, env: dict, clients: int, overrides: list[str]) -> None:
     ]
     for o in overrides:
         cmd += ["-c", o]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, cwd=app, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"run failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
 
@@ -88,7 +88,8 @@ def main() -> None:
         FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
         FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
     )
-    stock = stock_app_copy(work / "stock-app")
+    ours = snapshot(work / "app")
+    stock = snapshot(work / "stock-app", stock=True)
     out = work / "outputs"
     common = f"out-dir='{out}' num-server-rounds={args.rounds} centralized-evaluation=false fraction-evaluate=0.0"
     results = {}
@@ -101,7 +102,7 @@ def main() -> None:
         ]
         if not args.skip_vit_s:
             cases += [
-                ("fedsgd ViT-S/16 32px", ROOT, "fedsgd", VIT_S_32),
+                ("fedsgd ViT-S/16 32px", ours, "fedsgd", VIT_S_32),
                 ("stock FedAvg, fedsgd clients, ViT-S/16 32px", stock, "fedsgd", VIT_S_32),
             ]
         for i, (name, app, strategy, model) in enumerate(cases):
@@ -119,6 +120,7 @@ def main() -> None:
                     "compute_max_s": median_after_warmup([r["compute-s-max"] for r in hist]),
                     "payload_up_mb": hist[-1]["bytes-up"] / 1e6,
                 }
+            print(f"    {results[name]}", flush=True)
     finally:
         stop_local_superlink(home)
 
