@@ -38,17 +38,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stock_app_copy(dest: Path) -> Path:
-    """A copy of the tracked tree whose ServerApp is the stock-FedAvg baseline."""
+def snapshot(dest: Path, stock: bool = False) -> Path:
+    """A copy of the tracked files, so edits made while the benchmark runs cannot leak into it.
+
+    With ``stock`` the copy's ServerApp is the stock-FedAvg baseline.
+    """
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, dest / rel)
-    pyproject = dest / "pyproject.toml"
-    text = pyproject.read_text().replace(
-        'serverapp = "fedvit_app.server_app:app"', 'serverapp = "benchmarks.stock_fedavg_app:app"'
-    )
-    pyproject.write_text(text)
+    if stock:
+        pyproject = dest / "pyproject.toml"
+        text = pyproject.read_text().replace(
+            'serverapp = "fedvit_app.server_app:app"', 'serverapp = "benchmarks.stock_fedavg_app:app"'
+        )
+        pyproject.write_text(text)
     return dest
 
 
@@ -95,8 +99,8 @@ def main() -> None:
     results = {}
     try:
         cases = [
-            ("fedsgd tiny", ROOT, "fedsgd", TINY),
-            ("fedavg tiny", ROOT, "fedavg", TINY),
+            ("fedsgd tiny", ours, "fedsgd", TINY),
+            ("fedavg tiny", ours, "fedavg", TINY),
             ("stock FedAvg, fedsgd clients", stock, "fedsgd", TINY),
             ("stock FedAvg, fedavg clients", stock, "fedavg", TINY),
         ]
@@ -142,9 +146,9 @@ def main() -> None:
         ("fedavg tiny", "stock FedAvg, fedavg clients"),
         ("fedsgd ViT-S/16 32px", "stock FedAvg, fedsgd clients, ViT-S/16 32px"),
     ]
-    for ours, theirs in pairs:
-        if ours in results and theirs in results:
-            print(f"{ours} / {theirs}: {results[ours]['round_s'] / results[theirs]['round_s']:.3f}")
+    for mine, theirs in pairs:
+        if mine in results and theirs in results:
+            print(f"{mine} / {theirs}: {results[mine]['round_s'] / results[theirs]['round_s']:.3f}")
     dest = ROOT / "benchmarks" / "results"
     dest.mkdir(exist_ok=True)
     (dest / "round_overhead.json").write_text(json.dumps(results, indent=2))

@@ -95,11 +95,14 @@ def summarize(out: Path, labels: list[str]) -> str:
     for label in labels:
         series = _accuracy_series(out / label)
         best_round, best = max(series, key=lambda p: p[1])
-        rows.append({"method": label, "final": series[-1][1], "best": best, "best-round": best_round,
-                     "rounds": series[-1][0]})
+        rows.append(
+            {"method": label, "final": series[-1][1], "best": best, "best-round": best_round, "rounds": series[-1][0]}
+        )
     lines = ["| method | final accuracy | best accuracy (round) | rounds |", "|---|---|---|---|"]
-    lines += [f"| {r['method']} | {100 * r['final']:.2f}% | {100 * r['best']:.2f}% ({r['best-round']}) | "
-              f"{r['rounds']} |" for r in rows]
+    lines += [
+        f"| {r['method']} | {100 * r['final']:.2f}% | {100 * r['best']:.2f}% ({r['best-round']}) | {r['rounds']} |"
+        for r in rows
+    ]
     table = "\n".join(lines)
     (out / "summary.md").write_text(table + "\n")
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
