@@ -31,19 +31,25 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local training for one round; replies with 'arrays' (gradient or weights) and 'metrics'."""
+    """Local training for one round; replies with 'arrays' (gradient or weights), 'masks' when masking, 'metrics'."""
     config = runner.client_config(context.run_config)
     round_config = msg.content["config"]
-    arrays, metrics = runner.train(
+    mask_seed = context.node_config.get("mask-seed")  # client-only; never in the run config
+    locked = context.state.array_records.get("locked-mask")
+    locked_cache = {k: v.numpy() for k, v in locked.items()} if locked is not None else {}
+    records, metrics = runner.train(
         config,
         *_partition(context),
         _weights(msg),
         int(round_config["server-round"]),
         float(round_config.get("lr", config.lr)),
+        mask_seed=None if mask_seed is None else int(mask_seed),
+        locked_cache=locked_cache,
     )
-    content = RecordDict(
-        {"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "metrics": MetricRecord(metrics)}
-    )
+    if locked_cache and locked is None:  # keep the locked masks in the node's state for the next rounds
+        context.state["locked-mask"] = ArrayRecord({k: Array(v) for k, v in locked_cache.items()})
+    content = RecordDict({name: ArrayRecord({k: Array(v) for k, v in rec.items()}) for name, rec in records.items()})
+    content["metrics"] = MetricRecord(metrics)
     return Message(content, reply_to=msg)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict
 from datetime import datetime
@@ -19,12 +20,19 @@ from fedvit_app.data import DatasetUnavailableError, load_dataset
 from fedvit_app.model import PretrainedWeightsError, build_model, get_weights, resolve_device, set_weights
 from fedvit_app.results import RunRecorder, load_checkpoint
 from strategies import STRATEGIES, FedVitStrategy
-from strategies.base import ClientSetupError, NodesUnavailableError
+from strategies.base import ClientSetupError, ClientsFailedError, NodesUnavailableError
 
 app = ServerApp()
 
-# Failures that are the user's to fix: reported as one line, the run stops before training.
-SETUP_ERRORS = (ConfigError, ClientSetupError, NodesUnavailableError, PretrainedWeightsError, DatasetUnavailableError)
+# Failures that are the user's to fix: reported as one line; the run stops (setup errors: before training).
+RUN_ERRORS = (
+    ConfigError,
+    ClientSetupError,
+    ClientsFailedError,
+    NodesUnavailableError,
+    PretrainedWeightsError,
+    DatasetUnavailableError,
+)
 
 
 def make_strategy(config: Config) -> FedVitStrategy:
@@ -130,7 +138,9 @@ def run(grid: Grid, context: Context) -> Path:
         if done >= config.num_server_rounds:
             raise ConfigError("num-server-rounds", config.num_server_rounds, f"more than the {done} rounds done")
     strategy.discover(grid)
-    model = build_model(config.model, _num_classes(strategy), config.seed).to(resolve_device(config.device))
+    # A resumed run takes its weights from the checkpoint: no need to fetch pretrained ones again.
+    model_config = dataclasses.replace(config.model, pretrained="off") if config.resume_from else config.model
+    model = build_model(model_config, _num_classes(strategy), config.seed).to(resolve_device(config.device))
     if config.resume_from:
         set_weights(model, checkpoint_weights)
         strategy.load_state_dict(state)
@@ -163,6 +173,6 @@ def main(grid: Grid, context: Context) -> None:
     """Entry point for ``flwr run``."""
     try:
         run(grid, context)
-    except SETUP_ERRORS as err:
+    except RUN_ERRORS as err:
         log(ERROR, "%s", err)
         raise RunAborted(str(err)) from None

@@ -21,6 +21,10 @@ class NodesUnavailableError(RuntimeError):
     """Fewer nodes than ``min-nodes`` connected within the timeout."""
 
 
+class ClientsFailedError(RuntimeError):
+    """Every sampled client failed in a round: continuing would only repeat the failure."""
+
+
 class ClientSetupError(RuntimeError):
     """A client reported that it cannot train with this config (e.g. a bad partitioning)."""
 
@@ -70,6 +74,12 @@ def check_metrics(content: RecordDict) -> str | None:
     if not isinstance(n, int) or n <= 0:
         return f"num-examples={n!r} is not a positive integer"
     return None
+
+
+def error_summary(reason: str | None, limit: int = 300) -> str:
+    """The informative part of a client error: the exception line that ends its traceback."""
+    lines = [line.strip() for line in (reason or "").splitlines() if line.strip()]
+    return (lines[-1] if lines else "no reason given")[:limit]
 
 
 def weighted_metrics(replies: list[Message]) -> MetricRecord:
@@ -211,7 +221,7 @@ class FedVitStrategy(FedAvg):
             node = msg.metadata.src_node_id
             who = self.partition_of.get(node, -node)
             if msg.has_error():
-                reason = f"error {msg.error.code}: {msg.error.reason.splitlines()[0] if msg.error.reason else ''}"
+                reason = f"error {msg.error.code}: {error_summary(msg.error.reason)}"
             else:
                 if kind == "train":
                     stats.bytes_up += array_bytes(msg.content)
@@ -234,6 +244,13 @@ class FedVitStrategy(FedAvg):
             result = self.aggregate_arrays(rnd, valid), weighted_metrics(valid)
             self.stats[rnd].train = dict(result[1])
         else:
+            rejected = self.stats[rnd].rejected
+            if rejected and all(reason.startswith("error") for reason in rejected.values()):
+                partition, reason = next(iter(rejected.items()))
+                raise ClientsFailedError(
+                    f"round {rnd}: all {len(rejected)} clients failed (partition {partition}: "
+                    f"{reason}); resume from the last checkpoint once fixed"
+                )
             log(WARNING, "round %d: no valid train replies; the global model is unchanged", rnd)
         self.stats[rnd].train_s = time.perf_counter() - self._t_train
         return result

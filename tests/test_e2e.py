@@ -36,6 +36,7 @@ def flower(tmp_path_factory):
         FLWR_HOME=str(home),
         FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
         FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
+        FEDVIT_CLIENT_STATE=str(tmp_path_factory.mktemp("client-state")),
     )
     out = tmp_path_factory.mktemp("outputs")
 
@@ -72,11 +73,11 @@ def assert_identical(a: dict, b: dict) -> None:
         assert (a[k] == b[k]).all(), f"{k} differs"
 
 
-def test_training_reproducibility_and_resume(flower):
+def test_plain_fedsgd_learns_and_writes_outputs(flower):
     run, out = flower
-    full = run("run-name='full'")
-    assert full.returncode == 0, full.stdout[-2000:]
-    rounds = json.loads((out / "full" / "metrics.json").read_text())["rounds"]
+    proc = run("run-name='plain'")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    rounds = json.loads((out / "plain" / "metrics.json").read_text())["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2, 3]
     assert rounds[-1]["central-accuracy"] > rounds[0]["central-accuracy"]
     assert all(r["bytes-up"] > 0 and len(r["sampled"]) == 2 for r in rounds[1:])
@@ -88,22 +89,37 @@ def test_training_reproducibility_and_resume(flower):
         "checkpoints/round-0003.safetensors",
         "checkpoints/round-0002.safetensors",
     ):
-        assert (out / "full" / name).is_file(), name
-    assert "round 3/3 | loss" in full.stdout
+        assert (out / "plain" / name).is_file(), name
+    assert "round 3/3 | loss" in proc.stdout
+
+
+MASKED = "strategy='masked-fedsgd' mask.mode='fresh' mask.r=0.5"
+
+
+def test_masked_fedsgd_learns_reproduces_and_resumes(flower):
+    run, out = flower
+    full = run("run-name='masked'", MASKED)
+    assert full.returncode == 0, full.stdout[-2000:]
+    rounds = json.loads((out / "masked" / "metrics.json").read_text())["rounds"]
+    assert rounds[-1]["central-accuracy"] > rounds[0]["central-accuracy"]
+    # about half of the entries are sent, so the uplink is about half + 1/32 of dense FedSGD's
+    assert all(0.45 < r["kept-fraction"] < 0.55 for r in rounds[1:])
+    counts = json.loads((out / "masked" / "update-counts.json").read_text())
+    assert counts["rounds"] == 3 and counts["clients-per-round"] == [2, 2, 2]
 
     # A second, independent run with the same seed stops after round 2 ...
-    first = run("run-name='part'", "num-server-rounds=2")
+    first = run("run-name='part'", MASKED, "num-server-rounds=2")
     assert first.returncode == 0, first.stdout[-2000:]
     assert_identical(
-        model(out / "part" / "model.safetensors"),
-        {k: v for k, v in model(out / "full" / "checkpoints" / "round-0002.safetensors").items()},
+        model(out / "part" / "model.safetensors"), model(out / "masked" / "checkpoints" / "round-0002.safetensors")
     )
-    # ... and resumes from its checkpoint to round 3: bit-identical to the uninterrupted run.
-    resumed = run(f"resume-from='{out / 'part'}'")
+    # ... and resumes from its checkpoint to round 3: bit-identical to the uninterrupted run,
+    # strategy state (the update counts) included.
+    resumed = run(f"resume-from='{out / 'part'}'", MASKED)
     assert resumed.returncode == 0, resumed.stdout[-2000:]
-    assert_identical(model(out / "part" / "model.safetensors"), model(out / "full" / "model.safetensors"))
-    resumed_rounds = json.loads((out / "part" / "metrics.json").read_text())["rounds"]
-    assert [r["round"] for r in resumed_rounds] == [0, 1, 2, 3]
+    assert_identical(model(out / "part" / "model.safetensors"), model(out / "masked" / "model.safetensors"))
+    assert [r["round"] for r in json.loads((out / "part" / "metrics.json").read_text())["rounds"]] == [0, 1, 2, 3]
+    assert json.loads((out / "part" / "update-counts.json").read_text()) == counts
 
 
 def test_client_side_config_error_stops_before_training(flower):

@@ -275,3 +275,40 @@ def test_fixed_position_counts_and_report(tmp_path):
     assert report["groups"]["position-embedding"]["empirical"][0] == 1.0
     assert report["groups"]["position-embedding"]["theory"][0] == 1.0
     assert (tmp_path / "plots" / "update-counts.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "strategy, mode",
+    [("fedsgd", "fresh"), ("masked-fedsgd", "fresh"), ("masked-fedsgd", "locked"), ("fedavg", "fresh")],
+)
+def test_client_app_handler_replies_with_the_right_records(strategy, mode):
+    """The ClientApp's train handler itself (Flower records in and out), without a runtime."""
+    from flwr.app import Context, Message, RecordDict
+
+    from fedvit_app import client_app
+
+    cfg = dataclasses.replace(CONFIG, strategy=strategy, mask=MaskConfig(mode=mode))
+    weights = get_weights(build_model(cfg.model, 10, cfg.seed))
+    context = Context(
+        run_id=1,
+        node_id=5,
+        node_config={"partition-id": 0, "num-partitions": 3},
+        state=RecordDict(),
+        run_config=cfg.to_dict(),
+    )
+    for rnd in (1, 2):
+        msg = Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({k: Array(v) for k, v in weights.items()}),
+                    "config": ConfigRecord({"server-round": rnd, "lr": 0.01}),
+                }
+            ),
+            dst_node_id=5,
+            message_type="train",
+        )
+        out = client_app.train(msg, context)
+        records = set(out.content.array_records)
+        assert records == ({"arrays", "masks"} if strategy == "masked-fedsgd" else {"arrays"})
+        assert out.content["metrics"]["num-examples"] > 0
+    assert ("locked-mask" in context.state.array_records) == (strategy == "masked-fedsgd" and mode == "locked")

@@ -60,15 +60,28 @@ def test_fedsgd_strategy_applies_eq10_over_valid_replies():
             reply(11, {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}, **{"num-examples": 0}),
             "num-examples",
         ),
-        (reply(11, error="Traceback: boom"), "error 2"),
+        (
+            reply(11, error="Traceback (most recent call last):\n  File x\nValueError: boom"),
+            "error 2: ValueError: boom",
+        ),
     ],
 )
 def test_invalid_replies_are_rejected_and_model_kept(bad_reply, reason):
     s = FedSGD(lr=0.1, min_nodes=1)
-    prepared(s, {11: 0})
-    arrays, metrics = s.aggregate_train(1, [bad_reply])
+    prepared(s, {11: 0, 12: 1})
+    also_invalid = reply(12, {"w": np.zeros(4, np.float32), "b": np.zeros(3, np.float32)}, **{"num-examples": 1})
+    arrays, metrics = s.aggregate_train(1, [bad_reply, also_invalid])
     assert arrays is None and metrics is None  # Strategy.start keeps the previous global model
     assert reason in s.stats[1].rejected[0]
+
+
+def test_a_round_where_every_client_failed_stops_the_run():
+    from strategies.base import ClientsFailedError
+
+    s = FedSGD(lr=0.1, min_nodes=1)
+    prepared(s, {11: 0, 12: 1})
+    with pytest.raises(ClientsFailedError, match="all 2 clients failed .*TypeError: bad"):
+        s.aggregate_train(1, [reply(11, error="x\nTypeError: bad"), reply(12, error="y\nTypeError: bad")])
 
 
 def test_fedavg_matches_flowers_fedavg_on_same_replies():

@@ -1,0 +1,40 @@
+import json
+import tomllib
+from pathlib import Path
+
+from fedvit_app.cli import check_config
+from fedvit_app.experiments import load_experiment, method_config, plot_accuracy, summarize
+
+ROOT = Path(__file__).parents[1]
+SPECS = sorted((ROOT / "conf" / "experiments").glob("*.toml"))
+
+
+def test_every_method_of_every_experiment_is_a_valid_run_config(tmp_path):
+    assert SPECS
+    for spec in SPECS:
+        exp = load_experiment(spec)
+        for label, overrides in exp.methods.items():
+            path = method_config(exp, ROOT, tmp_path, label, [overrides])
+            assert check_config(ROOT, [str(path)]) == 0, (spec.name, label)
+            values = tomllib.loads(path.read_text())
+            assert values["run-name"] == label and values["out-dir"] == str(tmp_path)
+
+
+def test_method_overrides_win_over_the_base_preset(tmp_path):
+    exp = load_experiment(ROOT / "conf" / "experiments" / "masking-cpu.toml")
+    from flwr.common.config import flatten_dict
+
+    path = method_config(exp, ROOT, tmp_path, "fresh-r0.8", [exp.methods["fresh-r0.8"]])
+    values = flatten_dict(tomllib.loads(path.read_text()))
+    assert values["mask.r"] == 0.8 and values["strategy"] == "masked-fedsgd" and values["num-server-rounds"] == 30
+
+
+def test_summary_table_and_plot(tmp_path):
+    for label, accs in {"a": [0.1, 0.5, 0.4], "b": [0.1, 0.2, 0.3]}.items():
+        (tmp_path / label).mkdir()
+        rounds = [{"round": r, "central-accuracy": acc} for r, acc in enumerate(accs)]
+        (tmp_path / label / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    table = summarize(tmp_path, ["a", "b"])
+    assert "| a | 40.00% | 50.00% (1) | 2 |" in table and "| b | 30.00% | 30.00% (2) | 2 |" in table
+    assert json.loads((tmp_path / "summary.json").read_text())[0]["best"] == 0.5
+    assert plot_accuracy(tmp_path, ["a", "b"]).is_file()
