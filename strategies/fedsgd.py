@@ -9,11 +9,25 @@ from strategies.base import FedVitStrategy
 
 
 def apply_mean_gradient(w: np.ndarray, total: np.ndarray, count: np.ndarray | int, lr: float) -> np.ndarray:
-    """w − η · total / count where count > 0, w unchanged where count = 0 (shared by eqs. 10 and 12)."""
-    count = np.asarray(count)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        stepped = w - lr * (total / count)
-    return np.where(count > 0, stepped, w).astype(w.dtype)
+    """w − η · total / count where count > 0, w unchanged where count = 0 (shared by eqs. 10 and 12).
+
+    float32 throughout, like the model; a scalar count divides exactly as an array of that count would.
+    Where count = 0 no client sent a value, so total is 0 there and dividing by 1 leaves w as it is.
+    """
+    count = np.asarray(count, dtype=np.float32)
+    if np.any(total[count == 0]):
+        raise ValueError("non-zero gradient sum where no client kept the entry")
+    mean = total / np.maximum(count, np.float32(1))
+    mean *= np.float32(lr)
+    return w - mean
+
+
+def sum_arrays(arrays: list[np.ndarray]) -> np.ndarray:
+    """Σ of same-shaped float32 arrays, accumulated in the given (partition) order."""
+    total = np.array(arrays[0], dtype=np.float32, copy=True)
+    for a in arrays[1:]:
+        total += a
+    return total
 
 
 def fedsgd_update(
@@ -21,18 +35,14 @@ def fedsgd_update(
 ) -> dict[str, np.ndarray]:
     """w ← w − η · (1/N) Σ_n θ_n (random-binary-weights paper, eq. 10).
 
-    The mean is unweighted, as in eq. 10; it is accumulated in float64 in the
-    given (partition) order and the result cast back to each weight's dtype.
+    The mean is unweighted, as in eq. 10, summed in the given (partition) order.
     """
     if not gradients:
         raise ValueError("FedSGD needs at least one gradient")
-    out = {}
-    for name, w in weights.items():
-        total = np.zeros(w.shape, dtype=np.float64)
-        for grad in gradients:
-            total += grad[name]
-        out[name] = apply_mean_gradient(w, total, len(gradients), lr)
-    return out
+    return {
+        name: apply_mean_gradient(w, sum_arrays([g[name] for g in gradients]), len(gradients), lr)
+        for name, w in weights.items()
+    }
 
 
 class FedSGD(FedVitStrategy):

@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, Message
 from clients.masking import decode, effective_rates
 from fedvit_app.config import MaskConfig
 from strategies.base import check_metrics
-from strategies.fedsgd import FedSGD, apply_mean_gradient
+from strategies.fedsgd import FedSGD, apply_mean_gradient, sum_arrays
 
 
 def masked_update(
@@ -25,12 +25,10 @@ def masked_update(
     """
     new, counts = {}, {}
     for name, w in weights.items():
-        total = np.zeros(w.shape, dtype=np.float64)
-        count = np.zeros(w.shape, dtype=np.int64)
-        for grads, masks in replies:
-            total += grads[name]
+        count = np.zeros(w.shape, dtype=np.int32)
+        for _, masks in replies:
             count += masks[name]
-        new[name] = apply_mean_gradient(w, total, count, lr)
+        new[name] = apply_mean_gradient(w, sum_arrays([grads[name] for grads, _ in replies]), count, lr)
         counts[name] = count
     return new, counts
 

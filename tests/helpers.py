@@ -5,8 +5,23 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Error, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
 from flwr.app.message import make_message
+
+
+def reply_metadata(src_node_id: int, message_type: str) -> Metadata:
+    """Metadata of a reply from ``src_node_id`` to the server."""
+    return Metadata(
+        run_id=1,
+        message_id=f"{message_type}-{src_node_id}",
+        src_node_id=src_node_id,
+        dst_node_id=0,
+        reply_to_message_id="i",
+        group_id="1",
+        created_at=time.time(),
+        ttl=60.0,
+        message_type=message_type,
+    )
 
 
 def reply(
@@ -17,17 +32,7 @@ def reply(
     **metrics,
 ) -> Message:
     """A train reply from ``src_node_id`` as the strategy would receive it (``records``: more ArrayRecords)."""
-    meta = Metadata(
-        run_id=1,
-        message_id=f"m{src_node_id}",
-        src_node_id=src_node_id,
-        dst_node_id=0,
-        reply_to_message_id="i",
-        group_id="1",
-        created_at=time.time(),
-        ttl=60.0,
-        message_type="train",
-    )
+    meta = reply_metadata(src_node_id, "train")
     if error is not None:
         return make_message(meta, error=Error(code=2, reason=error))
     content = RecordDict({"metrics": MetricRecord(metrics)})
@@ -49,23 +54,11 @@ class FakeGrid:
         return list(self.partition_of)
 
     def send_and_receive(self, messages, *, timeout=None):
-        from flwr.app import ConfigRecord
-
         out = []
         for msg in messages:
             self.queries += 1
             node = msg.metadata.dst_node_id
-            meta = Metadata(
-                run_id=1,
-                message_id=f"q{node}",
-                src_node_id=node,
-                dst_node_id=0,
-                reply_to_message_id="",
-                group_id="",
-                created_at=time.time(),
-                ttl=60.0,
-                message_type="query",
-            )
+            meta = reply_metadata(node, "query")
             info = {
                 "partition-id": self.partition_of[node],
                 "num-partitions": len(self.partition_of),
