@@ -263,6 +263,11 @@ def _build(flat: dict[str, Any]) -> Config:
 
 
 def _check_cross_field(config: Config) -> None:
+    if config.strategy != "masked-fedsgd":
+        for f in dataclasses.fields(MaskConfig):
+            value = getattr(config.mask, f.name)
+            if value != f.default:
+                raise ConfigError(f"mask.{_hyphen(f.name)}", value, "its default unless strategy='masked-fedsgd'")
     data = config.data
     if data.name == "synthetic" and data.partitioner == "noniid-k":
         if data.classes_per_client > data.synthetic_num_classes:

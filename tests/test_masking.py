@@ -78,6 +78,12 @@ def test_bad_mask_config_values():
             parse_config({key: value})
 
 
+def test_mask_settings_without_the_masked_strategy_are_an_error():
+    with pytest.raises(ConfigError, match="mask.r=0.8 .*strategy='masked-fedsgd'"):
+        parse_config({"strategy": "fedsgd", "mask.r": 0.8})
+    assert parse_config({"strategy": "masked-fedsgd", "mask.r": 0.8}).mask.r == 0.8
+
+
 def test_fixed_position_zeroes_exactly_the_position_embedding():
     shapes = {"pos_embed": (1, 5, 4), "cls_token": (1, 1, 4), "head.weight": (3, 4)}
     masks = fixed_position_masks(shapes)
