@@ -54,8 +54,11 @@ def check_config(app_dir: Path, overrides: list[str]) -> int:
     return 0
 
 
-def _superlink_pids(flwr_home: Path) -> list[int]:
-    """PIDs of local SuperLink/SuperExec processes started with this FLWR_HOME (Linux /proc)."""
+def _superlink_pids(flwr_home: Path, with_env: str | None = None) -> list[int]:
+    """PIDs of local SuperLink/SuperExec processes started with this FLWR_HOME (Linux /proc).
+
+    With ``with_env`` (``NAME=value``), only SuperLinks whose environment lacks that setting.
+    """
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -111,10 +114,22 @@ def run(args: argparse.Namespace) -> int:
     if code:
         return code
     env = flower_env()
+    local = args.superlink is None or args.superlink == "local"
+    no_install = env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"  # unless the user asked otherwise
+    setting = "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
+    stale = _superlink_pids(flwr_home(), with_env=setting) if local and no_install else []
+    if stale:
+        print(
+            f"fedvit: the local SuperLink (pid {stale[0]}) was started without "
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 and would re-install torch for every run; "
+            "stop it with 'fedvit stop-superlink' and run again",
+            file=sys.stderr,
+        )
+        return 2
     cmd = ["flwr", "run", str(app_dir), *([args.superlink] if args.superlink else []), "--stream"]
     for override in args.run_config:
         cmd += ["--run-config", override]
-    if args.superlink is None or args.superlink == "local":
+    if local:
         cmd += ["--federation-config", args.federation_config]
     print("$", " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -74,3 +74,26 @@ def test_cli_check_config_exit_codes(capsys):
 @pytest.mark.parametrize("preset", sorted((Path(__file__).parents[1] / "conf").glob("*.toml")), ids=lambda p: p.name)
 def test_presets_are_valid(preset):
     assert check_config(Path(__file__).parents[1], [str(preset)]) == 0
+
+
+def test_cli_refuses_a_local_superlink_that_would_reinstall_dependencies(tmp_path, monkeypatch):
+    """A SuperLink started without FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 is detected by its /proc entry."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from fedvit_app import cli
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"}
+    # A stand-in process whose command line names flower-superlink, as the real one's does.
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "flower-superlink"], env=env)
+    try:
+        time.sleep(0.5)
+        assert cli._superlink_pids(tmp_path, with_env="FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1") == [fake.pid]
+        code = cli.main(["run", str(Path(__file__).parents[1])])
+        assert code == 2
+        assert cli.stop_local_superlink(tmp_path) == 1
+    finally:
+        fake.kill()
