@@ -69,8 +69,13 @@ def _superlink_pids(flwr_home: Path, with_env: str | None = None) -> list[int]:
         if "flower-superlink" not in cmdline and "flower-superexec" not in cmdline:
             continue
         home = next((e[len(b"FLWR_HOME=") :].decode() for e in environ if e.startswith(b"FLWR_HOME=")), "")
-        if Path(home or Path.home() / ".flwr").resolve() == flwr_home.resolve():
-            pids.append(int(proc.name))
+        if Path(home or Path.home() / ".flwr").resolve() != flwr_home.resolve():
+            continue
+        if with_env is not None:
+            explicit = "--disable-runtime-dependency-installation" in cmdline
+            if "flower-superlink" not in cmdline or explicit or with_env.encode() in environ:
+                continue
+        pids.append(int(proc.name))
     return pids
 
 

@@ -88,12 +88,16 @@ def test_cli_refuses_a_local_superlink_that_would_reinstall_dependencies(tmp_pat
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"}
     # A stand-in process whose command line names flower-superlink, as the real one's does.
-    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "flower-superlink"], env=env)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)", "flower-superlink"]
+    fake = subprocess.Popen(sleeper, env=env)
+    fine = subprocess.Popen(sleeper, env=dict(env, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1"))
     try:
         time.sleep(0.5)
         assert cli._superlink_pids(tmp_path, with_env="FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1") == [fake.pid]
         code = cli.main(["run", str(Path(__file__).parents[1])])
         assert code == 2
-        assert cli.stop_local_superlink(tmp_path) == 1
+        assert sorted(cli._superlink_pids(tmp_path)) == sorted([fake.pid, fine.pid])
+        assert cli.stop_local_superlink(tmp_path) == 2
     finally:
         fake.kill()
+        fine.kill()
