@@ -10,10 +10,11 @@ import secrets
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from fedvit_app.config import MaskConfig, parse_patterns
 from fedvit_app.model import PARAM_ROLES
+from fedvit_app.results import atomic_save_safetensors, atomic_write
 
 STATE_DIR_ENV = "FEDVIT_CLIENT_STATE"  # where clients keep their mask seed and locked masks
 
@@ -35,12 +36,15 @@ def mask_rates(names: list[str], spec: MaskConfig) -> dict[str, float]:
     return rates
 
 
+def fixed_position_rates(names: list[str]) -> dict[str, float]:
+    """The fixed-position defence (APRIL paper) as rates: R = 1 for the position embedding, 0 elsewhere."""
+    pos = set(PARAM_ROLES["position-embedding"])
+    return {name: 1.0 if name in pos else 0.0 for name in names}
+
+
 def effective_rates(names: list[str], spec: MaskConfig) -> dict[str, float]:
-    """P(B = 0) per parameter for any mode (fixed-position: 1 for the position embedding, 0 elsewhere)."""
-    if spec.mode == "fixed-position":
-        pos = set(PARAM_ROLES["position-embedding"])
-        return {name: 1.0 if name in pos else 0.0 for name in names}
-    return mask_rates(names, spec)
+    """P(B = 0) per parameter for any mode."""
+    return fixed_position_rates(names) if spec.mode == "fixed-position" else mask_rates(names, spec)
 
 
 def draw_masks(
@@ -60,9 +64,9 @@ def draw_masks(
 
 
 def fixed_position_masks(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    """The fixed-position defence (APRIL paper) as a mask: the position-embedding gradient is zeroed."""
-    pos = set(PARAM_ROLES["position-embedding"])
-    return {name: np.full(int(np.prod(shape)), name not in pos) for name, shape in shapes.items()}
+    """The fixed-position defence as a mask: the position-embedding gradient is zeroed, nothing else."""
+    rates = fixed_position_rates(list(shapes))
+    return {name: np.full(int(np.prod(shape)), rates[name] == 0.0) for name, shape in shapes.items()}
 
 
 def encode(
@@ -111,9 +115,7 @@ def client_seed(partition_id: int, node_seed: int | None = None) -> int:
         return int(node_seed)
     path = state_dir(partition_id) / "mask-seed"
     if not path.exists():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(str(secrets.randbits(63)))
-        os.replace(tmp, path)
+        atomic_write(path, str(secrets.randbits(63)).encode())
     return int(path.read_text())
 
 
@@ -139,7 +141,5 @@ def locked_masks(
     if not cache:
         masks = draw_masks(shapes, rates, seed, stream=0)
         cache.update({n: np.packbits(m) for n, m in masks.items()})
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(cache, str(tmp))
-        os.replace(tmp, path)
+        atomic_save_safetensors(path, cache)
     return {n: np.unpackbits(cache[n], count=int(np.prod(s))).astype(bool) for n, s in shapes.items()}
