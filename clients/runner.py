@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from clients.encryption import ENCRYPTED, EncryptionKey, EncryptionKeyError
 from clients.masking import client_seed, draw_masks, encode, fixed_position_masks, locked_masks, mask_rates
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
 from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config
@@ -61,13 +62,18 @@ def train(
     lr: float,
     mask_seed: int | None = None,
     locked_cache: dict[str, np.ndarray] | None = None,
+    key: EncryptionKey | None = None,
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float | int]]:
     """One round of local work: the FedSGD gradient (masked for masked-fedsgd) or FedAvg local epochs.
 
     Returns the reply's array records by name ("arrays", and "masks" when masking) and its metrics.
     ``mask_seed`` is the client's private seed (node config ``mask-seed``); ``locked_cache``
-    holds locked masks between rounds (the client's context state).
+    holds locked masks between rounds (the client's context state). With a ``key`` the received
+    model is decrypted before training and the update is encrypted after masking (eqs. 3, 7, 13, 14).
     """
+    crypt_start = time.perf_counter()
+    weights = key.decrypt(weights) if key is not None else weights
+    crypt_s = time.perf_counter() - crypt_start
     data = client_data(config.data, config.seed, partition_id, num_partitions)
     model = client_model(config, data.images.num_classes)
     set_weights(model, weights)
@@ -90,18 +96,26 @@ def train(
             rng=rng,
             device=device,
         )
-    records = {"arrays": result.arrays}
     compute_s = time.perf_counter() - start
-    extra: dict[str, float] = {}
+    arrays, masks, extra = result.arrays, None, {}
     if config.strategy == "masked-fedsgd":
         mask_start = time.perf_counter()
-        masks = client_masks(config, partition_id, server_round, result.arrays, mask_seed, locked_cache)
-        records["arrays"], records["masks"] = encode(result.arrays, masks)
+        masks = client_masks(config, partition_id, server_round, arrays, mask_seed, locked_cache)
         kept = sum(int(m.sum()) for m in masks.values())
         extra = {
             "mask-s": time.perf_counter() - mask_start,
             "kept-fraction": kept / sum(m.size for m in masks.values()),
         }
+    if key is not None:
+        crypt_start = time.perf_counter()
+        arrays = key.encrypt(arrays)
+        masks = key.encrypt_masks(masks) if masks is not None else None
+        extra["crypt-s"] = crypt_s + time.perf_counter() - crypt_start
+    records = {"arrays": arrays}
+    if masks is not None:
+        mask_start = time.perf_counter()
+        records["arrays"], records["masks"] = encode(arrays, masks)
+        extra["mask-s"] += time.perf_counter() - mask_start
     metrics = {
         "num-examples": result.num_examples,
         "train-loss": result.loss,
@@ -133,15 +147,34 @@ def client_masks(
 
 
 def evaluate_local(
-    config: Config, partition_id: int, num_partitions: int, weights: dict[str, np.ndarray]
+    config: Config,
+    partition_id: int,
+    num_partitions: int,
+    weights: dict[str, np.ndarray],
+    key: EncryptionKey | None = None,
 ) -> dict[str, float | int]:
-    """Evaluate the received global model on this client's test split."""
+    """Evaluate the received global model (decrypted first when a ``key`` is given) on this client's test split."""
+    weights = key.decrypt(weights) if key is not None else weights
     data = client_data(config.data, config.seed, partition_id, num_partitions)
     model = client_model(config, data.images.num_classes)
     set_weights(model, weights)
     device = next(model.parameters()).device
     loss, accuracy, n = evaluate(model, data.images, data.test, _img_size(model), device)
     return {"num-examples": n, "eval-loss": loss, "eval-accuracy": accuracy, "partition-id": partition_id}
+
+
+def encrypt_initial(config: Config, key: EncryptionKey, public: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The setup handshake: the encrypted initial embeddings this client would start from.
+
+    "paper" mode encrypts the server's public initial layers; "private-init" ignores their values and
+    encrypts layers drawn from the shared secret, so the server never sees a plaintext/ciphertext pair.
+    """
+    if set(public) != set(ENCRYPTED):
+        raise EncryptionKeyError(f"the handshake must carry exactly {list(ENCRYPTED)}, got {sorted(public)}")
+    shapes = {name: a.shape for name, a in public.items()}
+    key.check_shapes(shapes)
+    plain = key.private_initial_embeddings(shapes) if config.encryption.mode == "private-init" else public
+    return key.encrypt(plain)
 
 
 def _img_size(model: nn.Module) -> int:

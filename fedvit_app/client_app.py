@@ -6,6 +6,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from clients import runner
+from clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
+from fedvit_app.config import Config
 
 app = ClientApp()
 
@@ -21,11 +23,26 @@ def _weights(msg: Message) -> dict:
     return {name: array.numpy() for name, array in msg.content["arrays"].items()}
 
 
+def _key(config: Config, context: Context) -> EncryptionKey | None:
+    """The shared secret, from the client side only (node config or environment), when encryption is on."""
+    return require_client_key(dict(context.node_config)) if config.encryption.enabled else None
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Report this node's partition facts (or its config error) to the server before training."""
+    """Before training: report partition facts (or a config error); with encryption, answer the key handshake."""
     config = runner.client_config(context.run_config)
+    if msg.content["config"].get("ask") == "encrypt-initial":
+        key = _key(config, context)
+        if key is None:
+            raise RuntimeError("the server asked for a key handshake but encryption.mode is 'off'")
+        encrypted = runner.encrypt_initial(config, key, _weights(msg))
+        return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in encrypted.items()})}), reply_to=msg)
     info = runner.describe(config, *_partition(context))
+    try:
+        _key(config, context)  # a missing or unreadable key stops the run before training, naming this node
+    except EncryptionKeyError as err:
+        info.setdefault("error", str(err))
     return Message(RecordDict({"config": ConfigRecord(info)}), reply_to=msg)
 
 
@@ -45,6 +62,7 @@ def train(msg: Message, context: Context) -> Message:
         float(round_config.get("lr", config.lr)),
         mask_seed=None if mask_seed is None else int(mask_seed),
         locked_cache=locked_cache,
+        key=_key(config, context),
     )
     if locked_cache and locked is None:  # keep the locked masks in the node's state for the next rounds
         context.state["locked-mask"] = ArrayRecord({k: Array(v) for k, v in locked_cache.items()})
@@ -57,5 +75,5 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the global model on this client's test split."""
     config = runner.client_config(context.run_config)
-    metrics = runner.evaluate_local(config, *_partition(context), _weights(msg))
+    metrics = runner.evaluate_local(config, *_partition(context), _weights(msg), key=_key(config, context))
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -14,6 +14,7 @@ MASK_MODES = ("fresh", "locked", "fixed-position")
 PARTITIONERS = ("iid", "noniid-k", "dirichlet")
 DATASETS = ("synthetic", "cifar10", "imagefolder:<path>")
 DEVICES = ("auto", "cpu", "cuda")
+ENCRYPTION_MODES = ("off", "paper", "private-init")
 
 
 class ConfigError(ValueError):
@@ -69,6 +70,22 @@ class MaskConfig:
 
 
 @dataclass(frozen=True)
+class EncryptionConfig:
+    """Encrypted-domain aggregation (encrypted-ViT paper); the key itself never enters the run config.
+
+    "paper": the server sends the public initial model and adopts the clients' encryption of it;
+    "private-init": clients draw the initial embeddings from the shared secret, so the server never
+    holds a plaintext/ciphertext pair of the encrypted layers.
+    """
+
+    mode: str = "off"
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything a run needs; built only by :func:`parse_config`."""
 
@@ -93,6 +110,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     mask: MaskConfig = field(default_factory=MaskConfig)
+    encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, hyphenated form (the same keys as ``[tool.flwr.app.config]``)."""
@@ -199,6 +217,7 @@ _CHECKS: dict[str, Check] = {
     "mask.r-pos-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),
     "mask.r-patch-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),
     "mask.r-patterns": (_mask_patterns, "'<name pattern>=<R in [0, 1]>' items separated by ';'"),
+    "encryption.mode": _one_of(ENCRYPTION_MODES),
 }
 
 
@@ -246,7 +265,7 @@ def parse_config(run_config: Mapping[str, Any]) -> Config:
 
 
 def _build(flat: dict[str, Any]) -> Config:
-    groups: dict[str, dict[str, Any]] = {"model": {}, "data": {}, "mask": {}}
+    groups: dict[str, dict[str, Any]] = {"model": {}, "data": {}, "mask": {}, "encryption": {}}
     top: dict[str, Any] = {}
     for key, value in flat.items():
         prefix, _, rest = key.partition(".")
@@ -259,6 +278,7 @@ def _build(flat: dict[str, Any]) -> Config:
         model=ModelConfig(**groups["model"]),
         data=DataConfig(**groups["data"]),
         mask=MaskConfig(**groups["mask"]),
+        encryption=EncryptionConfig(**groups["encryption"]),
     )
 
 
@@ -268,6 +288,8 @@ def _check_cross_field(config: Config) -> None:
             value = getattr(config.mask, f.name)
             if value != f.default:
                 raise ConfigError(f"mask.{_hyphen(f.name)}", value, "its default unless strategy='masked-fedsgd'")
+    if config.encryption.enabled:
+        _check_encryption(config)
     data = config.data
     if data.name == "synthetic" and data.partitioner == "noniid-k":
         if data.classes_per_client > data.synthetic_num_classes:
@@ -275,6 +297,28 @@ def _check_cross_field(config: Config) -> None:
                 "data.classes-per-client",
                 data.classes_per_client,
                 f"at most the number of classes ({data.synthetic_num_classes})",
+            )
+
+
+def _check_encryption(config: Config) -> None:
+    mode = config.encryption.mode
+    if config.centralized_evaluation:
+        raise ConfigError(
+            "centralized-evaluation",
+            True,
+            f"false with encryption.mode={mode!r}: the server holds only an "
+            "encrypted model and no key (evaluation is federated: clients decrypt and evaluate)",
+        )
+    if config.strategy == "masked-fedsgd":
+        from clients.masking import effective_rates  # lazy: clients/ builds on this module
+        from fedvit_app.model import PATCH_EMBED_WEIGHT
+
+        if effective_rates([PATCH_EMBED_WEIGHT], config.mask)[PATCH_EMBED_WEIGHT] > 0:
+            raise ConfigError(
+                "mask.r-patch-embed",
+                config.mask.r_patch_embed,
+                "0 with encryption: eq. 12 divides entry by "
+                "entry, which does not commute with E_a's mixing of the patch-embedding rows",
             )
 
 

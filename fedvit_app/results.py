@@ -28,10 +28,15 @@ def atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def atomic_save_safetensors(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def atomic_save_safetensors(
+    path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None, mode: int | None = None
+) -> None:
+    """Save arrays (and string metadata) atomically; ``mode`` sets the file's permissions (e.g. 0o600)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp)
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp, metadata=metadata)
+    if mode is not None:
+        os.chmod(tmp, mode)
     os.replace(tmp, path)
 
 

@@ -21,6 +21,7 @@ from fedvit_app.model import PretrainedWeightsError, build_model, get_weights, r
 from fedvit_app.results import RunRecorder, load_checkpoint
 from strategies import STRATEGIES, FedVitStrategy
 from strategies.base import ClientSetupError, ClientsFailedError, NodesUnavailableError
+from strategies.encrypted import ENCRYPTED_STRATEGIES, KeyHandshakeError
 
 app = ServerApp()
 
@@ -32,6 +33,7 @@ RUN_ERRORS = (
     NodesUnavailableError,
     PretrainedWeightsError,
     DatasetUnavailableError,
+    KeyHandshakeError,
 )
 
 
@@ -45,11 +47,15 @@ def make_strategy(config: Config) -> FedVitStrategy:
         wait_timeout=config.round_timeout,
         evaluate_round=lambda rnd: evaluates_in(config, rnd),
     )
+    if config.encryption.enabled:
+        strategies, common = ENCRYPTED_STRATEGIES, common | {"encryption_mode": config.encryption.mode}
+    else:
+        strategies = STRATEGIES
     if config.strategy == "fedsgd":
-        return STRATEGIES["fedsgd"](lr=config.lr, **common)
+        return strategies["fedsgd"](lr=config.lr, **common)
     if config.strategy == "masked-fedsgd":
-        return STRATEGIES["masked-fedsgd"](lr=config.lr, mask=config.mask, **common)
-    return STRATEGIES[config.strategy](**common)
+        return strategies["masked-fedsgd"](lr=config.lr, mask=config.mask, **common)
+    return strategies[config.strategy](**common)
 
 
 def run_dir_for(config: Config) -> Path:
@@ -148,9 +154,11 @@ def run(grid: Grid, context: Context) -> Path:
     log(INFO, "fedvit: %s on %d node(s); outputs in %s", config.strategy, len(strategy.node_info), run_dir)
     recorder = RunRecorder(run_dir, config, history)
     round_end = RoundEnd(config, strategy, recorder, model, config.num_server_rounds)
+    initial = ArrayRecord({k: Array(v) for k, v in get_weights(model).items()})
+    initial = strategy.prepare_initial(grid, initial, resumed=bool(config.resume_from))
     result = strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord({k: Array(v) for k, v in get_weights(model).items()}),
+        initial_arrays=initial,
         num_rounds=config.num_server_rounds - done,
         timeout=config.round_timeout,
         train_config=ConfigRecord({"lr": config.lr}),

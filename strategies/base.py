@@ -164,6 +164,10 @@ class FedVitStrategy(FedAvg):
         present = set(nodes)
         return {n: p for n, p in self.partition_of.items() if n in present}
 
+    def prepare_initial(self, grid: Grid, arrays: ArrayRecord, resumed: bool = False) -> ArrayRecord:
+        """Setup before the first round (e.g. a key handshake); returns the global model to start from."""
+        return arrays
+
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         """Node ids for this round, chosen by a generator seeded with (seed, round, stream)."""
         available = self.discover(grid)

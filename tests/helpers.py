@@ -66,3 +66,61 @@ class FakeGrid:
             }
             out.append(make_message(meta, content=RecordDict({"config": ConfigRecord(info)})))
         return out
+
+
+class LocalGrid:
+    """A Grid that answers each message by calling the ClientApp's handlers in this process (no Ray).
+
+    ``node_config`` adds client-only settings per partition id (e.g. a key file); every message in
+    both directions is kept in ``sent`` / ``received`` so tests can inspect what crossed the wire.
+    """
+
+    def __init__(self, run_config: dict, num_nodes: int, node_config: dict[int, dict] | None = None) -> None:
+        from flwr.app import Context
+
+        self.contexts = {
+            100 + p: Context(
+                run_id=1,
+                node_id=100 + p,
+                node_config={"partition-id": p, "num-partitions": num_nodes, **(node_config or {}).get(p, {})},
+                state=RecordDict(),
+                run_config=run_config,
+            )
+            for p in range(num_nodes)
+        }
+        self.sent: list[Message] = []
+        self.received: list[Message] = []
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        import traceback
+
+        from fedvit_app import client_app
+
+        handlers = {"query": client_app.query, "train": client_app.train, "evaluate": client_app.evaluate}
+        replies = []
+        for msg in messages:
+            self.sent.append(msg)
+            node = msg.metadata.dst_node_id
+            try:
+                out = handlers[msg.metadata.message_type](msg, self.contexts[node])
+                out = make_message(reply_metadata(node, msg.metadata.message_type), content=out.content)
+            except Exception:  # noqa: BLE001 - Flower turns a handler's exception into an error reply
+                error = Error(code=1, reason=traceback.format_exc())
+                out = make_message(reply_metadata(node, msg.metadata.message_type), error=error)
+            replies.append(out)
+        self.received.extend(replies)
+        return replies
+
+
+def run_in_process(run_config: dict, num_nodes: int = 3, node_config: dict[int, dict] | None = None):
+    """The whole ServerApp ``run`` against a :class:`LocalGrid`; returns (run dir, grid)."""
+    from flwr.app import Context
+
+    from fedvit_app.server_app import run
+
+    grid = LocalGrid(run_config, num_nodes, node_config)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    return run(grid, context), grid
