@@ -23,12 +23,14 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from clients.state import state_root
 from fedvit_app.model import PATCH_EMBED_WEIGHT, POS_EMBED
 from fedvit_app.results import atomic_save_safetensors
 
 ENCRYPTED = (PATCH_EMBED_WEIGHT, POS_EMBED)  # the only parameters the key touches
-KEY_ENV = "FEDVIT_ENCRYPTION_KEY"  # simulation: path to the key file, read by clients only
 NODE_CONFIG_KEY = "encryption-key"  # deployment: --node-config "encryption-key=<path>"
+KEY_ENV = "FEDVIT_ENCRYPTION_KEY"  # or a path in the clients' environment
+DEFAULT_KEY_NAME = "encryption-key.safetensors"  # else this file in the client state folder (`fedvit keygen`)
 KEY_FORMAT = "fedvit-encryption-key/1"
 # Generated keys are orthogonal (condition number 1 up to rounding); a loaded key must not exceed this bound,
 # since decryption amplifies the float32 rounding of the aggregate by up to cond(E_a).
@@ -207,10 +209,21 @@ def model_embedding_dims(model: nn.Module) -> tuple[int, int]:
     return L, n1
 
 
+def default_key_path() -> Path:
+    """Where ``fedvit keygen`` writes and clients look last: the client state folder."""
+    return state_root() / DEFAULT_KEY_NAME
+
+
 def client_key(node_config: dict) -> EncryptionKey | None:
-    """This client's key: node config ``encryption-key`` (deployment) or ``$FEDVIT_ENCRYPTION_KEY`` (simulation)."""
+    """This client's key, looked up on the client side only, first match wins.
+
+    Node config ``encryption-key`` (deployment), ``$FEDVIT_ENCRYPTION_KEY``, then :func:`default_key_path`
+    (simulation: an environment variable only reaches the clients if it was set when the SuperLink started).
+    """
     path = node_config.get(NODE_CONFIG_KEY) or os.environ.get(KEY_ENV)
-    return EncryptionKey.load(Path(str(path))) if path else None
+    if path:
+        return EncryptionKey.load(Path(str(path)))
+    return EncryptionKey.load(default_key_path()) if default_key_path().exists() else None
 
 
 def require_client_key(node_config: dict) -> EncryptionKey:
@@ -218,7 +231,32 @@ def require_client_key(node_config: dict) -> EncryptionKey:
     key = client_key(node_config)
     if key is None:
         raise EncryptionKeyError(
-            f"encryption is on but this client has no key: set --node-config '{NODE_CONFIG_KEY}=<key file>' "
-            f"or ${KEY_ENV} (create one with `fedvit keygen`)"
+            f"encryption is on but this client has no key: create {default_key_path()} with `fedvit keygen`, "
+            f"or set --node-config '{NODE_CONFIG_KEY}=<key file>' or ${KEY_ENV}"
         )
     return key
+
+
+def keygen(model_config, out: Path | None = None, seed: int | None = None, force: bool = False) -> Path:
+    """Write a new key file for ``model_config``'s embedding shapes; refuses to overwrite unless ``force``."""
+    import dataclasses
+
+    from fedvit_app.model import build_model
+
+    out = Path(out).expanduser() if out is not None else default_key_path()
+    if out.exists() and not force:
+        raise EncryptionKeyError(f"{out} exists; pass --force to replace it (runs encrypted with it become unreadable)")
+    model = build_model(dataclasses.replace(model_config, pretrained="off"), num_classes=2)
+    patch_dim, n1 = model_embedding_dims(model)
+    EncryptionKey.generate(patch_dim, n1 - 1, seed).save(out)
+    return out
+
+
+def decrypt_file(src: Path, key: EncryptionKey, out: Path) -> Path:
+    """Decrypt a saved global model (``model.safetensors`` or a checkpoint; strategy state is dropped)."""
+    from safetensors.numpy import load_file
+
+    arrays = {k: v for k, v in load_file(str(src)).items() if not k.startswith("strategy/")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save_safetensors(out, key.decrypt(arrays))
+    return out

@@ -5,18 +5,15 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import os
 import secrets
-from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import load_file
 
+from clients.state import state_dir
 from fedvit_app.config import MaskConfig, parse_patterns
 from fedvit_app.model import PARAM_ROLES
 from fedvit_app.results import atomic_save_safetensors, atomic_write
-
-STATE_DIR_ENV = "FEDVIT_CLIENT_STATE"  # where clients keep their mask seed and locked masks
 
 
 def mask_rates(names: list[str], spec: MaskConfig) -> dict[str, float]:
@@ -95,14 +92,6 @@ def decode(values: np.ndarray, packed: np.ndarray, shape: tuple[int, ...]) -> tu
 
 
 # --------------------------------------------------------------------------- client-local state
-
-
-def state_dir(partition_id: int) -> Path:
-    """This client's private folder (``$FEDVIT_CLIENT_STATE``, default ``~/.fedvit/clients``)."""
-    root = Path(os.environ.get(STATE_DIR_ENV, Path.home() / ".fedvit" / "clients")).expanduser()
-    path = root / f"partition-{partition_id}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def client_seed(partition_id: int, node_seed: int | None = None) -> int:

@@ -159,7 +159,7 @@ def evaluate_local(
     model = client_model(config, data.images.num_classes)
     set_weights(model, weights)
     device = next(model.parameters()).device
-    loss, accuracy, n = evaluate(model, data.images, data.test, _img_size(model), device)
+    loss, accuracy, n = evaluate(model, data.test_images, data.test, _img_size(model), device)
     return {"num-examples": n, "eval-loss": loss, "eval-accuracy": accuracy, "partition-id": partition_id}
 
 

@@ -152,6 +152,27 @@ def run(args: argparse.Namespace) -> int:
     return 0 if status == "finished:completed" else 1
 
 
+def keys(args: argparse.Namespace) -> int:
+    """``fedvit keygen`` / ``fedvit decrypt`` (client-side tools: the server never runs them)."""
+    from clients.encryption import EncryptionKey, EncryptionKeyError, decrypt_file, keygen
+
+    try:
+        if args.command == "decrypt":
+            print(f"decrypted model: {decrypt_file(args.model, EncryptionKey.load(args.key), args.out)}")
+            return 0
+        if check_config(Path(args.app), args.run_config):
+            return 2
+        config = parse_config(resolved_run_config(Path(args.app), args.run_config))
+        path = keygen(config.model, args.out, args.seed, args.force)
+    except (EncryptionKeyError, OSError) as err:
+        print(f"fedvit {args.command}: {err}", file=sys.stderr)
+        return 2
+    key = EncryptionKey.load(path)
+    print(f"key for L={key.patch_dim}, N={key.num_patches} written to {path} (owner-only); give it to every client,")
+    print("never to the server: simulation clients find it there, deployed ones via --node-config 'encryption-key=...'")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedvit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +189,18 @@ def main(argv: list[str] | None = None) -> int:
     p_check.add_argument("app", nargs="?", default=".")
     p_check.add_argument("-c", "--run-config", action="append", default=[])
 
+    p_key = sub.add_parser("keygen", help="create the clients' encryption key file for a model config")
+    p_key.add_argument("app", nargs="?", default=".")
+    p_key.add_argument("-c", "--run-config", action="append", default=[], help="key=value ... or a TOML file")
+    p_key.add_argument("--out", type=Path, default=None, help="default: the client state folder (simulation)")
+    p_key.add_argument("--seed", type=int, default=None, help="derive the key from a secret seed (default: random)")
+    p_key.add_argument("--force", action="store_true", help="replace an existing key file")
+
+    p_dec = sub.add_parser("decrypt", help="decrypt a saved encrypted global model with the clients' key")
+    p_dec.add_argument("model", type=Path, help="model.safetensors or a checkpoint of an encrypted run")
+    p_dec.add_argument("--key", type=Path, required=True, help="the clients' key file")
+    p_dec.add_argument("--out", type=Path, required=True)
+
     sub.add_parser("stop-superlink", help="stop the local SuperLink that flwr run left running ($FLWR_HOME)")
 
     p_exp = sub.add_parser("experiment", help="run a comparison from conf/experiments/*.toml; writes a table + plots")
@@ -181,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.command == "check-config":
         return check_config(Path(args.app), args.run_config)
+    if args.command in ("keygen", "decrypt"):
+        return keys(args)
     if args.command == "experiment":
         from fedvit_app.experiments import load_experiment, run_experiment
 

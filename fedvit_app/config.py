@@ -14,6 +14,7 @@ MASK_MODES = ("fresh", "locked", "fixed-position")
 PARTITIONERS = ("iid", "noniid-k", "dirichlet")
 DATASETS = ("synthetic", "cifar10", "imagefolder:<path>")
 DEVICES = ("auto", "cpu", "cuda")
+CLIENT_EVAL = ("split", "test-shard")
 ENCRYPTION_MODES = ("off", "paper", "private-init")
 
 
@@ -52,6 +53,7 @@ class DataConfig:
     classes_per_client: int = 2
     dirichlet_alpha: float = 0.5
     client_test_fraction: float = 0.2
+    client_eval: str = "split"  # "split" (of the partition) | "test-shard" (of the official test set)
 
     @property
     def imagefolder_path(self) -> str | None:
@@ -212,6 +214,7 @@ _CHECKS: dict[str, Check] = {
     "data.classes-per-client": _POSITIVE_INT,
     "data.dirichlet-alpha": _POSITIVE,
     "data.client-test-fraction": _OPEN_FRACTION,
+    "data.client-eval": _one_of(CLIENT_EVAL),
     "mask.mode": _one_of(MASK_MODES),
     "mask.r": _FRACTION,
     "mask.r-pos-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),

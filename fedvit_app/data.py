@@ -170,27 +170,38 @@ def partition_indices(labels: np.ndarray, num_partitions: int, cfg: DataConfig, 
 
 @dataclass(frozen=True, eq=False)
 class ClientData:
-    """One client's view: its training and test indices into the shared training set."""
+    """One client's view: training indices into ``images``, test indices into ``test_images``."""
 
     images: ImageSet
     train: np.ndarray
     test: np.ndarray
+    test_images: ImageSet
 
 
 @functools.lru_cache(maxsize=16)
 def client_data(cfg: DataConfig, seed: int, partition_id: int, num_partitions: int) -> ClientData:
-    """Partition ``partition_id``, split into local train/test by ``cfg.client_test_fraction``; cached."""
+    """Partition ``partition_id`` and the client's test data; cached.
+
+    ``cfg.client_eval`` "split": the partition is split into local train/test by ``cfg.client_test_fraction``.
+    "test-shard": the client trains on its whole partition and tests on every n-th image of the official
+    test set (offset = partition id), so the weighted mean over all clients is the whole test set's score.
+    """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} outside [0, {num_partitions})")
     images = load_dataset(cfg, seed, "train")
     if num_partitions > len(images):
         raise ValueError(f"{num_partitions} partitions but only {len(images)} training samples")
     indices = _partitions(cfg, seed, num_partitions)[partition_id]
+    if cfg.client_eval == "test-shard":
+        test_images = load_dataset(cfg, seed, "test")
+        shard = np.arange(partition_id, len(test_images), num_partitions)
+        return ClientData(images=images, train=np.sort(indices), test=shard, test_images=test_images)
     order = np.random.default_rng([seed, partition_id, 0x7E57]).permutation(indices)
     n_test = int(round(len(order) * cfg.client_test_fraction))
     if len(order) >= 2:
         n_test = min(max(n_test, 1), len(order) - 1)
-    return ClientData(images=images, train=np.sort(order[n_test:]), test=np.sort(order[:n_test]))
+    train, test = np.sort(order[n_test:]), np.sort(order[:n_test])
+    return ClientData(images=images, train=train, test=test, test_images=images)
 
 
 @functools.lru_cache(maxsize=4)

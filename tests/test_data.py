@@ -67,3 +67,11 @@ def test_client_split_is_disjoint_and_cached():
     assert client_data(cfg, 0, 1, 4) is d
     with pytest.raises(ValueError, match="partition-id 4"):
         client_data(cfg, 0, 4, 4)
+
+
+def test_test_shard_evaluation_covers_the_test_set_once():
+    cfg = DataConfig(synthetic_train_size=40, synthetic_test_size=30, client_eval="test-shard")
+    shards = [client_data(cfg, 0, p, 4) for p in range(4)]
+    assert sorted(np.concatenate([d.test for d in shards]).tolist()) == list(range(30))
+    assert sum(len(d.train) for d in shards) == 40  # no local split: every training image is trained on
+    assert all(d.test_images is load_dataset(cfg, 0, "test") for d in shards)

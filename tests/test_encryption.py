@@ -14,6 +14,7 @@ from clients.encryption import (
     KEY_ENV,
     EncryptionKey,
     EncryptionKeyError,
+    default_key_path,
     model_embedding_dims,
 )
 from fedvit_app.config import Config, ConfigError, parse_config
@@ -291,3 +292,26 @@ def test_resume_rechecks_the_keys(tmp_path, key_file, monkeypatch):
     monkeypatch.setenv(KEY_ENV, str(key_file))
     run_in_process(resumed)
     assert [r["round"] for r in _rounds(run_dir)] == [0, 1, 2, 3]
+
+
+def test_keygen_and_decrypt_commands(tmp_path, monkeypatch, capsys):
+    """`fedvit keygen` writes the default client key (found without any setting); `fedvit decrypt` opens the result."""
+    from fedvit_app.cli import main
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    root = str(__import__("pathlib").Path(__file__).parents[1])
+    assert main(["keygen", root, "--seed", "3"]) == 0
+    assert main(["keygen", root]) == 2 and "--force" in capsys.readouterr().err
+    k = EncryptionKey.load(default_key_path())
+    np.testing.assert_array_equal(k.e_a, key(3).e_a)  # the tiny default model: L = 192, N = 16
+    config = RUN | {"out-dir": str(tmp_path / "out"), "encryption.mode": "paper", "num-server-rounds": 1}
+    run_dir, _ = run_in_process(config | {"run-name": "k"})
+    out = tmp_path / "plain.safetensors"
+    assert (
+        main(["decrypt", str(run_dir / "model.safetensors"), "--key", str(default_key_path()), "--out", str(out)]) == 0
+    )
+    expected = k.decrypt(load_file(run_dir / "model.safetensors"))
+    got = load_file(out)
+    assert set(got) == set(expected)
+    for name in ENCRYPTED:
+        np.testing.assert_array_equal(got[name], expected[name])
