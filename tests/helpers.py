@@ -124,3 +124,20 @@ def run_in_process(run_config: dict, num_nodes: int = 3, node_config: dict[int, 
     grid = LocalGrid(run_config, num_nodes, node_config)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     return run(grid, context), grid
+
+
+def key_needles(key) -> list[bytes]:
+    """Byte patterns that would betray an encryption key: E_a rows (float64/float32), E_b's permutation, the seed."""
+    rows = [key.e_a[i] for i in (0, 1, key.patch_dim - 1)]
+    return (
+        [r.tobytes() for r in rows]
+        + [r.astype(np.float32).tobytes() for r in rows]
+        + [key.perm.tobytes(), key.perm.astype(np.int32).tobytes()]
+        + [str(key.init_seed).encode(), repr(float(key.e_a[0, 0])).encode()]
+    )
+
+
+def find_key_material(key, blobs: dict[str, bytes]) -> list[str]:
+    """Names of the blobs that contain any of :func:`key_needles`."""
+    needles = key_needles(key)
+    return [where for where, blob in blobs.items() if any(n in blob for n in needles)]

@@ -58,6 +58,7 @@ def flower(tmp_path_factory):
         print(proc.stdout[-4000:])
         return proc
 
+    run.env, run.home = env, home
     yield run, out
     stop_local_superlink(home)
     assert not stop_local_superlink(home), "SuperLink still running after teardown"
@@ -137,3 +138,28 @@ def test_cli_refuses_bad_value_before_starting_flower(flower):
     bad = run("lr=-1")
     assert bad.returncode == 2
     assert "lr=-1.0 is invalid" in bad.stderr and "flwr run" not in bad.stdout
+
+
+def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
+    """Real flwr run, key in the clients' default location: federated accuracy every round, no key material
+    in the outputs, the logs or anything under FLWR_HOME (the SuperLink's state included)."""
+    from clients.encryption import ENCRYPTED, EncryptionKey
+    from tests.helpers import find_key_material
+
+    run, out = flower
+    key = EncryptionKey.generate(192, 16, seed=11)  # the tiny default model
+    key.save(Path(run.env["FEDVIT_CLIENT_STATE"]) / "encryption-key.safetensors")
+    proc = run("run-name='encrypted'", "encryption.mode='private-init' centralized-evaluation=false")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    rounds = json.loads((out / "encrypted" / "metrics.json").read_text())["rounds"]
+    assert all("eval-accuracy" in r and "central-accuracy" not in r for r in rounds[1:])
+    state = load_file(str(out / "encrypted" / "checkpoints" / "round-0003.safetensors"))
+    agreed = {n: state[f"strategy/encryption/agreed/{n}"] for n in ENCRYPTED}
+    secret = key.private_initial_embeddings({n: a.shape for n, a in agreed.items()})
+    for name in ENCRYPTED:
+        assert abs(key.decrypt(agreed)[name] - secret[name]).max() < 1e-6
+    blobs = {str(p): p.read_bytes() for root in (out / "encrypted", run.home) for p in root.rglob("*") if p.is_file()}
+    blobs["stdout"], blobs["stderr"] = proc.stdout.encode(), proc.stderr.encode()
+    assert find_key_material(key, blobs) == []
+    key_file = Path(run.env["FEDVIT_CLIENT_STATE"]) / "encryption-key.safetensors"
+    assert find_key_material(key, {"key file": key_file.read_bytes()}) == ["key file"]  # the scan can fail
