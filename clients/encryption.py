@@ -11,6 +11,7 @@ reads a patch — so E_pat = W.reshape(D, L).T. ``pos_embed`` is [1, N+1, D] wit
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -21,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
+from safetensors.numpy import load_file
 from torch import nn
 
 from clients.state import state_root
-from fedvit_app.model import PATCH_EMBED_WEIGHT, POS_EMBED
+from fedvit_app.model import PATCH_EMBED_WEIGHT, POS_EMBED, build_model
 from fedvit_app.results import atomic_save_safetensors
 
 ENCRYPTED = (PATCH_EMBED_WEIGHT, POS_EMBED)  # the only parameters the key touches
@@ -239,10 +241,6 @@ def require_client_key(node_config: dict) -> EncryptionKey:
 
 def keygen(model_config, out: Path | None = None, seed: int | None = None, force: bool = False) -> Path:
     """Write a new key file for ``model_config``'s embedding shapes; refuses to overwrite unless ``force``."""
-    import dataclasses
-
-    from fedvit_app.model import build_model
-
     out = Path(out).expanduser() if out is not None else default_key_path()
     if out.exists() and not force:
         raise EncryptionKeyError(f"{out} exists; pass --force to replace it (runs encrypted with it become unreadable)")
@@ -254,9 +252,19 @@ def keygen(model_config, out: Path | None = None, seed: int | None = None, force
 
 def decrypt_file(src: Path, key: EncryptionKey, out: Path) -> Path:
     """Decrypt a saved global model (``model.safetensors`` or a checkpoint; strategy state is dropped)."""
-    from safetensors.numpy import load_file
-
     arrays = {k: v for k, v in load_file(str(src)).items() if not k.startswith("strategy/")}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors(out, key.decrypt(arrays))
     return out
+
+
+def ensure_client_key(model_config) -> Path:
+    """The key a simulation's clients will use, created by :func:`keygen` when there is none; checked to fit."""
+    key = client_key({})
+    if key is None:
+        path = keygen(model_config)
+        print(f"created the clients' encryption key {path}", flush=True)
+        return path
+    model = build_model(dataclasses.replace(model_config, pretrained="off"), num_classes=2)
+    key.check_shapes({name: tuple(p.shape) for name, p in model.named_parameters() if name in ENCRYPTED})
+    return Path(os.environ.get(KEY_ENV) or default_key_path())

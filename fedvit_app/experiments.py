@@ -44,6 +44,7 @@ def run_experiment(exp: Experiment, app_dir: Path, out_root: Path, extra: list[s
         run_config = [str(method_config(exp, app_dir, out, label, [*extra, overrides]))]
         if check_config(app_dir, run_config):
             raise SystemExit(2)
+        _ensure_key(app_dir, run_config)
         if (out / label / "model.safetensors").exists():
             print(f"[{exp.name}] {label}: already done, reusing {out / label}", flush=True)
             continue
@@ -66,6 +67,20 @@ def run_experiment(exp: Experiment, app_dir: Path, out_root: Path, extra: list[s
         plot_update_counts(reports, out / "update-counts.png")
     print(summary, flush=True)
     return out
+
+
+def _ensure_key(app_dir: Path, run_config: list[str]) -> None:
+    """Encrypted methods need the clients' key: create it in the client state folder if there is none."""
+    from clients.encryption import EncryptionKeyError, ensure_client_key
+    from fedvit_app.cli import resolved_run_config
+    from fedvit_app.config import parse_config
+
+    config = parse_config(resolved_run_config(app_dir, run_config))
+    if config.encryption.enabled:
+        try:
+            ensure_client_key(config.model)
+        except EncryptionKeyError as err:
+            raise SystemExit(f"encryption key: {err}") from None
 
 
 def method_config(exp: Experiment, app_dir: Path, out: Path, label: str, overrides: list[str]) -> Path:

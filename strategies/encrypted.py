@@ -8,7 +8,7 @@ plain parent does; what it adds is the setup handshake that puts the global mode
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -16,6 +16,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from clients.encryption import ENCRYPTED
+from fedvit_app.model import PATCH_EMBED_WEIGHT
 from strategies.base import FedVitStrategy, error_summary
 from strategies.fedavg import FedAvg
 from strategies.fedsgd import FedSGD
@@ -45,6 +46,19 @@ def group_by_agreement(answers: dict[int, dict[str, np.ndarray]]) -> list[list[i
 
 def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     return all(np.max(np.abs(a[n] - b[n])) <= AGREEMENT_RTOL * max(np.max(np.abs(b[n])), 1e-30) for n in ENCRYPTED)
+
+
+def known_plaintext_exposure(patch_shape: tuple[int, ...]) -> str:
+    """What a server holding the plaintext initial embeddings and their encryption can derive (april.md §5.3)."""
+    d, patch_dim = patch_shape[0], int(np.prod(patch_shape[1:]))
+    e_a = (
+        f"and E_a exactly by least squares (L={patch_dim} <= D={d})"
+        if patch_dim <= d
+        else f"and E_a only as a minimum-norm estimate (L={patch_dim} > D={d})"
+    )
+    return f"this server knows a plaintext/ciphertext pair of the embeddings: E_b follows exactly, {e_a}; " + (
+        "use encryption.mode='private-init' to avoid it"
+    )
 
 
 class EncryptedAggregation(FedVitStrategy):
@@ -79,6 +93,8 @@ class EncryptedAggregation(FedVitStrategy):
             self.encryption_mode,
             len(self.verified),
         )
+        if self.encryption_mode == "paper":
+            log(WARNING, "encryption (paper): %s", known_plaintext_exposure(self.public[PATCH_EMBED_WEIGHT].shape))
         return adopted
 
     def discover(self, grid: Grid) -> dict[int, int]:

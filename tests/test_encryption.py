@@ -302,3 +302,10 @@ def test_keygen_and_decrypt_commands(tmp_path, monkeypatch, capsys):
     assert set(got) == set(expected)
     for name in ENCRYPTED:
         np.testing.assert_array_equal(got[name], expected[name])
+
+
+def test_paper_mode_states_its_known_plaintext_exposure():
+    from strategies.encrypted import known_plaintext_exposure
+
+    assert "minimum-norm estimate (L=768 > D=384)" in known_plaintext_exposure((384, 3, 16, 16))  # ViT-S/16
+    assert "E_a exactly by least squares (L=768 <= D=768)" in known_plaintext_exposure((768, 3, 16, 16))  # ViT-B/16
