@@ -309,3 +309,25 @@ def test_paper_mode_states_its_known_plaintext_exposure():
 
     assert "minimum-norm estimate (L=768 > D=384)" in known_plaintext_exposure((384, 3, 16, 16))  # ViT-S/16
     assert "E_a exactly by least squares (L=768 <= D=768)" in known_plaintext_exposure((768, 3, 16, 16))  # ViT-B/16
+
+
+def test_a_node_joining_later_is_checked_before_it_is_sampled(tmp_path, key_file):
+    from flwr.app import Array, ArrayRecord
+
+    from fedvit_app.server_app import make_strategy
+    from tests.helpers import LocalGrid
+
+    other = tmp_path / "other.safetensors"
+    key(8).save(other)
+    config = parse_config(RUN | {"encryption.mode": "paper"})
+    grid = LocalGrid(config.to_dict(), 3, node_config={2: {"encryption-key": str(other)}})
+    late = grid.contexts.pop(102)  # partition 2 connects after the setup handshake
+    strategy = make_strategy(config)
+    strategy.discover(grid)
+    strategy.prepare_initial(grid, ArrayRecord({k: Array(v) for k, v in WEIGHTS.items()}))
+    assert strategy.verified == {100, 101}
+    grid.contexts[102] = late
+    with pytest.raises(
+        KeyHandshakeError, match=r"partition\(s\) \[2\] hold a different encryption key than the adopted"
+    ):
+        strategy.sample(grid, 1, 1.0, stream=0)
