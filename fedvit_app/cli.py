@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,15 @@ def flower_env(base: dict[str, str] | None = None) -> dict[str, str]:
     for key, value in FLOWER_ENV.items():
         env.setdefault(key, value)
     return env
+
+
+def flwr_executable() -> str:
+    """The ``flwr`` command of this environment (works without activating the venv), else the one on PATH."""
+    beside = Path(sys.executable).parent / "flwr"
+    found = str(beside) if beside.is_file() else shutil.which("flwr")
+    if found is None:
+        raise SystemExit("fedvit: no `flwr` command found; run through `uv run --frozen fedvit ...`")
+    return found
 
 
 def resolved_run_config(app_dir: Path, overrides: list[str]) -> dict:
@@ -104,7 +114,7 @@ def stop_local_superlink(home: Path | None = None, timeout: float = 10.0) -> int
 
 def run_status(run_id: str, superlink: str | None, env: dict[str, str]) -> str:
     """Final status of a run as Flower reports it, e.g. ``finished:completed`` or ``finished:failed``."""
-    cmd = ["flwr", "ls", *([superlink] if superlink else []), "--run-id", run_id, "--format", "json"]
+    cmd = [flwr_executable(), "ls", *([superlink] if superlink else []), "--run-id", run_id, "--format", "json"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False).stdout
     try:
         return json.loads(out)["runs"][0]["status"]
@@ -131,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    cmd = ["flwr", "run", str(app_dir), *([args.superlink] if args.superlink else []), "--stream"]
+    cmd = [flwr_executable(), "run", str(app_dir), *([args.superlink] if args.superlink else []), "--stream"]
     for override in args.run_config:
         cmd += ["--run-config", override]
     if local:
