@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from attacks.eavesdropper import selected, write_ground_truth
 from clients.encryption import ENCRYPTED, EncryptionKey, EncryptionKeyError
 from clients.masking import client_seed, draw_masks, encode, fixed_position_masks, locked_masks, mask_rates
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
@@ -97,6 +98,13 @@ def train(
             device=device,
         )
     compute_s = time.perf_counter() - start
+    if (
+        config.capture.ground_truth
+        and result.batch_indices is not None
+        and selected(config, server_round, partition_id)
+    ):
+        x, y = data.images.batch(result.batch_indices, img_size)
+        write_ground_truth(config, server_round, partition_id, x.numpy(), y.numpy())
     arrays, masks, extra = result.arrays, None, {}
     if config.strategy == "masked-fedsgd":
         mask_start = time.perf_counter()

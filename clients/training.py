@@ -22,6 +22,7 @@ class StepResult:
     num_examples: int
     loss: float
     accuracy: float
+    batch_indices: np.ndarray | None = None  # FedSGD: the images of the batch (for the audit's ground truth)
 
 
 def batch_rng(seed: int, server_round: int, partition_id: int) -> np.random.Generator:
@@ -51,7 +52,7 @@ def fedsgd_gradient(
         (name, p.grad.detach().to("cpu", torch.float32).numpy().copy()) for name, p in model.named_parameters()
     )
     accuracy = (logits.argmax(1) == y).float().mean().item()
-    return StepResult(grads, len(y), loss.item(), accuracy)
+    return StepResult(grads, len(y), loss.item(), accuracy, np.sort(picked))
 
 
 def local_epochs(

@@ -5,11 +5,12 @@ from __future__ import annotations
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from attacks.eavesdropper import capture_mod
 from clients import runner
 from clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
 from fedvit_app.config import Config
 
-app = ClientApp()
+app = ClientApp(mods=[capture_mod])  # the eavesdropper only records, and only when capture.enabled
 
 
 def _partition(context: Context) -> tuple[int, int]:

@@ -14,6 +14,7 @@ MASK_MODES = ("fresh", "locked", "fixed-position")
 PARTITIONERS = ("iid", "noniid-k", "dirichlet")
 DATASETS = ("synthetic", "cifar10", "imagefolder:<path>")
 DEVICES = ("auto", "cpu", "cuda")
+FIRST_BLOCKS = ("pre-ln", "no-ln")
 CLIENT_EVAL = ("split", "test-shard")
 ENCRYPTION_MODES = ("off", "paper", "private-init")
 
@@ -37,6 +38,7 @@ class ModelConfig:
     depth: int = 2
     num_heads: int = 4
     pretrained: str = "off"  # "off" | "hub" | path to a weights file
+    first_block: str = "pre-ln"  # "pre-ln" (timm) | "no-ln" (APRIL's architecture A, for the paper's attack)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,20 @@ class MaskConfig:
     r_pos_embed: float = -1.0
     r_patch_embed: float = -1.0
     r_patterns: str = ""  # "blocks.0.*=0.9; head.*=0.1" (fnmatch on parameter names, last match wins)
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """The eavesdropper (attacks/eavesdropper.py): what to record, for the attack audit.
+
+    ``rounds``/``partitions``: "" for all, else a list such as "1,5,10-12". ``ground_truth``: clients also write
+    their true batch to ``<run>/ground-truth/`` (an audit option; the attacks never read it).
+    """
+
+    enabled: bool = False
+    rounds: str = ""
+    partitions: str = ""
+    ground_truth: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     mask: MaskConfig = field(default_factory=MaskConfig)
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, hyphenated form (the same keys as ``[tool.flwr.app.config]``)."""
@@ -177,6 +194,28 @@ def parse_patterns(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+def parse_selection(text: str) -> frozenset[int] | None:
+    """ "1,5,10-12" -> {1, 5, 10, 11, 12}; "" -> None (everything). Raises ValueError on a bad item."""
+    if not text.strip():
+        return None
+    out: set[int] = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        first, sep, last = item.partition("-")
+        lo, hi = int(first), int(last) if sep else int(first)
+        if lo < 0 or hi < lo:
+            raise ValueError(f"{item!r} is not a number or an increasing range")
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+def _selection(value: str) -> bool:
+    try:
+        parse_selection(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _timm_model_name(value: str) -> bool:
     import timm
 
@@ -206,6 +245,7 @@ _CHECKS: dict[str, Check] = {
     "model.depth": _NON_NEG_INT,
     "model.num-heads": _NON_NEG_INT,
     "model.pretrained": (lambda v: v != "", "'off', 'hub' or a path to a weights file"),
+    "model.first-block": _one_of(FIRST_BLOCKS),
     "data.name": (_dataset_name, "one of " + ", ".join(DATASETS)),
     "data.synthetic-train-size": _POSITIVE_INT,
     "data.synthetic-test-size": _POSITIVE_INT,
@@ -221,6 +261,8 @@ _CHECKS: dict[str, Check] = {
     "mask.r-patch-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),
     "mask.r-patterns": (_mask_patterns, "'<name pattern>=<R in [0, 1]>' items separated by ';'"),
     "encryption.mode": _one_of(ENCRYPTION_MODES),
+    "capture.rounds": (_selection, "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
+    "capture.partitions": (_selection, "'' (all) or numbers and ranges, e.g. '0,2-3'"),
 }
 
 
@@ -268,7 +310,7 @@ def parse_config(run_config: Mapping[str, Any]) -> Config:
 
 
 def _build(flat: dict[str, Any]) -> Config:
-    groups: dict[str, dict[str, Any]] = {"model": {}, "data": {}, "mask": {}, "encryption": {}}
+    groups: dict[str, dict[str, Any]] = {"model": {}, "data": {}, "mask": {}, "encryption": {}, "capture": {}}
     top: dict[str, Any] = {}
     for key, value in flat.items():
         prefix, _, rest = key.partition(".")
@@ -282,6 +324,7 @@ def _build(flat: dict[str, Any]) -> Config:
         data=DataConfig(**groups["data"]),
         mask=MaskConfig(**groups["mask"]),
         encryption=EncryptionConfig(**groups["encryption"]),
+        capture=CaptureConfig(**groups["capture"]),
     )
 
 
@@ -293,6 +336,10 @@ def _check_cross_field(config: Config) -> None:
                 raise ConfigError(f"mask.{_hyphen(f.name)}", value, "its default unless strategy='masked-fedsgd'")
     if config.encryption.enabled:
         _check_encryption(config)
+    if (config.capture.enabled or config.capture.ground_truth) and not config.run_name:
+        raise ConfigError("run-name", "", "a name when capture is on (clients write to <out-dir>/<run-name>/)")
+    if config.capture.ground_truth and not config.capture.enabled:
+        raise ConfigError("capture.ground-truth", True, "false unless capture.enabled = true")
     data = config.data
     if data.name == "synthetic" and data.partitioner == "noniid-k":
         if data.classes_per_client > data.synthetic_num_classes:

@@ -60,8 +60,30 @@ def _overrides(cfg: ModelConfig) -> dict[str, int]:
     return {k: v for k, v in values.items() if v}
 
 
+class NoLNFirstBlock(nn.Module):
+    """APRIL's "architecture A" first block: x = attn(x); x = mlp(norm2(x)) — no norm1, no residuals.
+
+    The embedding z0 feeds attention directly, the setting of APRIL's closed form (and of breaching's
+    ``ModifiedBlock``). Parameter names stay ``blocks.0.attn.*``, ``blocks.0.norm2.*``, ``blocks.0.mlp.*``.
+    """
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.attn, self.norm2, self.mlp = block.attn, block.norm2, block.mlp
+
+    def forward(self, x: torch.Tensor, **_: object) -> torch.Tensor:
+        return self.mlp(self.norm2(self.attn(x)))
+
+
 def build_model(cfg: ModelConfig, num_classes: int, seed: int = 0) -> nn.Module:
     """Create the timm model; initialisation is seeded and leaves the global RNG untouched."""
+    model = _create(cfg, num_classes, seed)
+    if cfg.first_block == "no-ln":
+        model.blocks[0] = NoLNFirstBlock(model.blocks[0])
+    return model
+
+
+def _create(cfg: ModelConfig, num_classes: int, seed: int) -> nn.Module:
     kwargs: dict = dict(num_classes=num_classes, **_overrides(cfg))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -14,6 +14,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from attacks.eavesdropper import ServerTap
 from clients.training import evaluate
 from fedvit_app.config import Config, ConfigError, evaluates_in, parse_config
 from fedvit_app.data import DatasetUnavailableError, load_dataset
@@ -138,6 +139,9 @@ def run(grid: Grid, context: Context) -> Path:
     config = parse_config(context.run_config)
     run_dir = run_dir_for(config)
     strategy = make_strategy(config)
+    if config.capture.enabled:
+        strategy.tap = ServerTap(config)
+        log(INFO, "eavesdropper: capturing to %s", strategy.tap.root.parent)
     done, history, state = 0, [], {}
     if config.resume_from:
         done, checkpoint_weights, state, history = load_checkpoint(Path(config.resume_from).expanduser(), config)
@@ -168,6 +172,9 @@ def run(grid: Grid, context: Context) -> Path:
     final = result.arrays if result.arrays is not None else ArrayRecord()
     recorder.finish({k: a.numpy() for k, a in final.items()} or get_weights(model))
     strategy.write_report(run_dir)
+    if config.capture.enabled:
+        captured = sum(f.stat().st_size for f in (run_dir / "captures").rglob("*") if f.is_file())
+        log(INFO, "eavesdropper: %.1f MB of captures in %s", captured / 1e6, run_dir / "captures")
     log(INFO, "fedvit: finished; results in %s", run_dir)
     return run_dir
 

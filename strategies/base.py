@@ -131,6 +131,7 @@ class FedVitStrategy(FedAvg):
         self.node_info: dict[int, dict] = {}  # node id -> what the node reported at discovery
         self.stats: dict[int, RoundStats] = {}
         self.global_arrays: ArrayRecord | None = None
+        self.tap = None  # attacks.eavesdropper.ServerTap when capture is on: the server's view, for the audit
         self._expected: dict[str, tuple[int, ...]] = {}
         self._t_train = self._t_eval = 0.0
 
@@ -199,7 +200,12 @@ class FedVitStrategy(FedAvg):
         content = RecordDict({"arrays": arrays, "config": self.train_config(rnd, config)})
         stats.bytes_down += array_bytes(content) * len(node_ids)
         log(INFO, "configure_train: round %d, partitions %s", rnd, stats.sampled)
-        return [Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(rnd)) for n in node_ids]
+        messages = [
+            Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(rnd)) for n in node_ids
+        ]
+        if self.tap is not None and messages:
+            self.tap.sent(rnd, messages[0])
+        return messages
 
     def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """Hook for per-round values (e.g. a decayed learning rate)."""
@@ -224,6 +230,8 @@ class FedVitStrategy(FedAvg):
         for msg in replies:
             node = msg.metadata.src_node_id
             who = self.partition_of.get(node, -node)
+            if self.tap is not None and kind == "train":
+                self.tap.received(server_round, who, msg)
             if msg.has_error():
                 reason = f"error {msg.error.code}: {error_summary(msg.error.reason)}"
             else:

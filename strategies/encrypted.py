@@ -116,9 +116,13 @@ class EncryptedAggregation(FedVitStrategy):
             }
         )
         messages = [Message(content, dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
+        if self.tap is not None and messages:
+            self.tap.sent(0, messages[0], name="handshake")
         answers, failed = {}, {}
         for reply in grid.send_and_receive(messages, timeout=self.wait_timeout):
             pid = self.partition_of.get(reply.metadata.src_node_id, -reply.metadata.src_node_id)
+            if self.tap is not None:
+                self.tap.received(0, pid, reply, name=f"partition-{pid}-handshake")
             if reply.has_error():
                 failed[pid] = error_summary(reply.error.reason)
                 continue

@@ -1,0 +1,194 @@
+"""Closed-form gradient inversion of one ViT update at batch size 1 (APRIL and defence-aware variants).
+
+Notation as in ``shared/docs/april.md`` §2: X [N, L] holds the (normalised) image's patches, one row per patch
+in row-major grid order, each flattened in (channel, row, column) order; W_E = ``patch_embed.proj.weight``
+reshaped [D, L]; G = ∂L/∂z0 = ``pos_embed.grad[0]`` [N+1, D] at batch size 1, G_p = G[1:].
+
+- Embedding route ("APRIL-E", april.md §3.1): ∂L/∂W_E = G_pᵀ X, so X = (G_pᵀ)⁺ ∂L/∂W_E — exact when
+  rank G_p = N (N ≤ D−1 in pre-LN models, where every row of G sums to 0). Needs no attention or LayerNorm.
+- Attention route (APRIL's closed form, §3.2): W_qkvᵀ ∂L/∂W_qkv = Gᵀ z0 when attention reads z0 directly
+  (the no-LN first block, ``model.first-block = "no-ln"``); then z0 → X by inverting the patch embedding,
+  minimum-norm when L > D. On timm's pre-LN block the identity does not hold and the route fails (§3.3).
+
+All solves run in float64 with SVD-based least squares. Every attack takes only an :class:`Observation`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attacks.observation import Observation, Reconstruction, image_geometry, normalization
+from fedvit_app.model import PATCH_EMBED_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED, QKV0_WEIGHT
+
+EPS_RANK = 1e-10  # relative singular-value cut-off for rank and least squares
+
+
+def lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Minimum-norm least-squares solution of a x = b in float64 (LAPACK gelsd)."""
+    return np.linalg.lstsq(np.asarray(a, np.float64), np.asarray(b, np.float64), rcond=EPS_RANK)[0]
+
+
+def patches_to_image(patches: np.ndarray, obs: Observation) -> np.ndarray:
+    """X [N, L] (normalised) → image [C, H, W] in [0, 1]: un-patchify, de-normalise, clamp."""
+    c, h, w, p = image_geometry(obs)
+    grid = patches.reshape(h // p, w // p, c, p, p).transpose(2, 0, 3, 1, 4).reshape(c, h, w)
+    mean, std = normalization(obs)
+    return np.clip(grid * std[:, None, None] + mean[:, None, None], 0.0, 1.0)
+
+
+def image_to_patches(image: np.ndarray, obs: Observation) -> np.ndarray:
+    """Image [C, H, W] in [0, 1] → normalised X [N, L] (the inverse of :func:`patches_to_image` before clamping)."""
+    c, h, w, p = image_geometry(obs)
+    mean, std = normalization(obs)
+    x = (np.asarray(image, np.float64) - mean[:, None, None]) / std[:, None, None]
+    return x.reshape(c, h // p, p, w // p, p).transpose(1, 3, 0, 2, 4).reshape((h // p) * (w // p), c * p * p)
+
+
+def _embedding_gradients(obs: Observation) -> tuple[np.ndarray, np.ndarray]:
+    g = obs.update[POS_EMBED][0].astype(np.float64)
+    dw = obs.update[PATCH_EMBED_WEIGHT]
+    return g, dw.reshape(dw.shape[0], -1).astype(np.float64)
+
+
+def embedding_route_patches(obs: Observation) -> np.ndarray:
+    """X = (G_pᵀ)⁺ ∂L/∂W_E (april.md §3.1), in the order and coordinates the payload uses."""
+    g, dw = _embedding_gradients(obs)
+    return lstsq(g[1:].T, dw)
+
+
+def embedding_route(obs: Observation) -> Reconstruction:
+    """APRIL-E: pixels from the position- and patch-embedding gradients (the real threat to a stock ViT)."""
+    g, _ = _embedding_gradients(obs)
+    gp = g[1:]
+    if not np.any(gp):
+        return Reconstruction(None, "no position-embedding gradient in the payload")
+    rank = np.linalg.matrix_rank(gp, tol=EPS_RANK * np.abs(gp).max() * max(gp.shape))
+    note = f"rank G_p = {rank} of N = {gp.shape[0]}"
+    return Reconstruction(patches_to_image(embedding_route_patches(obs), obs), note)
+
+
+def attention_route(obs: Observation) -> Reconstruction:
+    """APRIL's closed form: Gᵀ z0 = W_qkvᵀ ∂L/∂W_qkv, then the minimum-norm inversion of the patch embedding.
+
+    Exact (up to the minimum-norm projection when L > D) only on the no-LN first block; on timm's pre-LN
+    block it is run anyway and fails, which is the point of reporting it.
+    """
+    if QKV0_WEIGHT not in obs.update:
+        return Reconstruction(None, "no blocks.0.attn.qkv.weight gradient")
+    g, _ = _embedding_gradients(obs)
+    if not np.any(g):
+        return Reconstruction(None, "no position-embedding gradient in the payload")
+    w_qkv = obs.received[QKV0_WEIGHT].astype(np.float64)
+    b = w_qkv.T @ obs.update[QKV0_WEIGHT].astype(np.float64)  # [D, D]
+    z0 = lstsq(g.T, b)  # [N+1, D]
+    w_e = obs.received[PATCH_EMBED_WEIGHT].astype(np.float64)
+    w_e = w_e.reshape(w_e.shape[0], -1)  # [D, L]
+    tokens = z0[1:] - obs.received[POS_EMBED][0, 1:] - obs.received[PATCH_EMBED_BIAS]  # = X W_Eᵀ
+    patches = lstsq(w_e, tokens.T).T  # minimum-norm when L > D
+    limit = "exact" if w_e.shape[1] <= w_e.shape[0] else f"minimum-norm (L={w_e.shape[1]} > D={w_e.shape[0]})"
+    block = obs.config.model.first_block
+    return Reconstruction(patches_to_image(patches, obs), f"{block} first block; embedding inversion {limit}")
+
+
+# ---------------------------------------------------------------------------- random binary masks
+
+
+def masked_embedding_route(obs: Observation, iterations: int = 25) -> Reconstruction:
+    """Mask-aware APRIL-E (april.md §5.2): use only the equations whose entries survived the mask.
+
+    Zeros on the wire reveal the mask, and the payload carries it anyway. If the position-embedding gradient
+    is complete, every pixel column of X is solved from its surviving rows of ∂L/∂W_E (exact while at least N
+    rows survive). If it is masked too, the problem is bilinear: alternating least squares between X and the
+    missing entries of G_p (with the bias gradient ∂L/∂b_E = G_pᵀ1 as extra equations), started from the
+    row-sum identity G·1 = 0. ALS is known to stall on hard instances (§5.2); the result is reported as is.
+    """
+    if obs.masks is None:
+        return Reconstruction(None, "the payload carries no masks")
+    g, dw = _embedding_gradients(obs)
+    gp, gp_kept = g[1:].copy(), obs.masks[POS_EMBED][0, 1:].astype(bool)
+    dw_kept = obs.masks[PATCH_EMBED_WEIGHT].reshape(dw.shape).astype(bool)
+    if not gp_kept.any():
+        return Reconstruction(None, "the whole position-embedding gradient was dropped: no equations for G")
+    db = obs.update.get(PATCH_EMBED_BIAS)
+    db_kept = obs.masks.get(PATCH_EMBED_BIAS, np.zeros(dw.shape[0], bool)).astype(bool)
+    missing = ~gp_kept
+    # start: missing entries share what their token row needs to sum to 0 (pre-LN: G·1 = 0)
+    counts = missing.sum(1, keepdims=True)
+    fill = -gp.sum(1, keepdims=True) / np.maximum(counts, 1)
+    gp = np.where(missing, fill, gp)
+    x = _solve_columns(gp, dw, dw_kept)
+    rounds = iterations if missing.any() else 0
+    for _ in range(rounds):
+        gp = _solve_g(gp, missing, x, dw, dw_kept, db, db_kept)
+        x = _solve_columns(gp, dw, dw_kept)
+    note = f"{missing.mean():.0%} of G_p and {1 - dw_kept.mean():.0%} of ∂L/∂W_E masked"
+    note += f"; {rounds} ALS rounds" if rounds else "; G_p complete: per-column least squares"
+    return Reconstruction(patches_to_image(x, obs), note)
+
+
+def _solve_columns(gp: np.ndarray, dw: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """X column by column from the surviving rows of ∂L/∂W_E = G_pᵀ X."""
+    if kept.all():
+        return lstsq(gp.T, dw)
+    x = np.zeros((gp.shape[0], dw.shape[1]))
+    patterns, which = np.unique(kept, axis=1, return_inverse=True)  # columns sharing a row pattern: one solve
+    for k, pattern in enumerate(patterns.T):
+        cols = np.flatnonzero(which.ravel() == k)
+        x[:, cols] = lstsq(gp.T[pattern], dw[pattern][:, cols])
+    return x
+
+
+def _solve_g(gp, missing, x, dw, dw_kept, db, db_kept) -> np.ndarray:
+    """The missing entries of each column d of G_p from row d of ∂L/∂W_E (and ∂L/∂b_E), given X."""
+    gp = gp.copy()
+    for d in np.flatnonzero(missing.any(0)):
+        unknown = missing[:, d]
+        cols = dw_kept[d]
+        a = x[unknown][:, cols].T
+        rhs = dw[d, cols] - gp[~unknown, d] @ x[~unknown][:, cols]
+        if db is not None and db_kept[d]:
+            a = np.vstack([a, np.ones((1, unknown.sum()))])
+            rhs = np.append(rhs, db[d] - gp[~unknown, d].sum())
+        gp[unknown, d] = lstsq(a, rhs)
+    return gp
+
+
+def fixed_position(obs: Observation) -> Reconstruction:
+    """The fixed-position defence leaves no position-embedding gradient: route A and APRIL have no G.
+
+    For pre-LN timm models no closed form is known (april.md §5.1); only optimisation attacks remain, which are
+    out of this module's scope. Reported as "cannot run", not as a score.
+    """
+    return Reconstruction(None, "no position-embedding gradient (fixed position): no closed form for pre-LN ViTs")
+
+
+# ---------------------------------------------------------------------------- embedding encryption
+
+
+def known_plaintext_route(obs: Observation) -> Reconstruction:
+    """Break embedding encryption with a plaintext/ciphertext pair of the initial embeddings (april.md §5.3).
+
+    E_b: match each encrypted position row to the plain one (exact). E_a: Ŵ⁰ = W⁰ E_aᵀ gives
+    M = (W⁰)⁺ Ŵ⁰, = E_aᵀ exactly when L ≤ D, else its projection onto W⁰'s row space. The embedding route on
+    the encrypted update returns Y = Π X E_aᵀ; X = Πᵀ Y M⁺ (the minimum-norm estimate when L > D).
+    """
+    if obs.known_plaintext is None or obs.known_ciphertext is None:
+        return Reconstruction(None, "no plaintext/ciphertext pair of the initial embeddings is known")
+    pos0 = obs.known_plaintext[POS_EMBED][0].astype(np.float64)
+    pos0_enc = obs.known_ciphertext[POS_EMBED][0].astype(np.float64)
+    dist = ((pos0_enc[:, None, :] - pos0[None, :, :]) ** 2).sum(-1)
+    perm = dist.argmin(1)  # (E_b E_pos)[i] = E_pos[perm[i]]
+    w0 = obs.known_plaintext[PATCH_EMBED_WEIGHT]
+    w0 = w0.reshape(w0.shape[0], -1).astype(np.float64)
+    w0_enc = obs.known_ciphertext[PATCH_EMBED_WEIGHT].reshape(w0.shape).astype(np.float64)
+    m = lstsq(w0, w0_enc)  # ≈ E_aᵀ
+    y = embedding_route_patches(obs)  # rows in encrypted order
+    x_enc_order = y @ np.linalg.pinv(m, rcond=EPS_RANK)
+    x = np.zeros_like(x_enc_order)
+    x[perm[1:] - 1] = x_enc_order
+    exact = w0.shape[1] <= w0.shape[0]
+    bijective = len(set(perm.tolist())) == len(perm)
+    note = ("E_a exact" if exact else f"E_a minimum-norm (L={w0.shape[1]} > D={w0.shape[0]})") + (
+        ", E_b exact" if bijective else ", E_b ambiguous"
+    )
+    return Reconstruction(patches_to_image(x, obs), note)

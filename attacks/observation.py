@@ -1,0 +1,70 @@
+"""What an attacker holds: one captured client update, the global model that client received, public config.
+
+The attacker boundary lives here: an :class:`Observation` has no field for the client's data, and every attack
+takes an Observation and returns a :class:`Reconstruction`. Ground truth goes only to ``attacks.metrics``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch import nn
+
+from fedvit_app.config import Config
+from fedvit_app.model import build_model
+
+
+@dataclass(frozen=True, eq=False)
+class Observation:
+    """One single-client update as seen on the wire, plus what is public.
+
+    ``update``: the dense update (FedSGD gradient) by parameter name, zeros where a mask dropped an entry.
+    ``masks``: boolean keep-masks by name when the payload carried them (masked FedSGD), else None.
+    ``received``: the global model the client received (encrypted layers included, if any).
+    ``known_plaintext``: plaintext initial embeddings the attacker knows (e.g. a public checkpoint, or the
+    server's own initial model in the encrypted-ViT paper's protocol), else None.
+    """
+
+    update: dict[str, np.ndarray]
+    received: dict[str, np.ndarray]
+    config: Config  # the public run config (model shape, strategy, defence settings; never keys)
+    num_classes: int
+    masks: dict[str, np.ndarray] | None = None
+    known_plaintext: dict[str, np.ndarray] | None = None
+    known_ciphertext: dict[str, np.ndarray] | None = None  # the same layers as the server adopted them
+    meta: dict = field(default_factory=dict)  # node, round, ... (for reports only)
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """An attack's output: an image [C, H, W] in [0, 1], or None with the reason it could not run."""
+
+    image: np.ndarray | None
+    note: str = ""
+
+
+@functools.lru_cache(maxsize=4)
+def _skeleton(config: Config, num_classes: int) -> nn.Module:
+    return build_model(dataclasses.replace(config.model, pretrained="off"), num_classes, config.seed)
+
+
+def public_model(obs: Observation) -> nn.Module:
+    """The model architecture from the public config (weights are not used; take them from ``obs.received``)."""
+    return _skeleton(obs.config, obs.num_classes)
+
+
+def image_geometry(obs: Observation) -> tuple[int, int, int, int]:
+    """(C, H, W, P) of the model's input."""
+    model = public_model(obs)
+    proj = model.patch_embed.proj
+    h, w = model.patch_embed.img_size
+    return int(proj.in_channels), int(h), int(w), int(proj.kernel_size[0])
+
+
+def normalization(obs: Observation) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std the model applies to [0, 1] pixels (fedvit_app.model.normalize)."""
+    cfg = getattr(public_model(obs), "pretrained_cfg", {}) or {}
+    return np.asarray(cfg.get("mean", (0.5,) * 3)), np.asarray(cfg.get("std", (0.5,) * 3))
