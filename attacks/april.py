@@ -93,37 +93,21 @@ def attention_route(obs: Observation) -> Reconstruction:
 # ---------------------------------------------------------------------------- random binary masks
 
 
-def masked_embedding_route(obs: Observation, iterations: int = 25) -> Reconstruction:
+def masked_embedding_route(obs: Observation, max_evaluations: int = 60) -> Reconstruction:
     """Mask-aware APRIL-E (april.md §5.2): use only the equations whose entries survived the mask.
 
     Zeros on the wire reveal the mask, and the payload carries it anyway. If the position-embedding gradient
     is complete, every pixel column of X is solved from its surviving rows of ∂L/∂W_E (exact while at least N
-    rows survive). If it is masked too, the problem is bilinear: alternating least squares between X and the
-    missing entries of G_p (with the bias gradient ∂L/∂b_E = G_pᵀ1 as extra equations), started from the
-    row-sum identity G·1 = 0. ALS is known to stall on hard instances (§5.2); the result is reported as is.
+    rows survive); otherwise X and the missing G_p entries are solved jointly (:func:`masked_joint_route`).
     """
     if obs.masks is None:
         return Reconstruction(None, "the payload carries no masks")
     g, dw = _embedding_gradients(obs)
-    gp, gp_kept = g[1:].copy(), obs.masks[POS_EMBED][0, 1:].astype(bool)
-    dw_kept = obs.masks[PATCH_EMBED_WEIGHT].reshape(dw.shape).astype(bool)
-    if not gp_kept.any():
-        return Reconstruction(None, "the whole position-embedding gradient was dropped: no equations for G")
-    db = obs.update.get(PATCH_EMBED_BIAS)
-    db_kept = obs.masks.get(PATCH_EMBED_BIAS, np.zeros(dw.shape[0], bool)).astype(bool)
-    missing = ~gp_kept
-    # start: missing entries share what their token row needs to sum to 0 (pre-LN: G·1 = 0)
-    counts = missing.sum(1, keepdims=True)
-    fill = -gp.sum(1, keepdims=True) / np.maximum(counts, 1)
-    gp = np.where(missing, fill, gp)
-    x = _solve_columns(gp, dw, dw_kept)
-    rounds = iterations if missing.any() else 0
-    for _ in range(rounds):
-        gp = _solve_g(gp, missing, x, dw, dw_kept, db, db_kept)
-        x = _solve_columns(gp, dw, dw_kept)
-    note = f"{missing.mean():.0%} of G_p and {1 - dw_kept.mean():.0%} of ∂L/∂W_E masked"
-    note += f"; {rounds} ALS rounds" if rounds else "; G_p complete: per-column least squares"
-    return Reconstruction(patches_to_image(x, obs), note)
+    if obs.masks[POS_EMBED][0, 1:].all():
+        dw_kept = obs.masks[PATCH_EMBED_WEIGHT].reshape(dw.shape).astype(bool)
+        x = _solve_columns(g[1:], dw, dw_kept)
+        return Reconstruction(patches_to_image(x, obs), "G_p complete: per-column least squares")
+    return masked_joint_route(obs, max_evaluations)
 
 
 def _solve_columns(gp: np.ndarray, dw: np.ndarray, kept: np.ndarray) -> np.ndarray:
@@ -136,21 +120,6 @@ def _solve_columns(gp: np.ndarray, dw: np.ndarray, kept: np.ndarray) -> np.ndarr
         cols = np.flatnonzero(which.ravel() == k)
         x[:, cols] = lstsq(gp.T[pattern], dw[pattern][:, cols])
     return x
-
-
-def _solve_g(gp, missing, x, dw, dw_kept, db, db_kept) -> np.ndarray:
-    """The missing entries of each column d of G_p from row d of ∂L/∂W_E (and ∂L/∂b_E), given X."""
-    gp = gp.copy()
-    for d in np.flatnonzero(missing.any(0)):
-        unknown = missing[:, d]
-        cols = dw_kept[d]
-        a = x[unknown][:, cols].T
-        rhs = dw[d, cols] - gp[~unknown, d] @ x[~unknown][:, cols]
-        if db is not None and db_kept[d]:
-            a = np.vstack([a, np.ones((1, unknown.sum()))])
-            rhs = np.append(rhs, db[d] - gp[~unknown, d].sum())
-        gp[unknown, d] = lstsq(a, rhs)
-    return gp
 
 
 def fixed_position(obs: Observation) -> Reconstruction:
@@ -190,5 +159,106 @@ def known_plaintext_route(obs: Observation) -> Reconstruction:
     bijective = len(set(perm.tolist())) == len(perm)
     note = ("E_a exact" if exact else f"E_a minimum-norm (L={w0.shape[1]} > D={w0.shape[0]})") + (
         ", E_b exact" if bijective else ", E_b ambiguous"
+    )
+    return Reconstruction(patches_to_image(x, obs), note)
+
+
+def masked_joint_route(obs: Observation, max_evaluations: int = 60, max_unknowns: int = 200_000) -> Reconstruction:
+    """Mask-aware APRIL-E, joint solve (april.md §5.2): X and the missing G_p entries together by trust-region
+    least squares (scipy ``least_squares``, sparse Jacobian, LSMR) on the surviving entries of
+    ∂L/∂W_E = G_pᵀX and ∂L/∂b_E = G_pᵀ1, plus G·1 = 0 in pre-LN models; started from the per-column solve.
+
+    Identifiable only while R·N·D + N·L ≤ (1−R)·D·(L+1) (the equation count); above it a perfect fit can be
+    the wrong image. Refused (not run) when the unknowns exceed ``max_unknowns`` (the dense-ish Jacobian of a
+    ViT-S/16 update needs far more than a CPU minute; see the README).
+    """
+    from scipy.optimize import least_squares
+    from scipy.sparse import coo_matrix
+
+    if obs.masks is None:
+        return Reconstruction(None, "the payload carries no masks")
+    g, dw = _embedding_gradients(obs)
+    gp0, missing = g[1:].copy(), ~obs.masks[POS_EMBED][0, 1:].astype(bool)
+    dw_kept = obs.masks[PATCH_EMBED_WEIGHT].reshape(dw.shape).astype(bool)
+    n, d_dim = gp0.shape
+    length = dw.shape[1]
+    if missing.all():
+        return Reconstruction(None, "the whole position-embedding gradient was dropped: no equations for G")
+    miss = np.flatnonzero(missing.ravel())
+    m = len(miss)
+    if m + n * length > max_unknowns:
+        return Reconstruction(None, f"{m + n * length:,} unknowns > {max_unknowns:,}: joint solve not attempted")
+    db = obs.update.get(PATCH_EMBED_BIAS)
+    db_kept = obs.masks.get(PATCH_EMBED_BIAS, np.zeros(d_dim, bool)).astype(bool) if db is not None else None
+    pre_ln = obs.config.model.first_block == "pre-ln"
+    eq_d, eq_j = np.nonzero(dw_kept)
+    scale_w = 1.0 / max(np.sqrt(np.mean(dw[dw_kept] ** 2)), 1e-30)
+    scale_g = 1.0 / max(np.sqrt(np.mean(gp0[~missing] ** 2)), 1e-30)
+    miss_n, miss_d = np.unravel_index(miss, missing.shape)
+
+    def unpack(u):
+        gp = gp0.copy()
+        gp.ravel()[miss] = u[:m]
+        return gp, u[m:].reshape(n, length)
+
+    def residual(u):
+        gp, x = unpack(u)
+        parts = [((gp.T @ x - dw)[dw_kept]) * scale_w]
+        if db_kept is not None:
+            parts.append((gp.sum(0) - db)[db_kept] * scale_g)
+        if pre_ln:
+            parts.append(gp.sum(1) * scale_g)
+        return np.concatenate(parts)
+
+    def jacobian(u):
+        gp, x = unpack(u)
+        e = len(eq_d)
+        rows = [np.repeat(np.arange(e), n)]
+        cols = [m + (np.arange(n)[None, :] * length + eq_j[:, None]).ravel()]
+        vals = [gp[:, eq_d].T.ravel() * scale_w]
+        order = np.argsort(eq_d, kind="stable")
+        starts = np.searchsorted(eq_d[order], np.arange(d_dim + 1))
+        for k in range(m):  # missing G entry (n_k, d_k) appears in every kept equation of row d_k
+            eqs = order[starts[miss_d[k]] : starts[miss_d[k] + 1]]
+            rows.append(eqs)
+            cols.append(np.full(len(eqs), k))
+            vals.append(x[miss_n[k], eq_j[eqs]] * scale_w)
+        offset = e
+        if db_kept is not None:
+            bias_row = np.cumsum(db_kept) - 1
+            sel = db_kept[miss_d]
+            rows.append(offset + bias_row[miss_d[sel]])
+            cols.append(np.flatnonzero(sel))
+            vals.append(np.full(sel.sum(), scale_g))
+            offset += int(db_kept.sum())
+        if pre_ln:
+            rows.append(offset + miss_n)
+            cols.append(np.arange(m))
+            vals.append(np.full(m, scale_g))
+            offset += n
+        return coo_matrix(
+            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(offset, m + n * length)
+        ).tocsr()
+
+    counts = missing.sum(1, keepdims=True)
+    start_g = np.where(missing, -gp0.sum(1, keepdims=True) / np.maximum(counts, 1), gp0)
+    start = np.concatenate([start_g.ravel()[miss], _solve_columns(start_g, dw, dw_kept).ravel()])
+    fit = least_squares(
+        residual,
+        start,
+        jac=jacobian,
+        method="trf",
+        tr_solver="lsmr",
+        x_scale="jac",
+        max_nfev=max_evaluations,
+        xtol=1e-15,
+        ftol=1e-15,
+        gtol=1e-15,
+    )
+    _, x = unpack(fit.x)
+    r = missing.mean()
+    identifiable = r * n * d_dim + n * length <= (1 - r) * d_dim * (length + 1)
+    note = f"{r:.0%} of G_p masked; {fit.nfev} evaluations, final cost {fit.cost:.2e}; equation count " + (
+        "allows a unique solution" if identifiable else "exceeded: a fit need not be the image"
     )
     return Reconstruction(patches_to_image(x, obs), note)

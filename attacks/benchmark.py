@@ -1,0 +1,156 @@
+"""``fedvit audit --benchmark``: single-image client updates for every defence, made by the real client code,
+attacked and scored in one go — the table and the image grid in the layout of the defence papers' Fig. 4.
+
+Client k (of K) trains on round 1 with batch size 1, so its FedSGD update is the gradient of one image; the
+same K images go through every defence. The ground truth comes from the clients' own ``capture.ground-truth``
+writer; the attacks see only the payload, the model the client received and the public config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file
+from tqdm import tqdm
+
+from attacks.audit import attacks_for, audit_observations, defence_of
+from attacks.eavesdropper import GROUND_TRUTH, run_dir
+from attacks.observation import Observation
+from clients import runner
+from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
+from clients.masking import decode
+from fedvit_app.config import Config, parse_config
+from fedvit_app.data import client_data
+from fedvit_app.model import build_model, get_weights
+
+DEFENCES: dict[str, dict[str, Any]] = {
+    "plain": {"strategy": "fedsgd"},
+    "fixed-position": {"strategy": "masked-fedsgd", "mask.mode": "fixed-position"},
+    **{
+        f"mask-{mode}-r{r:g}": {"strategy": "masked-fedsgd", "mask.mode": mode, "mask.r": r}
+        for mode in ("fresh", "locked")
+        for r in (0.2, 0.5, 0.8)
+    },
+    "encryption-paper": {"strategy": "fedsgd", "encryption.mode": "paper"},
+    "encryption-private-init": {"strategy": "fedsgd", "encryption.mode": "private-init"},
+}
+
+
+def defence_config(base: Config, overrides: dict[str, Any], images: int, out: Path) -> Config:
+    """The run config one defence's clients use: batch 1, K clients, ground truth on, results under ``out``."""
+    values = base.to_dict() | {
+        "batch-size": 1,
+        "run-name": "benchmark",
+        "out-dir": str(out),
+        "capture.enabled": True,
+        "capture.ground-truth": True,
+        "capture.rounds": "1",
+        "centralized-evaluation": not overrides.get("encryption.mode"),
+    }
+    defaults = Config().to_dict()
+    values |= {k: v for k, v in defaults.items() if k.startswith(("mask.", "encryption."))}  # then this defence's
+    values |= overrides
+    if values["data.name"] == "synthetic":
+        values["data.synthetic-train-size"] = max(values["data.synthetic-train-size"], images)
+    return parse_config(values)
+
+
+def client_update(config: Config, partition: int, images: int, seed_key: int) -> tuple[Observation, np.ndarray]:
+    """One client's round-1 update through ``clients.runner.train``, as an attacker observes it, and its truth."""
+    data_classes = client_data(config.data, config.seed, partition, images).images.num_classes
+    model = build_model(config.model, data_classes, config.seed)
+    public = get_weights(model)
+    received, key, plain, cipher = public, None, None, None
+    if config.encryption.enabled:
+        patch_dim, n1 = model_embedding_dims(model)
+        key = EncryptionKey.generate(patch_dim, n1 - 1, seed=seed_key)  # the clients' secret, not the attacker's
+        start = public | (
+            key.private_initial_embeddings({n: public[n].shape for n in ENCRYPTED})
+            if config.encryption.mode == "private-init"
+            else {}
+        )
+        received = key.encrypt(start)
+        if config.encryption.mode == "paper":  # the server's own initial model and the clients' answer
+            plain, cipher = {n: public[n] for n in ENCRYPTED}, {n: received[n] for n in ENCRYPTED}
+    records, _ = runner.train(
+        config, partition, images, received, 1, config.lr, mask_seed=seed_key + partition, locked_cache={}, key=key
+    )
+    update, masks = records["arrays"], None
+    if "masks" in records:
+        shapes = {n: w.shape for n, w in public.items()}
+        dense = {n: decode(update[n], records["masks"][n], shapes[n]) for n in shapes}
+        update, masks = {n: d[0] for n, d in dense.items()}, {n: d[1] for n, d in dense.items()}
+    truth_path = run_dir(config) / GROUND_TRUTH / "round-0001" / f"partition-{partition}.safetensors"
+    truth = load_file(truth_path)["images"][0]
+    meta = {"image": partition, "partition": partition, "round": 1, "label": f"image {partition}"}
+    obs = Observation(
+        update=update,
+        received=received,
+        config=config,
+        num_classes=data_classes,
+        masks=masks,
+        known_plaintext=plain,
+        known_ciphertext=cipher,
+        meta=meta,
+    )
+    return obs, truth
+
+
+def run_benchmark(base: Config, images: int, out: Path, defences: list[str] | None = None) -> list[dict]:
+    """Produce, attack and score K single-image updates per defence; write audit.md/json, grid.png, fig4.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("FEDVIT_CLIENT_STATE", str(out / "client-state"))  # locked masks of these clients
+    chosen = defences or list(DEFENCES)
+    unknown = sorted(set(chosen) - set(DEFENCES))
+    if unknown:
+        raise ValueError(f"unknown defence(s) {unknown}; choose from {list(DEFENCES)}")
+    items = []
+    for name in tqdm(chosen, desc="defences", unit="defence"):
+        config = defence_config(base, DEFENCES[name], images, out)
+        for k in range(images):
+            items.append(client_update(config, k, images, seed_key=1000 + k))
+    rows = audit_observations(items, out, f"fedvit audit benchmark: {images} images, model {base.model.name}")
+    save_figure4(items, rows, chosen, out / "fig4.png")
+    return rows
+
+
+def save_figure4(items: list[tuple[Observation, np.ndarray]], rows: list[dict], chosen: list[str], path: Path):
+    """Rows: images; columns: original, then per defence the strongest attack's reconstruction (Fig. 4 layout)."""
+    from fedvit_app.plots import plt
+
+    best: dict[tuple[int, str], tuple[float, str]] = {}
+    for row in rows:
+        if row["psnr"] is not None and "reference" not in row["attack"]:
+            key = (row["image"], row["defence"])
+            if key not in best or row["psnr"] > best[key][0]:
+                best[key] = (row["psnr"], row["attack"])
+    by_image: dict[int, dict[str, Observation]] = {}
+    truths: dict[int, np.ndarray] = {}
+    for obs, truth in items:
+        by_image.setdefault(obs.meta["image"], {})[defence_of(obs.config)] = obs
+        truths[obs.meta["image"]] = truth
+    defences = list(dict.fromkeys(defence_of(o.config) for o, _ in items))
+    n_img = len(by_image)
+    fig, axes = plt.subplots(n_img, 1 + len(defences), figsize=(1.3 * (1 + len(defences)), 1.3 * n_img), squeeze=False)
+    for i, image in enumerate(sorted(by_image)):
+        axes[i, 0].imshow(np.transpose(truths[image], (1, 2, 0)))
+        for j, defence in enumerate(defences, start=1):
+            score = best.get((image, defence))
+            if score is not None:
+                attack = attacks_for(by_image[image][defence])[score[1]]
+                rec = attack(by_image[image][defence])
+                axes[i, j].imshow(np.transpose(rec.image, (1, 2, 0)))
+                axes[i, j].text(
+                    0.5, -0.08, f"{score[0]:.0f} dB", transform=axes[i, j].transAxes, fontsize=5, ha="center", va="top"
+                )
+        for j in range(1 + len(defences)):
+            axes[i, j].axis("off")
+            if i == 0:
+                axes[i, j].set_title("original" if j == 0 else defences[j - 1], fontsize=5)
+    fig.suptitle("strongest attack per defence (PSNR under each image)", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
