@@ -183,6 +183,38 @@ def keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def audit(args: argparse.Namespace) -> int:
+    """``fedvit audit``: the attack audit of a captured run, or the no-run benchmark of every defence."""
+    if args.benchmark == (args.captures is not None):
+        print("fedvit audit: give a capture folder or --benchmark (not both)", file=sys.stderr)
+        return 2
+    if args.benchmark:
+        if args.images < 1:
+            print("fedvit audit: --images must be >= 1", file=sys.stderr)
+            return 2
+        if check_config(Path(args.app), args.run_config):
+            return 2
+        from attacks.benchmark import run_benchmark
+
+        config = parse_config(resolved_run_config(Path(args.app), args.run_config))
+        defences = [d.strip() for d in args.defences.split(",") if d.strip()] or None
+        try:
+            run_benchmark(config, args.images, args.out.resolve(), defences)
+        except ValueError as err:
+            print(f"fedvit audit: {err}", file=sys.stderr)
+            return 2
+    else:
+        from attacks.audit import audit_captures
+
+        try:
+            audit_captures(args.captures, args.out)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"fedvit audit: {err}", file=sys.stderr)
+            return 2
+    print(f"audit written to {args.out / 'audit.md'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedvit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -211,6 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     p_dec.add_argument("--key", type=Path, required=True, help="the clients' key file")
     p_dec.add_argument("--out", type=Path, required=True)
 
+    p_audit = sub.add_parser("audit", help="attack captured updates (or --benchmark) and score the reconstructions")
+    p_audit.add_argument("captures", nargs="?", type=Path, help="a run folder or its captures/ folder")
+    p_audit.add_argument("--out", type=Path, required=True, help="where audit.md, audit.json and the grids go")
+    p_audit.add_argument("--benchmark", action="store_true", help="no capture needed: make single-image updates")
+    p_audit.add_argument("--app", default=".")
+    p_audit.add_argument("-c", "--run-config", action="append", default=[], help="--benchmark: model/data config")
+    p_audit.add_argument("--images", type=int, default=16, help="--benchmark: images per defence (default 16)")
+    p_audit.add_argument("--defences", default="", help="--benchmark: comma-separated subset (default: all)")
+
     sub.add_parser("stop-superlink", help="stop the local SuperLink that flwr run left running ($FLWR_HOME)")
 
     p_exp = sub.add_parser("experiment", help="run a comparison from conf/experiments/*.toml; writes a table + plots")
@@ -226,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(Path(args.app), args.run_config)
     if args.command in ("keygen", "decrypt"):
         return keys(args)
+    if args.command == "audit":
+        return audit(args)
     if args.command == "experiment":
         from fedvit_app.experiments import load_experiment, run_experiment
 

@@ -10,7 +10,8 @@ from clients import runner
 from clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
 from fedvit_app.config import Config
 
-app = ClientApp(mods=[capture_mod])  # the eavesdropper only records, and only when capture.enabled
+MODS = [capture_mod]  # the eavesdropper only records, and only when capture.enabled
+app = ClientApp(mods=MODS)
 
 
 def _partition(context: Context) -> tuple[int, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -105,7 +106,10 @@ class LocalGrid:
             self.sent.append(msg)
             node = msg.metadata.dst_node_id
             try:
-                out = handlers[msg.metadata.message_type](msg, self.contexts[node])
+                handler = handlers[msg.metadata.message_type]
+                for mod in reversed(client_app.MODS):  # as Flower applies them: the first mod is outermost
+                    handler = functools.partial(mod, call_next=handler)
+                out = handler(msg, self.contexts[node])
                 out = make_message(reply_metadata(node, msg.metadata.message_type), content=out.content)
             except Exception:  # noqa: BLE001 - Flower turns a handler's exception into an error reply
                 error = Error(code=1, reason=traceback.format_exc())
