@@ -156,7 +156,11 @@ def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
     run, out = flower
     key = EncryptionKey.generate(192, 16, seed=11)  # the tiny default model
     key.save(Path(run.env["FEDVIT_CLIENT_STATE"]) / "encryption-key.safetensors")
-    proc = run("run-name='encrypted'", "encryption.mode='private-init' centralized-evaluation=false")
+    proc = run(
+        "run-name='encrypted'",
+        "encryption.mode='private-init' centralized-evaluation=false batch-size=1",
+        "capture.enabled=true capture.ground-truth=true",  # the eavesdropper under Flower's real runtime
+    )
     assert proc.returncode == 0, proc.stdout[-2000:]
     rounds = json.loads((out / "encrypted" / "metrics.json").read_text())["rounds"]
     assert all("eval-accuracy" in r and "central-accuracy" not in r for r in rounds[1:])
@@ -168,5 +172,15 @@ def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
     blobs = {str(p): p.read_bytes() for root in (out / "encrypted", run.home) for p in root.rglob("*") if p.is_file()}
     blobs["stdout"], blobs["stderr"] = proc.stdout.encode(), proc.stderr.encode()
     assert find_key_material(key, blobs) == []
+    # the captures (in the scan above) hold the handshake and 2 clients x 3 rounds; the keyless attack sees noise
+    from fedvit_app.cli import main
+
+    captured = sorted((out / "encrypted" / "captures").glob("round-*/partition-*.json"))
+    assert len(captured) == 3 + 6, [p.name for p in captured]
+    assert main(["audit", str(out / "encrypted"), "--out", str(out / "audit")]) == 0
+    rows = json.loads((out / "audit" / "audit.json").read_text())["rows"]
+    naive = [r for r in rows if r["attack"] == "APRIL-E (naive)"]
+    assert len(naive) == 6 and all(r["psnr"] < 20 for r in naive)
+    assert all(r["psnr"] is None for r in rows if r["attack"] == "known-plaintext")
     key_file = Path(run.env["FEDVIT_CLIENT_STATE"]) / "encryption-key.safetensors"
     assert find_key_material(key, {"key file": key_file.read_bytes()}) == ["key file"]  # the scan can fail
