@@ -163,7 +163,7 @@ def known_plaintext_route(obs: Observation) -> Reconstruction:
     return Reconstruction(patches_to_image(x, obs), note)
 
 
-def masked_joint_route(obs: Observation, max_evaluations: int = 60, max_unknowns: int = 200_000) -> Reconstruction:
+def masked_joint_route(obs: Observation, max_evaluations: int = 60, max_unknowns: int = 20_000) -> Reconstruction:
     """Mask-aware APRIL-E, joint solve (april.md §5.2): X and the missing G_p entries together by trust-region
     least squares (scipy ``least_squares``, sparse Jacobian, LSMR) on the surviving entries of
     ∂L/∂W_E = G_pᵀX and ∂L/∂b_E = G_pᵀ1, plus G·1 = 0 in pre-LN models; started from the per-column solve.

@@ -65,10 +65,16 @@ def score(rec: Reconstruction, truth: np.ndarray | None) -> tuple[float | None, 
     return psnr(rec.image, truth), ssim(rec.image, truth)
 
 
+Attacked = tuple[Observation, "np.ndarray | None", dict[str, Reconstruction]]
+
+
 def audit_observations(
     items: list[tuple[Observation, np.ndarray | None]], out: Path, title: str, grid_name: str = "grid.png"
-) -> list[dict[str, Any]]:
-    """Attack every observation, score it, write ``audit.md``, ``audit.json`` and the image grid."""
+) -> tuple[list[dict[str, Any]], list[Attacked]]:
+    """Attack every observation, score it, write ``audit.md``, ``audit.json`` and the image grid.
+
+    Returns the table rows and, per observation, its reconstructions by attack name.
+    """
     out.mkdir(parents=True, exist_ok=True)
     rows, images = [], []
     for obs, truth in tqdm(items, desc="audit", unit="update"):
@@ -108,7 +114,7 @@ def audit_observations(
     atomic_write(out / "audit.json", json.dumps(report, indent=1, default=float).encode())
     atomic_write(out / "audit.md", markdown(report).encode())
     save_grid(images, out / grid_name)
-    return rows
+    return rows, images
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -263,4 +269,4 @@ def audit_captures(capture_dir: Path, out: Path) -> list[dict[str, Any]]:
             obs.meta["note"] = "batch size > 1: the closed forms recover a mixture (scored against image 0)"
         items.append((obs, truth))
     print(f"audit: {len(items)} captured update(s) from {capture_dir}", flush=True)
-    return audit_observations(items, out, f"fedvit audit of {run}")
+    return audit_observations(items, out, f"fedvit audit of {run}")[0]

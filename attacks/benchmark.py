@@ -16,7 +16,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from tqdm import tqdm
 
-from attacks.audit import attacks_for, audit_observations, defence_of
+from attacks.audit import audit_observations, defence_of
 from attacks.eavesdropper import GROUND_TRUTH, run_dir
 from attacks.observation import Observation
 from clients import runner
@@ -112,12 +112,12 @@ def run_benchmark(base: Config, images: int, out: Path, defences: list[str] | No
         config = defence_config(base, DEFENCES[name], images, out)
         for k in range(images):
             items.append(client_update(config, k, images, seed_key=1000 + k))
-    rows = audit_observations(items, out, f"fedvit audit benchmark: {images} images, model {base.model.name}")
-    save_figure4(items, rows, chosen, out / "fig4.png")
+    rows, attacked = audit_observations(items, out, f"fedvit audit benchmark: {images} images, model {base.model.name}")
+    save_figure4(attacked, rows, out / "fig4.png")
     return rows
 
 
-def save_figure4(items: list[tuple[Observation, np.ndarray]], rows: list[dict], chosen: list[str], path: Path):
+def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
     """Rows: images; columns: original, then per defence the strongest attack's reconstruction (Fig. 4 layout)."""
     from fedvit_app.plots import plt
 
@@ -127,22 +127,22 @@ def save_figure4(items: list[tuple[Observation, np.ndarray]], rows: list[dict], 
             key = (row["image"], row["defence"])
             if key not in best or row["psnr"] > best[key][0]:
                 best[key] = (row["psnr"], row["attack"])
-    by_image: dict[int, dict[str, Observation]] = {}
+    recs: dict[tuple[int, str], dict] = {}
     truths: dict[int, np.ndarray] = {}
-    for obs, truth in items:
-        by_image.setdefault(obs.meta["image"], {})[defence_of(obs.config)] = obs
+    for obs, truth, by_attack in attacked:
+        recs[(obs.meta["image"], defence_of(obs.config))] = by_attack
         truths[obs.meta["image"]] = truth
-    defences = list(dict.fromkeys(defence_of(o.config) for o, _ in items))
-    n_img = len(by_image)
-    fig, axes = plt.subplots(n_img, 1 + len(defences), figsize=(1.3 * (1 + len(defences)), 1.3 * n_img), squeeze=False)
-    for i, image in enumerate(sorted(by_image)):
+    defences = list(dict.fromkeys(defence for _, defence in recs))
+    images = sorted(truths)
+    fig, axes = plt.subplots(
+        len(images), 1 + len(defences), figsize=(1.3 * (1 + len(defences)), 1.3 * len(images)), squeeze=False
+    )
+    for i, image in enumerate(images):
         axes[i, 0].imshow(np.transpose(truths[image], (1, 2, 0)))
         for j, defence in enumerate(defences, start=1):
             score = best.get((image, defence))
             if score is not None:
-                attack = attacks_for(by_image[image][defence])[score[1]]
-                rec = attack(by_image[image][defence])
-                axes[i, j].imshow(np.transpose(rec.image, (1, 2, 0)))
+                axes[i, j].imshow(np.transpose(recs[(image, defence)][score[1]].image, (1, 2, 0)))
                 axes[i, j].text(
                     0.5, -0.08, f"{score[0]:.0f} dB", transform=axes[i, j].transAxes, fontsize=5, ha="center", va="top"
                 )
@@ -150,7 +150,7 @@ def save_figure4(items: list[tuple[Observation, np.ndarray]], rows: list[dict], 
             axes[i, j].axis("off")
             if i == 0:
                 axes[i, j].set_title("original" if j == 0 else defences[j - 1], fontsize=5)
-    fig.suptitle("strongest attack per defence (PSNR under each image)", fontsize=7)
+    fig.suptitle("strongest attack per defence (PSNR under each image; blank: no attack could run)", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)

@@ -1,0 +1,73 @@
+"""Seconds per image of each closed-form attack (goal: ≤ 1 s for ViT-S/16 at 224 px on 2 CPU cores).
+
+One single-image FedSGD update per model (random init, synthetic image); each attack is timed as the median of
+--repeats calls and its PSNR against the true image is printed next to it.
+
+Usage: uv run --frozen python benchmarks/attack_speed.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from attacks import april  # noqa: E402
+from attacks.metrics import psnr  # noqa: E402
+from attacks.observation import Observation  # noqa: E402
+from clients.training import fedsgd_gradient  # noqa: E402
+from fedvit_app.config import Config, ModelConfig  # noqa: E402
+from fedvit_app.data import synthetic  # noqa: E402
+from fedvit_app.model import build_model, get_weights  # noqa: E402
+
+MODELS = {
+    "tiny (default, 32 px)": ModelConfig(),
+    "ViT-S/16 224 px": ModelConfig(
+        name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0
+    ),
+    "ViT-S/16 224 px, no-LN first block": ModelConfig(
+        name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0, first_block="no-ln"
+    ),
+}
+ATTACKS = {"APRIL-E (embedding route)": april.embedding_route, "APRIL attention route": april.attention_route}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print(
+        f"command: uv run --frozen python benchmarks/attack_speed.py --repeats {args.repeats}   "
+        f"(torch threads: {torch.get_num_threads()})"
+    )
+    for label, model_config in MODELS.items():
+        model = build_model(model_config, 10, 0)
+        img = int(model.patch_embed.img_size[0])
+        images = synthetic(2, 10, 0, "train")
+        step = fedsgd_gradient(model, images, np.array([0]), 1, img, np.random.default_rng(0), torch.device("cpu"))
+        truth = images.batch(step.batch_indices, img)[0][0].numpy()
+        obs = Observation(
+            update=step.arrays,
+            received=get_weights(model),
+            config=dataclasses.replace(Config(), model=model_config),
+            num_classes=10,
+        )
+        for name, attack in ATTACKS.items():
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                rec = attack(obs)
+                times.append(time.perf_counter() - start)
+            print(f"{label:36s} {name:26s} {statistics.median(times):7.3f} s/image  {psnr(rec.image, truth):6.1f} dB")
+
+
+if __name__ == "__main__":
+    main()
