@@ -15,6 +15,8 @@ All solves run in float64 with SVD-based least squares. Every attack takes only 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from attacks.observation import Observation, Reconstruction, image_geometry, normalization
@@ -261,4 +263,37 @@ def masked_joint_route(obs: Observation, max_evaluations: int = 60, max_unknowns
     note = f"{r:.0%} of G_p masked; {fit.nfev} evaluations, final cost {fit.cost:.2e}; equation count " + (
         "allows a unique solution" if identifiable else "exceeded: a fit need not be the image"
     )
+    return Reconstruction(patches_to_image(x, obs), note)
+
+
+def known_images_route(obs: Observation) -> Reconstruction:
+    """Break embedding encryption with known images (collusion: the attacker knows some clients' images and sees
+    their encrypted single-image updates under the same key).
+
+    Each known update gives Y_i = Π X_i E_aᵀ through the embedding route. fedvit's E_a is orthogonal, so
+    Y_i Y_iᵀ = Π X_i X_iᵀ Πᵀ: the Gram matrices of the patches survive encryption, and matching their rows
+    (sorted, over all known images; Hungarian assignment) recovers Π. Then E_aᵀ = (X_stack)⁺ Πᵀ Y_stack, exact
+    once the known images hold L independent patches (⌈L/N⌉ images: 12 for the tiny model, 4 for ViT-S/16).
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    known = obs.known_images or []
+    if not known:
+        return Reconstruction(None, "no known images")
+    xs, ys = [], []
+    for image, update in known:
+        xs.append(image_to_patches(image, obs))
+        ys.append(embedding_route_patches(dataclasses.replace(obs, update=update, known_images=None)))
+    sig_x = np.concatenate([np.sort(x @ x.T, axis=1) for x in xs], axis=1)
+    sig_y = np.concatenate([np.sort(y @ y.T, axis=1) for y in ys], axis=1)
+    cost = ((sig_y[:, None, :] - sig_x[None, :, :]) ** 2).sum(-1)
+    rows, perm = linear_sum_assignment(cost)  # encrypted row s holds plaintext patch perm[s]
+    inverse = np.argsort(perm)
+    x_stack = np.concatenate(xs)
+    y_stack = np.concatenate([y[inverse] for y in ys])
+    e_a_t = lstsq(x_stack, y_stack)
+    y = embedding_route_patches(obs)
+    x = (y @ np.linalg.pinv(e_a_t, rcond=EPS_RANK))[inverse]
+    rank = np.linalg.matrix_rank(x_stack)
+    note = f"{len(known)} known images, {x_stack.shape[0]} patches, rank {rank} of L = {x_stack.shape[1]}"
     return Reconstruction(patches_to_image(x, obs), note)

@@ -56,6 +56,8 @@ def attacks_for(obs: Observation) -> dict[str, Attack]:
             chosen["APRIL-E mask-aware"] = april.masked_embedding_route
     if config.encryption.enabled:
         chosen["known-plaintext"] = april.known_plaintext_route
+        if obs.known_images:
+            chosen["known images (collusion)"] = april.known_images_route
     return chosen
 
 

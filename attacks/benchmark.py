@@ -8,6 +8,7 @@ writer; the attacks see only the payload, the model the client received and the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,18 @@ def run_benchmark(base: Config, images: int, out: Path, defences: list[str] | No
     items = []
     for name in tqdm(chosen, desc="defences", unit="defence"):
         config = defence_config(base, DEFENCES[name], images, out)
-        for k in range(images):
-            items.append(client_update(config, k, images, seed_key=1000 + k))
+        updates = [client_update(config, k, images, seed_key=1000) for k in range(images)]  # one key per defence
+        if config.encryption.enabled:  # collusion: the attacker knows the other images and sees their updates
+            updates = [
+                (
+                    dataclasses.replace(
+                        obs, known_images=[(t, o.update) for j, (o, t) in enumerate(updates) if j != k]
+                    ),
+                    truth,
+                )
+                for k, (obs, truth) in enumerate(updates)
+            ]
+        items.extend(updates)
     rows, attacked = audit_observations(items, out, f"fedvit audit benchmark: {images} images, model {base.model.name}")
     save_figure4(attacked, rows, out / "fig4.png")
     return rows

@@ -35,6 +35,8 @@ class Observation:
     masks: dict[str, np.ndarray] | None = None
     known_plaintext: dict[str, np.ndarray] | None = None
     known_ciphertext: dict[str, np.ndarray] | None = None  # the same layers as the server adopted them
+    # images the attacker knows (e.g. a colluding client's) with their updates under the same defence
+    known_images: list[tuple[np.ndarray, dict[str, np.ndarray]]] | None = None
     meta: dict = field(default_factory=dict)  # node, round, ... (for reports only)
 
 
