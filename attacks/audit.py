@@ -67,7 +67,7 @@ def score(rec: Reconstruction, truth: np.ndarray | None) -> tuple[float | None, 
     return psnr(rec.image, truth), ssim(rec.image, truth)
 
 
-Attacked = tuple[Observation, "np.ndarray | None", dict[str, Reconstruction]]
+Attacked = tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]  # an update, its truth, its reconstructions
 
 
 def audit_observations(

@@ -202,3 +202,13 @@ def test_audit_benchmark_writes_the_table_and_the_figure4_grid(tmp_path):
     assert summary[("none", "APRIL-E (naive)")]["psnr"] >= 60
     assert summary[("encryption-paper", "APRIL-E (naive)")]["psnr"] < 15
     assert (out / "fig4.png").is_file() and (out / "audit.md").read_text().startswith("# fedvit audit benchmark")
+
+
+def test_collusion_known_images_break_both_encryption_modes(tmp_path):
+    """13 known images (208 patches >= L = 192) and their updates: E_b from the patch Gram matrices, E_a exactly."""
+    from attacks.benchmark import run_benchmark
+
+    rows = run_benchmark(parse_config({}), 14, tmp_path / "bench", ["encryption-private-init"])
+    collusion = [r for r in rows if r["attack"] == "known images (collusion)"]
+    assert len(collusion) == 14 and all(r["psnr"] >= 60 for r in collusion)
+    assert all(r["psnr"] < 15 for r in rows if r["attack"] == "APRIL-E (naive)")
