@@ -162,6 +162,6 @@ def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
             if i == 0:
                 axes[i, j].set_title("original" if j == 0 else defences[j - 1], fontsize=5)
     fig.suptitle("strongest attack per defence (PSNR under each image; blank: no attack could run)", fontsize=7)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # keep the title clear of the column headings
     fig.savefig(path, dpi=150)
     plt.close(fig)
