@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-STRATEGIES = ("fedsgd", "fedavg", "masked-fedsgd")
+STRATEGIES = ("fedsgd", "fedavg", "masked-fedsgd", "fedwavg")
 MASK_MODES = ("fresh", "locked", "fixed-position")
 PARTITIONERS = ("iid", "noniid-k", "dirichlet")
 DATASETS = ("synthetic", "cifar10", "imagefolder:<path>")
@@ -74,6 +74,18 @@ class MaskConfig:
 
 
 @dataclass(frozen=True)
+class FedWAvgConfig:
+    """FedWAvg (strategy "fedwavg"): the softmax scale q and the parameters that form the "last layer"."""
+
+    q: float = 1.0
+    last_layer: str = "head.weight,head.bias"
+
+    @property
+    def last_layer_names(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in self.last_layer.split(",") if n.strip())
+
+
+@dataclass(frozen=True)
 class CaptureConfig:
     """The eavesdropper (attacks/eavesdropper.py): what to record, for the attack audit.
 
@@ -130,6 +142,7 @@ class Config:
     mask: MaskConfig = field(default_factory=MaskConfig)
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    fedwavg: FedWAvgConfig = field(default_factory=FedWAvgConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, hyphenated form (the same keys as ``[tool.flwr.app.config]``)."""
@@ -261,6 +274,8 @@ _CHECKS: dict[str, Check] = {
     "mask.r-patch-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),
     "mask.r-patterns": (_mask_patterns, "'<name pattern>=<R in [0, 1]>' items separated by ';'"),
     "encryption.mode": _one_of(ENCRYPTION_MODES),
+    "fedwavg.q": (lambda v: v >= 0, "a number >= 0 (0: equal weights)"),
+    "fedwavg.last-layer": (lambda v: any(n.strip() for n in v.split(",")), "parameter names separated by ','"),
     "capture.rounds": (_selection, "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
     "capture.partitions": (_selection, "'' (all) or numbers and ranges, e.g. '0,2-3'"),
 }
@@ -310,7 +325,14 @@ def parse_config(run_config: Mapping[str, Any]) -> Config:
 
 
 def _build(flat: dict[str, Any]) -> Config:
-    groups: dict[str, dict[str, Any]] = {"model": {}, "data": {}, "mask": {}, "encryption": {}, "capture": {}}
+    groups: dict[str, dict[str, Any]] = {
+        "model": {},
+        "data": {},
+        "mask": {},
+        "encryption": {},
+        "capture": {},
+        "fedwavg": {},
+    }
     top: dict[str, Any] = {}
     for key, value in flat.items():
         prefix, _, rest = key.partition(".")
@@ -325,6 +347,7 @@ def _build(flat: dict[str, Any]) -> Config:
         mask=MaskConfig(**groups["mask"]),
         encryption=EncryptionConfig(**groups["encryption"]),
         capture=CaptureConfig(**groups["capture"]),
+        fedwavg=FedWAvgConfig(**groups["fedwavg"]),
     )
 
 
@@ -334,6 +357,11 @@ def _check_cross_field(config: Config) -> None:
             value = getattr(config.mask, f.name)
             if value != f.default:
                 raise ConfigError(f"mask.{_hyphen(f.name)}", value, "its default unless strategy='masked-fedsgd'")
+    if config.strategy != "fedwavg":
+        for f in dataclasses.fields(FedWAvgConfig):
+            value = getattr(config.fedwavg, f.name)
+            if value != f.default:
+                raise ConfigError(f"fedwavg.{_hyphen(f.name)}", value, "its default unless strategy='fedwavg'")
     if config.encryption.enabled:
         _check_encryption(config)
     if (config.capture.enabled or config.capture.ground_truth) and not config.run_name:

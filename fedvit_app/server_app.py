@@ -56,6 +56,8 @@ def make_strategy(config: Config) -> FedVitStrategy:
         return strategies["fedsgd"](lr=config.lr, **common)
     if config.strategy == "masked-fedsgd":
         return strategies["masked-fedsgd"](lr=config.lr, mask=config.mask, **common)
+    if config.strategy == "fedwavg":
+        return strategies["fedwavg"](q=config.fedwavg.q, last_layer_names=config.fedwavg.last_layer_names, **common)
     return strategies[config.strategy](**common)
 
 
@@ -106,6 +108,8 @@ class RoundEnd:
         if stats is not None:
             entry |= {k: v for k, v in stats.train.items()} | {k: v for k, v in stats.evaluate.items()}
             entry |= {k.replace("_", "-"): v for k, v in asdict(stats).items() if k not in ("train", "evaluate")}
+            if not entry["aggregation"]:
+                del entry["aggregation"]
         now = time.perf_counter()
         entry["round-s"] = now - self.last
         self.last = now

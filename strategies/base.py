@@ -41,6 +41,7 @@ class RoundStats:
     rejected: dict[int, str] = field(default_factory=dict)  # partition id (or -node id) -> reason
     train: dict[str, float] = field(default_factory=dict)  # aggregated client train metrics
     evaluate: dict[str, float] = field(default_factory=dict)  # aggregated client evaluation metrics
+    aggregation: dict = field(default_factory=dict)  # strategy-specific, e.g. FedWAvg's weights per partition
 
 
 def array_bytes(record: RecordDict) -> int:

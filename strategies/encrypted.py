@@ -20,6 +20,7 @@ from fedvit_app.model import PATCH_EMBED_WEIGHT
 from strategies.base import FedVitStrategy, error_summary
 from strategies.fedavg import FedAvg
 from strategies.fedsgd import FedSGD
+from strategies.fedwavg import FedWAvg
 from strategies.masked_fedsgd import MaskedFedSGD
 
 STATE_PUBLIC = "encryption/public/"  # the plaintext initial layers the server sent (it knew them anyway)
@@ -180,8 +181,14 @@ class EncryptedMaskedFedSGD(EncryptedAggregation, MaskedFedSGD):
     (checked in the config) and E_b only permutes the position rows, masks included."""
 
 
+class EncryptedFedWAvg(EncryptedAggregation, FedWAvg):
+    """FedWAvg on encrypted weights: the classifier head it compares is not encrypted, and its weighted mean
+    commutes with E_a and E_b."""
+
+
 ENCRYPTED_STRATEGIES: dict[str, type[EncryptedAggregation]] = {
     "fedsgd": EncryptedFedSGD,
     "fedavg": EncryptedFedAvg,
     "masked-fedsgd": EncryptedMaskedFedSGD,
+    "fedwavg": EncryptedFedWAvg,
 }
