@@ -22,8 +22,7 @@ from tqdm import tqdm
 from attacks import april
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
 from attacks.metrics import SETTINGS, minimum_norm_limit, psnr, ssim
-from attacks.observation import Observation, Reconstruction, public_model
-from clients.masking import decode
+from attacks.observation import Observation, Reconstruction, dense_update, model_skeleton
 from fedvit_app.config import Config, parse_config
 from fedvit_app.model import HEAD_BIAS
 from fedvit_app.results import atomic_write
@@ -211,15 +210,12 @@ def observation_from_capture(stem: Path, handshake: tuple[dict, dict] | None) ->
     sent = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors")))
     received = unflatten(load_file(stem.with_name(f"{stem.name}.received.safetensors")))["arrays"]
     num_classes = int(received[HEAD_BIAS].shape[0])
-    expected = {n: tuple(p.shape) for n, p in public_model_for(config, num_classes).named_parameters()}
+    expected = {n: tuple(p.shape) for n, p in model_skeleton(config, num_classes).named_parameters()}
     got = {n: tuple(a.shape) for n, a in received.items()}
     if got != expected:
         bad = sorted(set(got.items()) ^ set(expected.items()))[:3]
         raise ValueError(f"{stem}: the capture does not match the model of its run config (e.g. {bad})")
-    update, masks = sent["arrays"], None
-    if "masks" in sent:
-        dense = {n: decode(update[n], sent["masks"][n], expected[n]) for n in expected}
-        update, masks = {n: d[0] for n, d in dense.items()}, {n: d[1] for n, d in dense.items()}
+    update, masks = dense_update(sent, expected)
     plain, cipher = handshake if handshake is not None else (None, None)
     meta = {
         "partition": manifest.get("partition"),
@@ -237,11 +233,6 @@ def observation_from_capture(stem: Path, handshake: tuple[dict, dict] | None) ->
         known_ciphertext=cipher,
         meta=meta,
     )
-
-
-def public_model_for(config: Config, num_classes: int):
-    probe = Observation(update={}, received={}, config=config, num_classes=num_classes)
-    return public_model(probe)
 
 
 def audit_captures(capture_dir: Path, out: Path) -> list[dict[str, Any]]:

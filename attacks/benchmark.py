@@ -19,10 +19,9 @@ from tqdm import tqdm
 
 from attacks.audit import audit_observations, defence_of
 from attacks.eavesdropper import GROUND_TRUTH, run_dir
-from attacks.observation import Observation
+from attacks.observation import Observation, dense_update
 from clients import runner
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
-from clients.masking import decode
 from fedvit_app.config import Config, parse_config
 from fedvit_app.data import client_data
 from fedvit_app.model import build_model, get_weights
@@ -79,11 +78,7 @@ def client_update(config: Config, partition: int, images: int, seed_key: int) ->
     records, _ = runner.train(
         config, partition, images, received, 1, config.lr, mask_seed=seed_key + partition, locked_cache={}, key=key
     )
-    update, masks = records["arrays"], None
-    if "masks" in records:
-        shapes = {n: w.shape for n, w in public.items()}
-        dense = {n: decode(update[n], records["masks"][n], shapes[n]) for n in shapes}
-        update, masks = {n: d[0] for n, d in dense.items()}, {n: d[1] for n, d in dense.items()}
+    update, masks = dense_update(records, {n: w.shape for n, w in public.items()})
     truth_path = run_dir(config) / GROUND_TRUTH / "round-0001" / f"partition-{partition}.safetensors"
     truth = load_file(truth_path)["images"][0]
     meta = {"image": partition, "partition": partition, "round": 1, "label": f"image {partition}"}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
+from clients.masking import decode
 from fedvit_app.config import Config
 from fedvit_app.model import build_model
 
@@ -49,13 +50,24 @@ class Reconstruction:
 
 
 @functools.lru_cache(maxsize=4)
-def _skeleton(config: Config, num_classes: int) -> nn.Module:
+def model_skeleton(config: Config, num_classes: int) -> nn.Module:
+    """The model architecture of a public run config (cached; its weights are not what a client received)."""
     return build_model(dataclasses.replace(config.model, pretrained="off"), num_classes, config.seed)
 
 
 def public_model(obs: Observation) -> nn.Module:
     """The model architecture from the public config (weights are not used; take them from ``obs.received``)."""
-    return _skeleton(obs.config, obs.num_classes)
+    return model_skeleton(obs.config, obs.num_classes)
+
+
+def dense_update(
+    records: dict[str, dict[str, np.ndarray]], shapes: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """A train reply's records as the attacker reads them: the dense update, and the masks when it carried any."""
+    if "masks" not in records:
+        return records["arrays"], None
+    dense = {n: decode(records["arrays"][n], records["masks"][n], shape) for n, shape in shapes.items()}
+    return {n: d[0] for n, d in dense.items()}, {n: d[1] for n, d in dense.items()}
 
 
 def image_geometry(obs: Observation) -> tuple[int, int, int, int]:
