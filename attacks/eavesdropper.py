@@ -23,7 +23,7 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.common.logger import log
 
-from fedvit_app.config import Config, ConfigError, parse_config, parse_selection
+from fedvit_app.config import Config, ConfigError, parse_config_cached, parse_selection
 from fedvit_app.results import atomic_save_safetensors, atomic_write
 
 CAPTURES = "captures"
@@ -70,58 +70,54 @@ def unflatten(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]
 def _records(msg: Message, kind: str) -> dict[str, Any]:
     if not msg.has_content():
         return {"error": msg.error.reason if msg.has_error() else "no content"}
-    out: dict[str, Any] = {}
-    for name, rec in getattr(msg.content, kind).items():
-        out[name] = {k: v for k, v in rec.items()}
-    return out
+    return {name: dict(rec.items()) for name, rec in getattr(msg.content, kind).items()}
 
 
-def write_message(stem: Path, direction: str, msg: Message) -> int:
-    """Save one message's arrays and its config/metric records; returns the bytes written."""
+def _has_arrays(msg: Message) -> bool:
+    return msg.has_content() and bool(msg.content.array_records)
+
+
+def write_capture(stem: Path, messages: dict[str, Message], **head: Any) -> int:
+    """Save each message's arrays as ``<stem>.<direction>.safetensors`` and one ``<stem>.json`` manifest holding
+    ``head`` (round, node, partition, run config, ...) and per direction its records; returns the bytes saved."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    arrays = flatten(msg)
-    path = stem.with_name(f"{stem.name}.{direction}.safetensors")
-    atomic_save_safetensors(path, arrays)
-    manifest_path = stem.with_name(f"{stem.name}.json")
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    manifest[direction] = {
-        "message-type": msg.metadata.message_type,
-        "arrays": {k: list(v.shape) for k, v in arrays.items()},
-        "config": _records(msg, "config_records"),
-        "metrics": _records(msg, "metric_records"),
-    }
-    if msg.has_error():
-        manifest[direction]["error"] = f"{msg.error.code}: {msg.error.reason}"
-    atomic_write(manifest_path, json.dumps(manifest, indent=1, default=str).encode())
-    return os.path.getsize(path)
-
-
-def write_manifest_head(stem: Path, **fields: Any) -> None:
-    """Add identification fields (round, node, partition, run config) to a message manifest."""
-    path = stem.with_name(f"{stem.name}.json")
-    manifest = json.loads(path.read_text()) if path.exists() else {}
-    atomic_write(path, json.dumps(manifest | fields, indent=1, default=str).encode())
+    manifest, size = dict(head), 0
+    for direction, msg in messages.items():
+        arrays = flatten(msg)
+        path = stem.with_name(f"{stem.name}.{direction}.safetensors")
+        atomic_save_safetensors(path, arrays)
+        size += os.path.getsize(path)
+        manifest[direction] = {
+            "message-type": msg.metadata.message_type,
+            "arrays": {k: list(v.shape) for k, v in arrays.items()},
+            "config": _records(msg, "config_records"),
+            "metrics": _records(msg, "metric_records"),
+        }
+        if msg.has_error():
+            manifest[direction]["error"] = f"{msg.error.code}: {msg.error.reason}"
+    atomic_write(stem.with_name(f"{stem.name}.json"), json.dumps(manifest, indent=1, default=str).encode())
+    return size
 
 
 def capture_mod(msg: Message, context: Context, call_next) -> Message:
     """ClientApp mod: pass the message on unchanged, then record it and the reply (train and query messages)."""
     reply = call_next(msg, context)
     try:
-        config = parse_config(context.run_config)
+        config = parse_config_cached(context.run_config)  # once per process, not per message
     except ConfigError:
         return reply  # the handler has already reported the config error
     if not config.capture.enabled or msg.metadata.message_type not in ("train", "query"):
         return reply
     partition = int(context.node_config.get("partition-id", -1))
     server_round = int(msg.content["config"].get("server-round", 0)) if "config" in msg.content else 0
-    if not selected(config, server_round, partition) or not (flatten(msg) or flatten(reply)):
+    if not selected(config, server_round, partition) or not (_has_arrays(msg) or _has_arrays(reply)):
         return reply
     stem = run_dir(config) / CAPTURES / f"round-{server_round:04d}" / f"partition-{partition}"
     if msg.metadata.message_type == "query":
         stem = stem.with_name(f"{stem.name}-handshake")
-    size = write_message(stem, "received", msg) + write_message(stem, "sent", reply)
-    write_manifest_head(
+    size = write_capture(
         stem,
+        {"received": msg, "sent": reply},
         round=server_round,
         partition=partition,
         node=context.node_id,
@@ -138,28 +134,20 @@ class ServerTap:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.root = run_dir(config) / CAPTURES / "server"
-        self.bytes = 0
 
     def sent(self, server_round: int, msg: Message, name: str = "global") -> None:
         """The round's global model (one copy; every sampled client got the same one), or the handshake."""
         if round_selected(self.config, server_round):
             stem = self.root / f"round-{server_round:04d}" / name
-            self.bytes += write_message(stem, "sent", msg)
-            write_manifest_head(stem, round=server_round, observer="server", run_config=self.config.to_dict())
+            head = {"round": server_round, "observer": "server", "run_config": self.config.to_dict()}
+            write_capture(stem, {"sent": msg}, **head)
 
     def received(self, server_round: int, partition: int, msg: Message, name: str = "") -> None:
         """One reply as the server got it (errors included)."""
         if selected(self.config, server_round, partition):
             stem = self.root / f"round-{server_round:04d}" / (name or f"partition-{partition}")
-            self.bytes += write_message(stem, "received", msg)
-            write_manifest_head(
-                stem,
-                round=server_round,
-                partition=partition,
-                node=msg.metadata.src_node_id,
-                observer="server",
-                run_config=self.config.to_dict(),
-            )
+            head = {"round": server_round, "partition": partition, "node": msg.metadata.src_node_id}
+            write_capture(stem, {"received": msg}, **head, observer="server", run_config=self.config.to_dict())
 
 
 def write_ground_truth(config: Config, server_round: int, partition: int, images: np.ndarray, labels: np.ndarray):

@@ -15,19 +15,14 @@ from attacks.eavesdropper import selected, write_ground_truth
 from clients.encryption import ENCRYPTED, EncryptionKey, EncryptionKeyError
 from clients.masking import client_seed, draw_masks, encode, fixed_position_masks, locked_masks, mask_rates
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
-from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config
+from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config_cached
 from fedvit_app.data import DatasetUnavailableError, client_data, load_dataset
 from fedvit_app.model import build_model, resolve_device, set_weights
 
 
-@functools.lru_cache(maxsize=8)
-def _parse(items: frozenset) -> Config:
-    return parse_config(dict(items))
-
-
 def client_config(run_config: Mapping[str, Any]) -> Config:
     """Parse the run config once per process (cached by content)."""
-    return _parse(frozenset(run_config.items()))
+    return parse_config_cached(run_config)
 
 
 @functools.lru_cache(maxsize=4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -184,12 +185,17 @@ def _dataset_name(value: str) -> bool:
     return value in ("synthetic", "cifar10")
 
 
-def _mask_patterns(value: str) -> bool:
-    try:
-        parse_patterns(value)
-    except ValueError:
-        return False
-    return True
+def _parses(parser: Callable[[str], Any]) -> Callable[[str], bool]:
+    """A check that accepts the values ``parser`` accepts (it raises ValueError on the others)."""
+
+    def check(value: str) -> bool:
+        try:
+            parser(value)
+        except ValueError:
+            return False
+        return True
+
+    return check
 
 
 def parse_patterns(text: str) -> tuple[tuple[str, float], ...]:
@@ -219,14 +225,6 @@ def parse_selection(text: str) -> frozenset[int] | None:
             raise ValueError(f"{item!r} is not a number or an increasing range")
         out.update(range(lo, hi + 1))
     return frozenset(out)
-
-
-def _selection(value: str) -> bool:
-    try:
-        parse_selection(value)
-    except ValueError:
-        return False
-    return True
 
 
 def _timm_model_name(value: str) -> bool:
@@ -272,12 +270,12 @@ _CHECKS: dict[str, Check] = {
     "mask.r": _FRACTION,
     "mask.r-pos-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),
     "mask.r-patch-embed": (lambda v: v == -1.0 or 0.0 <= v <= 1.0, "-1 (use mask.r) or a number in [0, 1]"),
-    "mask.r-patterns": (_mask_patterns, "'<name pattern>=<R in [0, 1]>' items separated by ';'"),
+    "mask.r-patterns": (_parses(parse_patterns), "'<name pattern>=<R in [0, 1]>' items separated by ';'"),
     "encryption.mode": _one_of(ENCRYPTION_MODES),
     "fedwavg.q": (lambda v: v >= 0, "a number >= 0 (0: equal weights)"),
     "fedwavg.last-layer": (lambda v: any(n.strip() for n in v.split(",")), "parameter names separated by ','"),
-    "capture.rounds": (_selection, "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
-    "capture.partitions": (_selection, "'' (all) or numbers and ranges, e.g. '0,2-3'"),
+    "capture.rounds": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
+    "capture.partitions": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '0,2-3'"),
 }
 
 
@@ -324,44 +322,53 @@ def parse_config(run_config: Mapping[str, Any]) -> Config:
     return config
 
 
-def _build(flat: dict[str, Any]) -> Config:
-    groups: dict[str, dict[str, Any]] = {
-        "model": {},
-        "data": {},
-        "mask": {},
-        "encryption": {},
-        "capture": {},
-        "fedwavg": {},
+@functools.lru_cache(maxsize=8)
+def _parse_items(items: frozenset) -> Config:
+    return parse_config(dict(items))
+
+
+def parse_config_cached(run_config: Mapping[str, Any]) -> Config:
+    """:func:`parse_config`, once per process and content (clients see the same run config every message)."""
+    return _parse_items(frozenset(run_config.items()))
+
+
+def _groups() -> dict[str, type]:
+    """Config's nested groups (``model``, ``data``, ``mask``, ...) by name, from its dataclass fields."""
+    defaults = Config()
+    return {
+        f.name: type(getattr(defaults, f.name))
+        for f in dataclasses.fields(Config)
+        if dataclasses.is_dataclass(getattr(defaults, f.name))
     }
+
+
+def _build(flat: dict[str, Any]) -> Config:
+    groups = _groups()
+    values: dict[str, dict[str, Any]] = {name: {} for name in groups}
     top: dict[str, Any] = {}
     for key, value in flat.items():
         prefix, _, rest = key.partition(".")
         if rest:
-            groups[prefix][rest.replace("-", "_")] = value
+            values[prefix][rest.replace("-", "_")] = value
         else:
             top[key.replace("-", "_")] = value
-    return Config(
-        **top,
-        model=ModelConfig(**groups["model"]),
-        data=DataConfig(**groups["data"]),
-        mask=MaskConfig(**groups["mask"]),
-        encryption=EncryptionConfig(**groups["encryption"]),
-        capture=CaptureConfig(**groups["capture"]),
-        fedwavg=FedWAvgConfig(**groups["fedwavg"]),
-    )
+    return Config(**top, **{name: cls(**values[name]) for name, cls in groups.items()})
+
+
+def _only_with_strategy(config: Config, group: str, strategy: str) -> None:
+    """Settings of ``group`` must keep their defaults unless the run uses ``strategy`` (no silent ignore)."""
+    if config.strategy == strategy:
+        return
+    settings = getattr(config, group)
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if value != f.default:
+            raise ConfigError(f"{group}.{_hyphen(f.name)}", value, f"its default unless strategy='{strategy}'")
 
 
 def _check_cross_field(config: Config) -> None:
-    if config.strategy != "masked-fedsgd":
-        for f in dataclasses.fields(MaskConfig):
-            value = getattr(config.mask, f.name)
-            if value != f.default:
-                raise ConfigError(f"mask.{_hyphen(f.name)}", value, "its default unless strategy='masked-fedsgd'")
-    if config.strategy != "fedwavg":
-        for f in dataclasses.fields(FedWAvgConfig):
-            value = getattr(config.fedwavg, f.name)
-            if value != f.default:
-                raise ConfigError(f"fedwavg.{_hyphen(f.name)}", value, "its default unless strategy='fedwavg'")
+    _only_with_strategy(config, "mask", "masked-fedsgd")
+    _only_with_strategy(config, "fedwavg", "fedwavg")
     if config.encryption.enabled:
         _check_encryption(config)
     if (config.capture.enabled or config.capture.ground_truth) and not config.run_name:
