@@ -99,7 +99,10 @@ class EncryptionKey:
 
     def check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
         """Raise :class:`EncryptionKeyError` unless the key fits these parameter shapes."""
-        L, n1 = embedding_dims(shapes)
+        self.check_dims(*embedding_dims(shapes))
+
+    def check_dims(self, L: int, n1: int) -> None:
+        """Raise :class:`EncryptionKeyError` unless the key is for L = P²C and N + 1 = ``n1`` position rows."""
         if (L, n1 - 1) != (self.patch_dim, self.num_patches):
             raise EncryptionKeyError(
                 f"the key is for L={self.patch_dim}, N={self.num_patches}; the model has L={L}, N={n1 - 1} "
@@ -216,16 +219,22 @@ def default_key_path() -> Path:
     return state_root() / DEFAULT_KEY_NAME
 
 
-def client_key(node_config: dict) -> EncryptionKey | None:
-    """This client's key, looked up on the client side only, first match wins.
+def client_key_path(node_config: dict) -> Path | None:
+    """Where this client's key is, looked up on the client side only, first match wins.
 
     Node config ``encryption-key`` (deployment), ``$FEDVIT_ENCRYPTION_KEY``, then :func:`default_key_path`
     (simulation: an environment variable only reaches the clients if it was set when the SuperLink started).
     """
     path = node_config.get(NODE_CONFIG_KEY) or os.environ.get(KEY_ENV)
     if path:
-        return EncryptionKey.load(Path(str(path)))
-    return EncryptionKey.load(default_key_path()) if default_key_path().exists() else None
+        return Path(str(path))
+    return default_key_path() if default_key_path().exists() else None
+
+
+def client_key(node_config: dict) -> EncryptionKey | None:
+    """This client's key (see :func:`client_key_path`), or None when it has none."""
+    path = client_key_path(node_config)
+    return EncryptionKey.load(path) if path is not None else None
 
 
 def require_client_key(node_config: dict) -> EncryptionKey:
@@ -244,10 +253,14 @@ def keygen(model_config, out: Path | None = None, seed: int | None = None, force
     out = Path(out).expanduser() if out is not None else default_key_path()
     if out.exists() and not force:
         raise EncryptionKeyError(f"{out} exists; pass --force to replace it (runs encrypted with it become unreadable)")
-    model = build_model(dataclasses.replace(model_config, pretrained="off"), num_classes=2)
-    patch_dim, n1 = model_embedding_dims(model)
+    patch_dim, n1 = config_embedding_dims(model_config)
     EncryptionKey.generate(patch_dim, n1 - 1, seed).save(out)
     return out
+
+
+def config_embedding_dims(model_config) -> tuple[int, int]:
+    """(L, N+1) of the model a config builds (the skeleton only: no pretrained weights are fetched)."""
+    return model_embedding_dims(build_model(dataclasses.replace(model_config, pretrained="off"), num_classes=2))
 
 
 def decrypt_file(src: Path, key: EncryptionKey, out: Path) -> Path:
@@ -260,11 +273,10 @@ def decrypt_file(src: Path, key: EncryptionKey, out: Path) -> Path:
 
 def ensure_client_key(model_config) -> Path:
     """The key a simulation's clients will use, created by :func:`keygen` when there is none; checked to fit."""
-    key = client_key({})
-    if key is None:
+    path = client_key_path({})
+    if path is None:
         path = keygen(model_config)
         print(f"created the clients' encryption key {path}", flush=True)
         return path
-    model = build_model(dataclasses.replace(model_config, pretrained="off"), num_classes=2)
-    key.check_shapes({name: tuple(p.shape) for name, p in model.named_parameters() if name in ENCRYPTED})
-    return Path(os.environ.get(KEY_ENV) or default_key_path())
+    EncryptionKey.load(path).check_dims(*config_embedding_dims(model_config))
+    return path
