@@ -10,32 +10,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from common import TINY, VIT_S16, median_time  # first: puts the checkout on sys.path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from attacks import april  # noqa: E402
-from attacks.metrics import psnr  # noqa: E402
-from attacks.observation import Observation  # noqa: E402
-from clients.training import fedsgd_gradient  # noqa: E402
-from fedvit_app.config import Config, ModelConfig  # noqa: E402
-from fedvit_app.data import synthetic  # noqa: E402
-from fedvit_app.model import build_model, get_weights  # noqa: E402
+from attacks import april
+from attacks.metrics import psnr
+from attacks.observation import Observation
+from clients.training import fedsgd_gradient
+from fedvit_app.config import Config
+from fedvit_app.data import synthetic
+from fedvit_app.model import build_model, get_weights
 
 MODELS = {
-    "tiny (default, 32 px)": ModelConfig(),
-    "ViT-S/16 224 px": ModelConfig(
-        name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0
-    ),
-    "ViT-S/16 224 px, no-LN first block": ModelConfig(
-        name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0, first_block="no-ln"
-    ),
+    "tiny (default, 32 px)": TINY,
+    "ViT-S/16 224 px": VIT_S16,
+    "ViT-S/16 224 px, no-LN first block": dataclasses.replace(VIT_S16, first_block="no-ln"),
 }
 ATTACKS = {"APRIL-E (embedding route)": april.embedding_route, "APRIL attention route": april.attention_route}
 
@@ -61,12 +52,8 @@ def main() -> None:
             num_classes=10,
         )
         for name, attack in ATTACKS.items():
-            times = []
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                rec = attack(obs)
-                times.append(time.perf_counter() - start)
-            print(f"{label:36s} {name:26s} {statistics.median(times):7.3f} s/image  {psnr(rec.image, truth):6.1f} dB")
+            seconds, rec = median_time(args.repeats, attack, obs), attack(obs)
+            print(f"{label:36s} {name:26s} {seconds:7.3f} s/image  {psnr(rec.image, truth):6.1f} dB")
 
 
 if __name__ == "__main__":

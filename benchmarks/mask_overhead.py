@@ -10,37 +10,18 @@ Usage: uv run python benchmarks/mask_overhead.py [--repeats 5] [--batch-small 64
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from common import TINY, VIT_S16, median_time  # first: puts the checkout on sys.path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from clients.masking import draw_masks, encode, mask_rates  # noqa: E402
-from clients.training import fedsgd_gradient  # noqa: E402
-from fedvit_app.config import MaskConfig, ModelConfig  # noqa: E402
-from fedvit_app.data import synthetic  # noqa: E402
-from fedvit_app.model import build_model  # noqa: E402
+from clients.masking import draw_masks, encode, mask_rates
+from clients.training import fedsgd_gradient
+from fedvit_app.config import MaskConfig
+from fedvit_app.data import synthetic
+from fedvit_app.model import build_model
 
-MODELS = {
-    "tiny (default, 32 px)": ModelConfig(),
-    "ViT-S/16 224 px": ModelConfig(
-        name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0
-    ),
-}
-
-
-def median_time(repeats: int, fn, *args) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+MODELS = {"tiny (default, 32 px)": TINY, "ViT-S/16 224 px": VIT_S16}
 
 
 def mask_and_encode(grads: dict, shapes: dict, rates: dict) -> tuple[dict, dict]:

@@ -1,0 +1,27 @@
+"""Shared by the benchmark scripts: the repository on sys.path, the models they measure, a median timer."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout's code, also when it is not the installed copy
+
+from fedvit_app.config import ModelConfig  # noqa: E402
+
+TINY = ModelConfig()  # the default job's model: 32 px, patch 8, D = 64, 2 blocks
+VIT_S16 = ModelConfig(name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0)
+
+
+def median_time(repeats: int, fn: Callable, *args) -> float:
+    """Median wall-clock seconds of ``repeats`` calls of ``fn(*args)``."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
