@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from fedvit_app.config import ConfigError, parse_config
+from fedvit_app.deployment import cli as deployment_cli
 
 # Safe defaults for every flwr call made through this CLI (a user's explicit setting wins):
 # without the first, the local SuperLink re-installs torch into a fresh env for every run.
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p_audit.add_argument("--images", type=int, default=16, help="--benchmark: images per defence (default 16)")
     p_audit.add_argument("--defences", default="", help="--benchmark: comma-separated subset (default: all)")
 
+    deployment_cli.add_parser(sub)
+
     sub.add_parser("stop-superlink", help="stop the local SuperLink that flwr run left running ($FLWR_HOME)")
 
     p_exp = sub.add_parser("experiment", help="run a comparison from conf/experiments/*.toml; writes a table + plots")
@@ -269,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         return keys(args)
     if args.command == "audit":
         return audit(args)
+    if args.command == "deploy":
+        return deployment_cli.main(args)
     if args.command == "experiment":
         from fedvit_app.experiments import load_experiment, run_experiment
 

@@ -147,13 +147,16 @@ class LoopbackDeployment:
             raise DeploymentError(f"{' '.join(argv[:4])}... failed ({done.returncode}): {done.stdout}{done.stderr}")
         return done
 
-    def run(self, app_dir: Path, overrides: list[str], timeout: float = 900.0) -> subprocess.CompletedProcess:
-        """``fedvit run <app> fedvit-loopback -c ...``: streams into the result; exit code = the run's status."""
+    def run(
+        self, app_dir: Path, overrides: list[str], timeout: float = 900.0, stream: bool = False
+    ) -> subprocess.CompletedProcess:
+        """``fedvit run <app> fedvit-loopback -c ...``; exit code = the run's final status. The output is
+        returned (or, with ``stream``, printed as it comes)."""
         argv = [sys.executable, "-m", "fedvit_app.cli", "run", str(app_dir), CONNECTION]
         for override in overrides:
             argv += ["-c", override]
         return subprocess.run(
-            argv, env=self.cli_env(), capture_output=True, text=True, timeout=timeout, check=False, cwd=app_dir
+            argv, env=self.cli_env(), capture_output=not stream, text=True, timeout=timeout, check=False, cwd=app_dir
         )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
