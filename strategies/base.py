@@ -134,6 +134,7 @@ class FedVitStrategy(FedAvg):
         self.global_arrays: ArrayRecord | None = None
         self.tap = None  # attacks.eavesdropper.ServerTap when capture is on: the server's view, for the audit
         self._expected: dict[str, tuple[int, ...]] = {}
+        self._outbox: list[Message] = []  # this round's instructions (Flower sets their ids when pushing them)
         self._t_train = self._t_eval = 0.0
 
     # ------------------------------------------------------------------ sampling
@@ -206,6 +207,7 @@ class FedVitStrategy(FedAvg):
         ]
         if self.tap is not None and messages:
             self.tap.sent(rnd, messages[0])
+        self._outbox = messages
         return messages
 
     def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
@@ -228,8 +230,13 @@ class FedVitStrategy(FedAvg):
         """Log and drop error or invalid replies; return the valid ones sorted by partition id."""
         stats = self.stats.setdefault(server_round, RoundStats())
         valid = []
+        # An error the SuperLink generated (e.g. code 5, node unavailable) comes from node 1, not from the node
+        # that failed: attribute it to the destination of the instruction it answers.
+        destination = {m.metadata.message_id: m.metadata.dst_node_id for m in self._outbox}
         for msg in replies:
             node = msg.metadata.src_node_id
+            if msg.has_error():
+                node = destination.get(msg.metadata.reply_to_message_id, node)
             who = self.partition_of.get(node, -node)
             if self.tap is not None and kind == "train":
                 self.tap.received(server_round, who, msg)
@@ -287,7 +294,10 @@ class FedVitStrategy(FedAvg):
         config["server-round"] = rnd
         content = RecordDict({"arrays": arrays, "config": config})
         self.stats.setdefault(rnd, RoundStats()).bytes_down += array_bytes(content) * len(node_ids)
-        return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(rnd)) for n in node_ids]
+        self._outbox = [
+            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(rnd)) for n in node_ids
+        ]
+        return self._outbox
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Weighted mean of the clients' evaluation metrics."""

@@ -75,6 +75,28 @@ def test_invalid_replies_are_rejected_and_model_kept(bad_reply, reason):
     assert reason in s.stats[1].rejected[0]
 
 
+def test_superlink_generated_error_is_attributed_to_the_node_that_failed():
+    """Error 5 (node unavailable) comes from the SuperLink (node 1): the rejection names the dead partition."""
+    from flwr.app import Error
+    from flwr.app.message import make_message
+
+    from tests.helpers import reply_metadata
+
+    s = FedSGD(lr=0.1, min_nodes=1)
+    grid = FakeGrid({11: 0, 12: 1})
+    sent = list(s.configure_train(1, global_record(), __import__("flwr.app").app.ConfigRecord(), grid))
+    for i, msg in enumerate(sent):  # what the Grid does when pushing
+        msg.metadata.__dict__["_message_id"] = f"m{i}"
+    dead = next(m for m in sent if m.metadata.dst_node_id == 12)
+    meta = reply_metadata(1, "train")
+    meta.__dict__["_reply_to_message_id"] = dead.metadata.message_id
+    unavailable = make_message(meta, error=Error(code=5, reason="Node Unavailable"))
+    ok = reply(11, {k: np.ones(v, np.float32) for k, v in SHAPES.items()}, **{"num-examples": 2})
+    arrays, _ = s.aggregate_train(1, [unavailable, ok])
+    assert arrays is not None
+    assert s.stats[1].rejected == {1: "error 5: Node Unavailable"}
+
+
 def test_a_round_where_every_client_failed_stops_the_run():
     from strategies.base import ClientsFailedError
 

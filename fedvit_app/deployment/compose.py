@@ -89,7 +89,10 @@ def service(process: Process, layout: Layout) -> dict:
     else:  # superexec-clientapp: its own private state volume; the encryption key folder (clients only)
         index = process.partition_id + 1
         spec["depends_on"] = [supernode_name(process.partition_id)]
-        spec["environment"] = {"FEDVIT_CLIENT_STATE": "/app/state"}
+        spec["environment"] = {
+            "FEDVIT_CLIENT_STATE": "/app/state",
+            "FEDVIT_ENCRYPTION_KEY": "/app/keys/encryption-key.safetensors",  # read only when encryption is on
+        }
         spec["volumes"] = [
             "./outputs:/app/outputs",
             "./data:/app/data",
