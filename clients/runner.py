@@ -12,8 +12,10 @@ import numpy as np
 from torch import nn
 
 from attacks.eavesdropper import selected, write_ground_truth
+from clients.adversarial import attack_from, madry_adversary, robust_accuracy
 from clients.encryption import ENCRYPTED, EncryptionKey, EncryptionKeyError
 from clients.masking import client_seed, draw_masks, encode, fixed_position_masks, locked_masks, mask_rates
+from clients.scaffold import control_path, load_control, save_control, updated_control
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
 from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config_cached
 from fedvit_app.data import DatasetUnavailableError, client_data, load_dataset
@@ -59,6 +61,9 @@ def train(
     mask_seed: int | None = None,
     locked_cache: dict[str, np.ndarray] | None = None,
     key: EncryptionKey | None = None,
+    proximal_mu: float = 0.0,
+    server_control: dict[str, np.ndarray] | None = None,
+    run_key: str = "",
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float | int]]:
     """One round of local work: the FedSGD gradient (masked for masked-fedsgd) or FedAvg local epochs.
 
@@ -66,6 +71,8 @@ def train(
     ``mask_seed`` is the client's private seed (node config ``mask-seed``); ``locked_cache``
     holds locked masks between rounds (the client's context state). With a ``key`` the received
     model is decrypted before training and the update is encrypted after masking (eqs. 3, 7, 13, 14).
+    ``proximal_mu`` (FedProx) and ``server_control`` (SCAFFOLD's c; the client's own c_i is kept under
+    ``run_key`` in its private folder) select those local objectives; "control-delta" is then replied too.
     """
     crypt_start = time.perf_counter()
     weights = key.decrypt(weights) if key is not None else weights
@@ -76,9 +83,23 @@ def train(
     device = next(model.parameters()).device
     rng = batch_rng(config.seed, server_round, partition_id)
     img_size = _img_size(model)
+    augment = config.data.augment == "crop-flip"
+    adversary = None
+    if config.adversarial.enabled:
+        attack = attack_from(config.adversarial)
+        adversary = madry_adversary(attack, config.adversarial.ratio, [config.seed, server_round, partition_id], device)
+    c_local, correction, control_file = None, None, None
+    if config.strategy == "scaffold":
+        if server_control is None:
+            raise ValueError("strategy 'scaffold' needs the server's control variate in the train message")
+        control_file = control_path(partition_id, run_key)
+        c_local = load_control(control_file, {name: w.shape for name, w in weights.items()})
+        correction = {name: server_control[name] - c_local[name] for name in c_local}
     start = time.perf_counter()
     if config.strategy in ("fedsgd", "masked-fedsgd"):
-        result = fedsgd_gradient(model, data.images, data.train, config.batch_size, img_size, rng, device)
+        result = fedsgd_gradient(
+            model, data.images, data.train, config.batch_size, img_size, rng, device, augment, adversary
+        )
     else:
         result = local_epochs(
             model,
@@ -91,6 +112,10 @@ def train(
             img_size=img_size,
             rng=rng,
             device=device,
+            augment=augment,
+            adversary=adversary,
+            proximal_mu=proximal_mu,
+            correction=correction,
         )
     compute_s = time.perf_counter() - start
     if (
@@ -115,6 +140,10 @@ def train(
         masks = key.encrypt_masks(masks) if masks is not None else None
         extra["crypt-s"] = crypt_s + time.perf_counter() - crypt_start
     records = {"arrays": arrays}
+    if c_local is not None:
+        c_new = updated_control(c_local, server_control, weights, arrays, result.steps, lr)
+        save_control(control_file, c_new)
+        records["control-delta"] = {name: c_new[name] - c_local[name] for name in c_new}
     if masks is not None:
         mask_start = time.perf_counter()
         records["arrays"], records["masks"] = encode(arrays, masks)
@@ -127,6 +156,8 @@ def train(
         "compute-s": compute_s,
         **extra,
     }
+    if adversary is not None:
+        metrics["adversarial-samples"] = result.adversarial
     return records, metrics
 
 
@@ -155,6 +186,7 @@ def evaluate_local(
     num_partitions: int,
     weights: dict[str, np.ndarray],
     key: EncryptionKey | None = None,
+    server_round: int = 0,
 ) -> dict[str, float | int]:
     """Evaluate the received global model (decrypted first when a ``key`` is given) on this client's test split."""
     weights = key.decrypt(weights) if key is not None else weights
@@ -163,7 +195,15 @@ def evaluate_local(
     set_weights(model, weights)
     device = next(model.parameters()).device
     loss, accuracy, n = evaluate(model, data.test_images, data.test, _img_size(model), device)
-    return {"num-examples": n, "eval-loss": loss, "eval-accuracy": accuracy, "partition-id": partition_id}
+    metrics = {"num-examples": n, "eval-loss": loss, "eval-accuracy": accuracy, "partition-id": partition_id}
+    if config.robust.enabled:
+        subset = data.test[: config.robust.max_samples] if config.robust.max_samples else data.test
+        seed_words = [config.seed, server_round, partition_id, 2]
+        acc, _ = robust_accuracy(
+            model, data.test_images, subset, _img_size(model), device, attack_from(config.robust), seed_words
+        )
+        metrics["eval-robust-accuracy"] = acc
+    return metrics
 
 
 def encrypt_initial(config: Config, key: EncryptionKey, public: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -21,8 +21,8 @@ def _partition(context: Context) -> tuple[int, int]:
         raise RuntimeError("this SuperNode needs --node-config 'partition-id=<i> num-partitions=<n>'") from err
 
 
-def _weights(msg: Message) -> dict:
-    return {name: array.numpy() for name, array in msg.content["arrays"].items()}
+def _weights(msg: Message, record: str = "arrays") -> dict:
+    return {name: array.numpy() for name, array in msg.content[record].items()}
 
 
 def _key(config: Config, context: Context) -> EncryptionKey | None:
@@ -65,6 +65,9 @@ def train(msg: Message, context: Context) -> Message:
         mask_seed=None if mask_seed is None else int(mask_seed),
         locked_cache=locked_cache,
         key=_key(config, context),
+        proximal_mu=float(round_config.get("proximal-mu", 0.0)),
+        server_control=_weights(msg, "control") if "control" in msg.content.array_records else None,
+        run_key=config.run_name or f"run-{context.run_id}",
     )
     if locked_cache and locked is None:  # keep the locked masks in the node's state for the next rounds
         context.state["locked-mask"] = ArrayRecord({k: Array(v) for k, v in locked_cache.items()})
@@ -77,5 +80,8 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the global model on this client's test split."""
     config = runner.client_config(context.run_config)
-    metrics = runner.evaluate_local(config, *_partition(context), _weights(msg), key=_key(config, context))
+    server_round = int(msg.content["config"].get("server-round", 0)) if "config" in msg.content else 0
+    metrics = runner.evaluate_local(
+        config, *_partition(context), _weights(msg), key=_key(config, context), server_round=server_round
+    )
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

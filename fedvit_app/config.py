@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-STRATEGIES = ("fedsgd", "fedavg", "masked-fedsgd", "fedwavg")
+STRATEGIES = ("fedsgd", "fedavg", "masked-fedsgd", "fedwavg", "fedprox", "scaffold")
+SERVER_LR_STRATEGIES = ("fedsgd", "masked-fedsgd")  # the server applies lr itself (eq. 10)
 MASK_MODES = ("fresh", "locked", "fixed-position")
 PARTITIONERS = ("iid", "noniid-k", "dirichlet")
 DATASETS = ("synthetic", "cifar10", "imagefolder:<path>")
@@ -18,6 +19,8 @@ DEVICES = ("auto", "cpu", "cuda")
 FIRST_BLOCKS = ("pre-ln", "no-ln")
 CLIENT_EVAL = ("split", "test-shard")
 ENCRYPTION_MODES = ("off", "paper", "private-init")
+HEADS = ("cls", "vis", "cls+vis")
+AUGMENTATIONS = ("none", "crop-flip")
 
 
 class ConfigError(ValueError):
@@ -40,6 +43,7 @@ class ModelConfig:
     num_heads: int = 4
     pretrained: str = "off"  # "off" | "hub" | path to a weights file
     first_block: str = "pre-ln"  # "pre-ln" (timm) | "no-ln" (APRIL's architecture A, for the paper's attack)
+    head: str = "cls"  # "cls" (class token) | "vis" (mean of the patch tokens) | "cls+vis" (two heads, logits summed)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class DataConfig:
     dirichlet_alpha: float = 0.5
     client_test_fraction: float = 0.2
     client_eval: str = "split"  # "split" (of the partition) | "test-shard" (of the official test set)
+    augment: str = "none"  # "crop-flip": random crop with padding (28 px at 224, scaled) + horizontal flip
 
     @property
     def imagefolder_path(self) -> str | None:
@@ -84,6 +89,50 @@ class FedWAvgConfig:
     @property
     def last_layer_names(self) -> tuple[str, ...]:
         return tuple(n.strip() for n in self.last_layer.split(",") if n.strip())
+
+
+@dataclass(frozen=True)
+class AdversarialConfig:
+    """Madry adversarial training on the clients (FedWAvg paper, Algorithm 1, lines 14-18; Sec. 4.1 defaults).
+
+    ε and α are in units of 1/255 of the [0, 1] pixel range (8 means 8/255).
+    """
+
+    enabled: bool = False
+    eps_255: float = 8.0
+    alpha_255: float = 2.0
+    steps: int = 7
+    ratio: float = 0.5
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """Robust accuracy under L∞ PGD, next to natural accuracy, wherever the model is evaluated.
+
+    ``max_samples`` > 0 evaluates robustness on the first that many test samples (PGD costs steps + 1 forward
+    and backward passes per sample).
+    """
+
+    enabled: bool = False
+    eps_255: float = 8.0
+    alpha_255: float = 2.0
+    steps: int = 10
+    restarts: int = 1
+    max_samples: int = 0
+
+
+@dataclass(frozen=True)
+class FedProxConfig:
+    """FedProx (strategy "fedprox"): the proximal term's μ (FedWAvg paper, Sec. 4.1: 0.1)."""
+
+    mu: float = 0.1
+
+
+@dataclass(frozen=True)
+class ScaffoldConfig:
+    """SCAFFOLD (strategy "scaffold"): the server learning rate η_g (Karimireddy et al., 2020; 1 = their default)."""
+
+    server_lr: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +176,7 @@ class Config:
     strategy: str = "fedsgd"
     lr: float = 0.02
     momentum: float = 0.0
+    lr_decay: float = 0.0  # per round: lr_t = lr · (1 − lr-decay)^(t − 1) (FedWAvg paper, Sec. 4.1)
     local_epochs: int = 1
     batch_size: int = 64
     fraction_train: float = 1.0
@@ -144,6 +194,14 @@ class Config:
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     fedwavg: FedWAvgConfig = field(default_factory=FedWAvgConfig)
+    fedprox: FedProxConfig = field(default_factory=FedProxConfig)
+    scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
+    adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
+
+    def lr_at(self, server_round: int) -> float:
+        """The clients' learning rate in ``server_round`` (1-based), after the per-round decay."""
+        return self.lr * (1.0 - self.lr_decay) ** max(server_round - 1, 0)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, hyphenated form (the same keys as ``[tool.flwr.app.config]``)."""
@@ -239,6 +297,7 @@ _CHECKS: dict[str, Check] = {
     "strategy": _one_of(STRATEGIES),
     "lr": _POSITIVE,
     "momentum": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "lr-decay": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
     "local-epochs": _POSITIVE_INT,
     "batch-size": _POSITIVE_INT,
     "fraction-train": (lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"),
@@ -257,6 +316,8 @@ _CHECKS: dict[str, Check] = {
     "model.num-heads": _NON_NEG_INT,
     "model.pretrained": (lambda v: v != "", "'off', 'hub' or a path to a weights file"),
     "model.first-block": _one_of(FIRST_BLOCKS),
+    "model.head": _one_of(HEADS),
+    "data.augment": _one_of(AUGMENTATIONS),
     "data.name": (_dataset_name, "one of " + ", ".join(DATASETS)),
     "data.synthetic-train-size": _POSITIVE_INT,
     "data.synthetic-test-size": _POSITIVE_INT,
@@ -273,6 +334,17 @@ _CHECKS: dict[str, Check] = {
     "mask.r-patterns": (_parses(parse_patterns), "'<name pattern>=<R in [0, 1]>' items separated by ';'"),
     "encryption.mode": _one_of(ENCRYPTION_MODES),
     "fedwavg.q": (lambda v: v >= 0, "a number >= 0 (0: equal weights)"),
+    "fedprox.mu": (lambda v: v >= 0, "a number >= 0"),
+    "scaffold.server-lr": _POSITIVE,
+    "adversarial.eps-255": (lambda v: 0 <= v <= 255, "a number in [0, 255] (units of 1/255)"),
+    "adversarial.alpha-255": (lambda v: 0 < v <= 255, "a number in (0, 255] (units of 1/255)"),
+    "adversarial.steps": _POSITIVE_INT,
+    "adversarial.ratio": _FRACTION,
+    "robust.eps-255": (lambda v: 0 <= v <= 255, "a number in [0, 255] (units of 1/255)"),
+    "robust.alpha-255": (lambda v: 0 < v <= 255, "a number in (0, 255] (units of 1/255)"),
+    "robust.steps": _POSITIVE_INT,
+    "robust.restarts": _POSITIVE_INT,
+    "robust.max-samples": (lambda v: v >= 0, "an integer >= 0 (0 = the whole test set)"),
     "fedwavg.last-layer": (lambda v: any(n.strip() for n in v.split(",")), "parameter names separated by ','"),
     "capture.rounds": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
     "capture.partitions": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '0,2-3'"),
@@ -366,9 +438,26 @@ def _only_with_strategy(config: Config, group: str, strategy: str) -> None:
             raise ConfigError(f"{group}.{_hyphen(f.name)}", value, f"its default unless strategy='{strategy}'")
 
 
+def _only_when_enabled(config: Config, group: str) -> None:
+    """Settings of ``group`` must keep their defaults while ``<group>.enabled`` is false (no silent ignore)."""
+    settings = getattr(config, group)
+    if settings.enabled:
+        return
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if f.name != "enabled" and value != f.default:
+            raise ConfigError(f"{group}.{_hyphen(f.name)}", value, f"its default unless {group}.enabled = true")
+
+
 def _check_cross_field(config: Config) -> None:
     _only_with_strategy(config, "mask", "masked-fedsgd")
     _only_with_strategy(config, "fedwavg", "fedwavg")
+    _only_with_strategy(config, "fedprox", "fedprox")
+    _only_with_strategy(config, "scaffold", "scaffold")
+    _only_when_enabled(config, "adversarial")
+    _only_when_enabled(config, "robust")
+    if config.lr_decay > 0 and config.strategy in SERVER_LR_STRATEGIES:
+        raise ConfigError("lr-decay", config.lr_decay, f"0 with strategy={config.strategy!r} (its lr is the server's)")
     if config.encryption.enabled:
         _check_encryption(config)
     if (config.capture.enabled or config.capture.ground_truth) and not config.run_name:
@@ -387,6 +476,8 @@ def _check_cross_field(config: Config) -> None:
 
 def _check_encryption(config: Config) -> None:
     mode = config.encryption.mode
+    if config.strategy in ("fedprox", "scaffold"):
+        raise ConfigError("strategy", config.strategy, "fedsgd, fedavg, masked-fedsgd or fedwavg with encryption")
     if config.centralized_evaluation:
         raise ConfigError(
             "centralized-evaluation",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,40 @@ class Experiment:
     methods: dict[str, str]  # label -> key=value overrides
     federation: str
     update_counts: tuple[str, ...] = ()  # labels whose update-count histograms go into one figure
+    grid: dict[str, dict[str, str]] = field(default_factory=dict)  # axis -> value label -> overrides
+
+
+GRID_SEPARATOR = "."  # method label of a grid cell: "<value>.<value>..." in axis order
+
+
+def grid_methods(grid: dict[str, dict[str, str]]) -> dict[str, str]:
+    """Every combination of the grid's axes: label "a.b.c" -> the axes' overrides joined."""
+    for axis, values in grid.items():
+        bad = [v for v in values if GRID_SEPARATOR in v or "/" in v]
+        if not values or bad:
+            raise ValueError(f"grid axis {axis!r}: needs values whose labels have no '.' or '/' (got {bad})")
+    return {
+        GRID_SEPARATOR.join(label for label, _ in cell): " ".join(overrides for _, overrides in cell)
+        for cell in itertools.product(*(values.items() for values in grid.values()))
+    }
 
 
 def load_experiment(path: Path) -> Experiment:
-    """Read an experiment file (see ``conf/experiments/``); relative preset paths resolve from the app dir."""
+    """Read an experiment file (see ``conf/experiments/``); relative preset paths resolve from the app dir.
+
+    ``[experiment.methods]`` lists runs by label; ``[experiment.grid.<axis>]`` tables instead span every
+    combination of their values (e.g. partition × aggregator × training).
+    """
     spec = tomllib.loads(path.read_text())["experiment"]
+    grid = {axis: dict(values) for axis, values in spec.get("grid", {}).items()}
+    methods = dict(spec.get("methods", {})) | grid_methods(grid) if grid else dict(spec["methods"])
     return Experiment(
         name=spec["name"],
         base=tuple(spec.get("base", [])),
-        methods=dict(spec["methods"]),
+        methods=methods,
         federation=spec.get("federation", "num-supernodes=5 client-resources-num-cpus=1"),
         update_counts=tuple(spec.get("update-counts", [])),
+        grid=grid,
     )
 
 
@@ -40,7 +64,7 @@ def run_experiment(exp: Experiment, app_dir: Path, out_root: Path, extra: list[s
     """Run every method (skipping finished ones), then write ``summary.md``/``summary.json`` and the plots."""
     out = (out_root / exp.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for label, overrides in exp.methods.items():
+    for i, (label, overrides) in enumerate(exp.methods.items(), 1):
         run_config = [str(method_config(exp, app_dir, out, label, [*extra, overrides]))]
         if check_config(app_dir, run_config):
             raise SystemExit(2)
@@ -48,12 +72,18 @@ def run_experiment(exp: Experiment, app_dir: Path, out_root: Path, extra: list[s
         if (out / label / "model.safetensors").exists():
             print(f"[{exp.name}] {label}: already done, reusing {out / label}", flush=True)
             continue
-        print(f"[{exp.name}] {label}: running", flush=True)
+        print(f"[{exp.name}] {label} ({i}/{len(exp.methods)}): running", flush=True)
         cmd = [sys.executable, "-m", "fedvit_app.cli", "run", str(app_dir), "--federation-config", exp.federation]
         for part in run_config:
             cmd += ["-c", part]
         if subprocess.run(cmd).returncode != 0:
             raise SystemExit(f"[{exp.name}] {label} failed; fix it and rerun (finished methods are kept)")
+    if exp.grid:
+        from fedvit_app.fat_report import write_fat_report
+
+        summary = write_fat_report(out, exp.grid)
+        print(summary, flush=True)
+        return out
     summary = summarize(out, list(exp.methods))
     plot_accuracy(out, list(exp.methods))
     if exp.update_counts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import types
 from collections import OrderedDict
 
 import numpy as np
@@ -22,6 +23,9 @@ QKV0_WEIGHT = "blocks.0.attn.qkv.weight"
 QKV0_BIAS = "blocks.0.attn.qkv.bias"
 HEAD_WEIGHT = "head.weight"
 HEAD_BIAS = "head.bias"
+VIS_HEAD = "head_vis"  # the second head of model.head = "cls+vis"
+# model.head -> timm's global_pool: the class token, or the mean of the visual (patch) tokens.
+GLOBAL_POOL = {"cls": "token", "vis": "avg", "cls+vis": "token"}
 
 PARAM_ROLES: dict[str, tuple[str, ...]] = {
     "position-embedding": (POS_EMBED,),
@@ -75,16 +79,32 @@ class NoLNFirstBlock(nn.Module):
         return self.mlp(self.norm2(self.attn(x)))
 
 
+def _cls_vis_forward_head(self: nn.Module, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    """CLS+VIS head (FedWAvg paper, Sec. 3.2): a linear head on the class token plus a linear head on the mean
+    of the visual tokens, logits summed. (The paper's VIS pooling follows So-ViT's second-order cross-covariance
+    pooling; fedvit uses first-order average pooling of the patch tokens, as timm's "avg" pool does.)"""
+    cls_token, visual = x[:, 0], x[:, getattr(self, "num_prefix_tokens", 1) :].mean(dim=1)
+    if pre_logits:
+        return torch.cat([cls_token, visual], dim=-1)
+    drop = getattr(self, "head_drop", nn.Identity())
+    return self.head(drop(cls_token)) + getattr(self, VIS_HEAD)(drop(visual))
+
+
 def build_model(cfg: ModelConfig, num_classes: int, seed: int = 0) -> nn.Module:
-    """Create the timm model; initialisation is seeded and leaves the global RNG untouched."""
+    """Create the timm model with the configured head; initialisation is seeded and leaves the global RNG untouched."""
     model = _create(cfg, num_classes, seed)
     if cfg.first_block == "no-ln":
         model.blocks[0] = NoLNFirstBlock(model.blocks[0])
+    if cfg.head == "cls+vis":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 1)
+            setattr(model, VIS_HEAD, nn.Linear(model.head.in_features, num_classes))
+        model.forward_head = types.MethodType(_cls_vis_forward_head, model)
     return model
 
 
 def _create(cfg: ModelConfig, num_classes: int, seed: int) -> nn.Module:
-    kwargs: dict = dict(num_classes=num_classes, **_overrides(cfg))
+    kwargs: dict = dict(num_classes=num_classes, global_pool=GLOBAL_POOL[cfg.head], **_overrides(cfg))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if cfg.pretrained == "off":

@@ -15,6 +15,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from attacks.eavesdropper import ServerTap
+from clients.adversarial import attack_from, robust_accuracy
 from clients.training import evaluate
 from fedvit_app.config import Config, ConfigError, evaluates_in, parse_config
 from fedvit_app.data import DatasetUnavailableError, load_dataset
@@ -47,6 +48,7 @@ def make_strategy(config: Config) -> FedVitStrategy:
         min_nodes=config.min_nodes,
         wait_timeout=config.round_timeout,
         evaluate_round=lambda rnd: evaluates_in(config, rnd),
+        lr_decay=config.lr_decay,
     )
     if config.encryption.enabled:
         strategies, common = ENCRYPTED_STRATEGIES, common | {"encryption_mode": config.encryption.mode}
@@ -58,6 +60,10 @@ def make_strategy(config: Config) -> FedVitStrategy:
         return strategies["masked-fedsgd"](lr=config.lr, mask=config.mask, **common)
     if config.strategy == "fedwavg":
         return strategies["fedwavg"](q=config.fedwavg.q, last_layer_names=config.fedwavg.last_layer_names, **common)
+    if config.strategy == "fedprox":
+        return strategies["fedprox"](proximal_mu=config.fedprox.mu, **common)
+    if config.strategy == "scaffold":
+        return strategies["scaffold"](server_lr=config.scaffold.server_lr, **common)
     return strategies[config.strategy](**common)
 
 
@@ -103,6 +109,13 @@ class RoundEnd:
             img_size = int(self.model.patch_embed.img_size[0])
             loss, acc, _ = evaluate(self.model, self.test, np.arange(len(self.test)), img_size, device)
             central = MetricRecord({"central-loss": loss, "central-accuracy": acc})
+            robust = self.config.robust
+            if robust.enabled:
+                subset = np.arange(len(self.test))[: robust.max_samples or None]
+                seed_words = [self.config.seed, rnd, 3]
+                central["central-robust-accuracy"], _ = robust_accuracy(
+                    self.model, self.test, subset, img_size, device, attack_from(robust), seed_words
+                )
             entry |= dict(central)
         stats = self.strategy.stats.get(rnd)
         if stats is not None:
@@ -126,6 +139,8 @@ class RoundEnd:
             if source
             else "no metrics"
         )
+        if source and f"{source}-robust-accuracy" in e:
+            quality += f" robust {100 * e[f'{source}-robust-accuracy']:5.1f}%"
         log(
             INFO,
             "round %d/%d | %s | %.2f s | up %.2f MB down %.2f MB",

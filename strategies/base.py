@@ -116,6 +116,7 @@ class FedVitStrategy(FedAvg):
         min_nodes: int = 2,
         wait_timeout: float = 600.0,
         evaluate_round: Callable[[int], bool] = lambda _round: True,
+        lr_decay: float = 0.0,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -125,6 +126,7 @@ class FedVitStrategy(FedAvg):
             min_available_nodes=min_nodes,
         )
         self.seed = seed
+        self.lr_decay = lr_decay  # clients' lr in round t: lr · (1 − lr_decay)^(t − 1)
         self.wait_timeout = wait_timeout
         self.evaluate_round = evaluate_round  # whether federated evaluation runs in a given round
         self.round_offset = 0  # rounds already done before a resumed start()
@@ -199,7 +201,11 @@ class FedVitStrategy(FedAvg):
         stats.sampled = [self.partition_of[n] for n in node_ids]
         config = ConfigRecord(dict(config))
         config["server-round"] = rnd
+        if "lr" in config:
+            config["lr"] = float(config["lr"]) * (1.0 - self.lr_decay) ** (rnd - 1)
         content = RecordDict({"arrays": arrays, "config": self.train_config(rnd, config)})
+        for name, record in self.extra_train_records(rnd, arrays).items():
+            content[name] = record
         stats.bytes_down += array_bytes(content) * len(node_ids)
         log(INFO, "configure_train: round %d, partitions %s", rnd, stats.sampled)
         messages = [
@@ -211,8 +217,12 @@ class FedVitStrategy(FedAvg):
         return messages
 
     def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """Hook for per-round values (e.g. a decayed learning rate)."""
+        """Hook for per-round config values (e.g. FedProx's proximal-mu)."""
         return config
+
+    def extra_train_records(self, server_round: int, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        """Hook for ArrayRecords sent next to the global model (e.g. SCAFFOLD's server control variate)."""
+        return {}
 
     def expected_reply_arrays(self, arrays: ArrayRecord) -> dict[str, tuple[int, ...]]:
         """Names and shapes a train reply's 'arrays' must have (default: those of the global model)."""

@@ -184,3 +184,23 @@ def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
     assert all(r["psnr"] is None for r in rows if r["attack"] == "known-plaintext")
     key_file = Path(run.env["FEDVIT_CLIENT_STATE"]) / "encryption-key.safetensors"
     assert find_key_material(key, {"key file": key_file.read_bytes()}) == ["key file"]  # the scan can fail
+
+
+def test_adversarial_training_with_fedwavg_reports_natural_and_robust_accuracy_every_round(flower):
+    run, out = flower
+    proc = run(
+        "run-name='fat' strategy='fedwavg' fedwavg.q=10.0 lr=0.05 momentum=0.9 num-server-rounds=2 "
+        "fraction-train=1.0 batch-size=32 data.augment='crop-flip'",
+        "adversarial.enabled=true adversarial.steps=3 robust.enabled=true robust.steps=5 robust.max-samples=40",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rounds = json.loads((out / "fat" / "metrics.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    for r in rounds:
+        assert 0.0 <= r["central-accuracy"] <= 1.0 and 0.0 <= r["central-robust-accuracy"] <= 1.0
+    for r in rounds[1:]:
+        assert 0.0 <= r["eval-accuracy"] <= 1.0 and 0.0 <= r["eval-robust-accuracy"] <= 1.0
+        assert r["adversarial-samples"] > 0  # Madry AT replaced samples on the clients
+        assert sum(r["aggregation"]["weights"].values()) == pytest.approx(1.0)
+    assert "round 2/2 | loss" in proc.stdout and "robust" in proc.stdout
+    assert (out / "fat" / "plots" / "fedwavg-weights.png").is_file()

@@ -1,0 +1,113 @@
+"""Report of a federated adversarial training grid in the FedWAvg paper's format (Tables 1-3, Fig. 2).
+
+The grid has the axes ``partition``, ``aggregator`` and ``training`` (values ``NT`` and ``AT``); each cell is one
+run in ``<out>/<partition>.<aggregator>.<training>/``. NT cells report the best accuracy; AT cells the best robust
+accuracy and the accuracy of the same round, "(accuracy, robust accuracy)", as in the paper.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+AXES = ("partition", "aggregator", "training")
+TRAININGS = ("NT", "AT")
+
+
+def _series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Per-round accuracy and robust accuracy (central when the run had it, else federated)."""
+    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    source = "central" if any("central-accuracy" in r for r in rounds) else "eval"
+    out = {}
+    for name, key in (("accuracy", f"{source}-accuracy"), ("robust", f"{source}-robust-accuracy")):
+        out[name] = [(r["round"], r[key]) for r in rounds if key in r]
+    return out
+
+
+def cell_result(run_dir: Path, training: str) -> dict[str, Any]:
+    """NT: best accuracy. AT: the round with the best robust accuracy, its accuracy and robust accuracy."""
+    series = _series(run_dir)
+    if training == "NT" or not series["robust"]:
+        best_round, best = max(series["accuracy"], key=lambda p: p[1])
+        return {"round": best_round, "accuracy": best, "robust": None}
+    best_round, robust = max(series["robust"], key=lambda p: p[1])
+    accuracy = dict(series["accuracy"]).get(best_round)
+    return {"round": best_round, "accuracy": accuracy, "robust": robust}
+
+
+def _check_grid(grid: dict[str, dict[str, str]]) -> None:
+    if tuple(grid) != AXES or set(grid["training"]) != set(TRAININGS):
+        raise ValueError(f"a FAT grid needs the axes {AXES} in this order and training values {TRAININGS}")
+
+
+def fat_table(out: Path, grid: dict[str, dict[str, str]]) -> tuple[str, dict]:
+    """Markdown table (rows: aggregators; per partition an NT and an AT column) and the raw numbers."""
+    _check_grid(grid)
+    partitions, aggregators = list(grid["partition"]), list(grid["aggregator"])
+    results = {
+        (p, a, t): cell_result(out / f"{p}.{a}.{t}", t) for p in partitions for a in aggregators for t in TRAININGS
+    }
+    header = "| aggregator | " + " | ".join(f"{p} NT | {p} AT" for p in partitions) + " |"
+    lines = [header, "|---|" + "---|---|" * len(partitions)]
+    ranks = {}  # per partition: aggregators by robust accuracy, for the paper's bold / underline marks
+    for p in partitions:
+        order = sorted(aggregators, key=lambda a: -(results[(p, a, "AT")]["robust"] or -1))
+        ranks[p] = {a: i for i, a in enumerate(order)}
+    for a in aggregators:
+        cells = []
+        for p in partitions:
+            nt, at = results[(p, a, "NT")], results[(p, a, "AT")]
+            robust = "–" if at["robust"] is None else f"{100 * at['robust']:.2f}"
+            robust = {0: f"**{robust}**", 1: f"<u>{robust}</u>"}.get(ranks[p][a], robust)
+            cells += [f"{100 * nt['accuracy']:.2f}", f"({100 * at['accuracy']:.2f}, {robust})"]
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    raw = {".".join(k): v for k, v in results.items()}
+    return "\n".join(lines), raw
+
+
+def plot_fig2(out: Path, grid: dict[str, dict[str, str]]) -> Path:
+    """Fig. 2 analogue: accuracy per round under NT (top), accuracy and robust accuracy under AT, per partition."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    partitions, aggregators = list(grid["partition"]), list(grid["aggregator"])
+    rows = [("NT", "accuracy", "NT accuracy (%)"), ("AT", "accuracy", "AT accuracy (%)"),
+            ("AT", "robust", "AT robust accuracy (%)")]  # fmt: skip
+    fig, axes = plt.subplots(len(rows), len(partitions), figsize=(4 * len(partitions), 9), squeeze=False)
+    for col, p in enumerate(partitions):
+        for row, (training, metric, ylabel) in enumerate(rows):
+            ax = axes[row][col]
+            for a in aggregators:
+                points = _series(out / f"{p}.{a}.{training}")[metric]
+                if points:
+                    rounds, values = zip(*points, strict=True)
+                    ax.plot(rounds, [100 * v for v in values], label=a)
+            ax.set_title(f"{p}" if row == 0 else "")
+            ax.set_xlabel("round")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "fig2.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_fat_report(out: Path, grid: dict[str, dict[str, str]]) -> str:
+    """``fat-table.md``, ``fat-table.json`` and ``fig2.png`` in ``out``; returns the table."""
+    table, raw = fat_table(out, grid)
+    weight_plots = sorted(str(p.relative_to(out)) for p in out.glob("*/plots/fedwavg-weights.png"))
+    note = (
+        "\n\nNT: best accuracy (%). AT: (accuracy, robust accuracy) (%) at the round of the best robust accuracy; "
+        "**first** and <u>second</u> best robust accuracy per partition marked.\n"
+    )
+    if weight_plots:
+        note += "FedWAvg weights per round (Fig. 1 analogue): " + ", ".join(weight_plots) + "\n"
+    (out / "fat-table.md").write_text(table + note)
+    (out / "fat-table.json").write_text(json.dumps(raw, indent=2))
+    plot_fig2(out, grid)
+    return table + note
