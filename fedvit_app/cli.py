@@ -32,6 +32,10 @@ def flower_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     for key, value in FLOWER_ENV.items():
         env.setdefault(key, value)
+    # flwr starts `flower-superlink` by name: find this environment's even when it is not activated.
+    here = str(Path(sys.executable).parent)
+    if here not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = os.pathsep.join(filter(None, [here, env.get("PATH", "")]))
     return env
 
 

@@ -101,3 +101,15 @@ def test_cli_refuses_a_local_superlink_that_would_reinstall_dependencies(tmp_pat
     finally:
         fake.kill()
         fine.kill()
+
+
+def test_flower_env_finds_this_environments_flower_commands_without_activation():
+    import sys
+    from pathlib import Path
+
+    from fedvit_app.cli import flower_env
+
+    env = flower_env({"PATH": "/usr/bin"})
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+    assert flower_env({"PATH": env["PATH"]})["PATH"] == env["PATH"]  # not added twice
