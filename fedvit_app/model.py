@@ -11,7 +11,7 @@ import timm
 import torch
 from torch import nn
 
-from fedvit_app.config import ModelConfig
+from fedvit_app.config import ConfigError, ModelConfig
 
 # Parameter roles by name in timm's VisionTransformer. Later defences and attacks
 # address parameters only through these names, never by position.
@@ -92,7 +92,15 @@ def _cls_vis_forward_head(self: nn.Module, x: torch.Tensor, pre_logits: bool = F
 
 def build_model(cfg: ModelConfig, num_classes: int, seed: int = 0) -> nn.Module:
     """Create the timm model with the configured head; initialisation is seeded and leaves the global RNG untouched."""
-    model = _create(cfg, num_classes, seed)
+    try:
+        model = _create(cfg, num_classes, seed)
+    except (TypeError, AssertionError) as err:  # timm's way of refusing an argument, e.g. a pool it lacks
+        raise ConfigError(
+            "model.head",
+            cfg.head,
+            f"a head that timm can build for {cfg.name!r} with the size overrides {_overrides(cfg)} "
+            f"(timm refused global_pool={GLOBAL_POOL[cfg.head]!r}: {err})",
+        ) from err
     if cfg.first_block == "no-ln":
         model.blocks[0] = NoLNFirstBlock(model.blocks[0])
     if cfg.head == "cls+vis":

@@ -38,3 +38,38 @@ def test_summary_table_and_plot(tmp_path):
     assert "| a | 40.00% | 50.00% (1) | 2 |" in table and "| b | 30.00% | 30.00% (2) | 2 |" in table
     assert json.loads((tmp_path / "summary.json").read_text())[0]["best"] == 0.5
     assert plot_accuracy(tmp_path, ["a", "b"]).is_file()
+
+
+def test_grid_spans_every_combination_and_the_fat_report_follows_the_paper(tmp_path):
+    import json
+
+    import pytest
+
+    from fedvit_app.experiments import grid_methods
+    from fedvit_app.fat_report import write_fat_report
+
+    grid = {
+        "partition": {"iid": "data.partitioner='iid'", "noniid2": "data.partitioner='noniid-k'"},
+        "aggregator": {"fedavg": "strategy='fedavg'", "fedwavg": "strategy='fedwavg'"},
+        "training": {"NT": "lr=0.03", "AT": "adversarial.enabled=true"},
+    }
+    methods = grid_methods(grid)
+    assert len(methods) == 8 and methods["noniid2.fedwavg.AT"] == (
+        "data.partitioner='noniid-k' strategy='fedwavg' adversarial.enabled=true"
+    )
+    with pytest.raises(ValueError, match="no '.'"):
+        grid_methods({"a": {"x.y": ""}})
+    # Fake runs: accuracy and robust accuracy per round.
+    robust_best = {"fedavg": 0.30, "fedwavg": 0.35}
+    for label in methods:
+        partition, aggregator, training = label.split(".")
+        rounds = [{"round": 0, "central-accuracy": 0.1, "central-robust-accuracy": 0.0}]
+        rounds += [{"round": 1, "central-accuracy": 0.6, "central-robust-accuracy": robust_best[aggregator]}]
+        rounds += [{"round": 2, "central-accuracy": 0.7, "central-robust-accuracy": 0.2}]
+        (tmp_path / label).mkdir()
+        (tmp_path / label / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    report = write_fat_report(tmp_path, grid)
+    # NT: best accuracy 70.00; AT: accuracy at the best robust round (round 1: 60.00) and that robust accuracy.
+    assert "| fedwavg | 70.00 | (60.00, **35.00**) | 70.00 | (60.00, **35.00**) |" in report
+    assert "| fedavg | 70.00 | (60.00, <u>30.00</u>) |" in report
+    assert (tmp_path / "fig2.png").is_file() and (tmp_path / "fat-table.json").is_file()
