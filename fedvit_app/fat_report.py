@@ -25,8 +25,11 @@ def _series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def cell_result(run_dir: Path, training: str) -> dict[str, Any]:
-    """NT: best accuracy. AT: the round with the best robust accuracy, its accuracy and robust accuracy."""
+def cell_result(run_dir: Path, training: str) -> dict[str, Any] | None:
+    """NT: best accuracy. AT: the round with the best robust accuracy, its accuracy and robust accuracy.
+    None when the run has no results (not run yet, or failed)."""
+    if not (run_dir / "metrics.json").exists():
+        return None
     series = _series(run_dir)
     if training == "NT" or not series["robust"]:
         best_round, best = max(series["accuracy"], key=lambda p: p[1])
@@ -52,15 +55,19 @@ def fat_table(out: Path, grid: dict[str, dict[str, str]]) -> tuple[str, dict]:
     lines = [header, "|---|" + "---|---|" * len(partitions)]
     ranks = {}  # per partition: aggregators by robust accuracy, for the paper's bold / underline marks
     for p in partitions:
-        order = sorted(aggregators, key=lambda a: -(results[(p, a, "AT")]["robust"] or -1))
+        order = sorted(aggregators, key=lambda a: -((results[(p, a, "AT")] or {}).get("robust") or -1))
         ranks[p] = {a: i for i, a in enumerate(order)}
     for a in aggregators:
         cells = []
         for p in partitions:
             nt, at = results[(p, a, "NT")], results[(p, a, "AT")]
+            cells.append("not run" if nt is None else f"{100 * nt['accuracy']:.2f}")
+            if at is None:
+                cells.append("not run")
+                continue
             robust = "–" if at["robust"] is None else f"{100 * at['robust']:.2f}"
-            robust = {0: f"**{robust}**", 1: f"<u>{robust}</u>"}.get(ranks[p][a], robust)
-            cells += [f"{100 * nt['accuracy']:.2f}", f"({100 * at['accuracy']:.2f}, {robust})"]
+            robust = {0: f"**{robust}**", 1: f"<u>{robust}</u>"}.get(ranks[p][a], robust) if at["robust"] else robust
+            cells.append(f"({100 * at['accuracy']:.2f}, {robust})")
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
     raw = {".".join(k): v for k, v in results.items()}
     return "\n".join(lines), raw
@@ -81,7 +88,8 @@ def plot_fig2(out: Path, grid: dict[str, dict[str, str]]) -> Path:
         for row, (training, metric, ylabel) in enumerate(rows):
             ax = axes[row][col]
             for a in aggregators:
-                points = _series(out / f"{p}.{a}.{training}")[metric]
+                run_dir = out / f"{p}.{a}.{training}"
+                points = _series(run_dir)[metric] if (run_dir / "metrics.json").exists() else []
                 if points:
                     rounds, values = zip(*points, strict=True)
                     ax.plot(rounds, [100 * v for v in values], label=a)

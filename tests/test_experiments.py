@@ -73,3 +73,5 @@ def test_grid_spans_every_combination_and_the_fat_report_follows_the_paper(tmp_p
     assert "| fedwavg | 70.00 | (60.00, **35.00**) | 70.00 | (60.00, **35.00**) |" in report
     assert "| fedavg | 70.00 | (60.00, <u>30.00</u>) |" in report
     assert (tmp_path / "fig2.png").is_file() and (tmp_path / "fat-table.json").is_file()
+    (tmp_path / "iid.fedavg.AT" / "metrics.json").unlink()  # a run that did not finish
+    assert "| fedavg | 70.00 | not run |" in write_fat_report(tmp_path, grid)
