@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -21,9 +20,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from round_overhead import flwr_run, free_port, snapshot  # noqa: E402
+from round_overhead import flwr_run, snapshot  # noqa: E402
 
-from fedvit_app.cli import stop_local_superlink  # noqa: E402
+from fedvit_app.cli import private_superlink_env, stop_local_superlink  # noqa: E402
 from fedvit_app.deployment.loopback import LoopbackDeployment  # noqa: E402
 
 
@@ -59,12 +58,7 @@ def main() -> None:
 
     print("[2/3] simulation ...", flush=True)
     home = work / "flwr-home"
-    env = dict(
-        os.environ,
-        FLWR_HOME=str(home),
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
-        FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
-    )
+    env = private_superlink_env(home)
     try:
         flwr_run(app, env, args.clients, [*common, "run-name='simulation'"])
     finally:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,19 +21,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from fedvit_app.cli import stop_local_superlink  # noqa: E402
+from fedvit_app.cli import private_superlink_env, stop_local_superlink  # noqa: E402
 
 TINY: list[str] = []
 VIT_S_32 = [
     "model.name='vit_small_patch16_224' model.img-size=32 model.patch-size=16 model.embed-dim=0 "
     "model.depth=0 model.num-heads=0"
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def snapshot(dest: Path, stock: bool = False) -> Path:
@@ -86,12 +78,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="fedvit-bench-"))
     home = work / "flwr-home"
-    env = dict(
-        os.environ,
-        FLWR_HOME=str(home),
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
-        FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
-    )
+    env = private_superlink_env(home)
     ours = snapshot(work / "app")
     stock = snapshot(work / "stock-app", stock=True)
     out = work / "outputs"

@@ -39,6 +39,20 @@ def flower_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def private_superlink_env(home: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a local SuperLink of one's own (tests, benchmarks): ``home`` as FLWR_HOME and two free
+    ports, so it never meets another session's SuperLink."""
+    from fedvit_app.deployment.loopback import free_ports
+
+    http, control = free_ports(2)
+    return dict(
+        os.environ if base is None else base,
+        FLWR_HOME=str(home),
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http),
+        FLWR_LOCAL_CONTROL_API_PORT=str(control),
+    )
+
+
 def flwr_executable() -> str:
     """The ``flwr`` command of this environment (works without activating the venv), else the one on PATH."""
     beside = Path(sys.executable).parent / "flwr"

@@ -6,8 +6,6 @@ Each test run uses its own FLWR_HOME and free ports and stops the local SuperLin
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,29 +14,17 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from fedvit_app.cli import stop_local_superlink
+from fedvit_app.cli import private_superlink_env, stop_local_superlink
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[1]
 FEDERATION = "num-supernodes=3 client-resources-num-cpus=1"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def flower(tmp_path_factory):
     home = tmp_path_factory.mktemp("flwr-home")
-    env = dict(
-        os.environ,
-        FLWR_HOME=str(home),
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
-        FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
-        FEDVIT_CLIENT_STATE=str(tmp_path_factory.mktemp("client-state")),
-    )
+    env = private_superlink_env(home) | {"FEDVIT_CLIENT_STATE": str(tmp_path_factory.mktemp("client-state"))}
     out = tmp_path_factory.mktemp("outputs")
 
     def run(*overrides: str) -> subprocess.CompletedProcess:
