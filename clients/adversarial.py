@@ -77,9 +77,9 @@ def madry_batch(
     Returns the mixed batch (same order as ``x``) and the positions that were replaced.
     """
     n_adv = int(np.floor(ratio * len(x)))
-    chosen = np.sort(rng.choice(len(x), size=n_adv, replace=False)) if n_adv else np.array([], dtype=np.int64)
     if n_adv == 0:
-        return x, chosen
+        return x, np.array([], dtype=np.int64)
+    chosen = np.sort(rng.choice(len(x), size=n_adv, replace=False))
     index = torch.as_tensor(chosen, device=x.device)
     mixed = x.clone()
     mixed[index] = pgd(model, x[index], y[index], attack, generator)
@@ -127,14 +127,16 @@ def robust_accuracy(
     indices: np.ndarray,
     img_size: int,
     device: torch.device,
-    attack: PGD,
+    settings: RobustConfig,
     seed_words: list[int],
     batch_size: int = 64,
-) -> tuple[float, int]:
-    """Accuracy on PGD versions of ``indices`` (a sample counts only if it survives every restart); (acc, count)."""
-    generator = torch_generator(seed_words, device)
+) -> float:
+    """Accuracy on PGD versions (the ``robust.*`` attack) of the first ``settings.max_samples`` of ``indices``
+    (all when 0); a sample counts only if it survives every restart."""
+    indices = indices[: settings.max_samples or None]
+    attack, generator = attack_from(settings), torch_generator(seed_words, device)
     correct = 0
     for start in range(0, len(indices), batch_size):
         x, y = images.batch(indices[start : start + batch_size], img_size)
         correct += int(robust_correct(model, x.to(device), y.to(device), attack, generator).sum().item())
-    return correct / max(len(indices), 1), len(indices)
+    return correct / max(len(indices), 1)

@@ -197,12 +197,10 @@ def evaluate_local(
     loss, accuracy, n = evaluate(model, data.test_images, data.test, _img_size(model), device)
     metrics = {"num-examples": n, "eval-loss": loss, "eval-accuracy": accuracy, "partition-id": partition_id}
     if config.robust.enabled:
-        subset = data.test[: config.robust.max_samples] if config.robust.max_samples else data.test
-        seed_words = [config.seed, server_round, partition_id, 2]
-        acc, _ = robust_accuracy(
-            model, data.test_images, subset, _img_size(model), device, attack_from(config.robust), seed_words
-        )
-        metrics["eval-robust-accuracy"] = acc
+        metrics["eval-robust-accuracy"] = robust_accuracy(
+            model, data.test_images, data.test, _img_size(model), device, config.robust,
+            [config.seed, server_round, partition_id, 2],
+        )  # fmt: skip
     return metrics
 
 

@@ -15,7 +15,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from attacks.eavesdropper import ServerTap
-from clients.adversarial import attack_from, robust_accuracy
+from clients.adversarial import robust_accuracy
 from clients.training import evaluate
 from fedvit_app.config import Config, ConfigError, evaluates_in, parse_config
 from fedvit_app.data import DatasetUnavailableError, load_dataset
@@ -109,13 +109,11 @@ class RoundEnd:
             img_size = int(self.model.patch_embed.img_size[0])
             loss, acc, _ = evaluate(self.model, self.test, np.arange(len(self.test)), img_size, device)
             central = MetricRecord({"central-loss": loss, "central-accuracy": acc})
-            robust = self.config.robust
-            if robust.enabled:
-                subset = np.arange(len(self.test))[: robust.max_samples or None]
-                seed_words = [self.config.seed, rnd, 3]
-                central["central-robust-accuracy"], _ = robust_accuracy(
-                    self.model, self.test, subset, img_size, device, attack_from(robust), seed_words
-                )
+            if self.config.robust.enabled:
+                central["central-robust-accuracy"] = robust_accuracy(
+                    self.model, self.test, np.arange(len(self.test)), img_size, device, self.config.robust,
+                    [self.config.seed, rnd, 3],
+                )  # fmt: skip
             entry |= dict(central)
         stats = self.strategy.stats.get(rnd)
         if stats is not None:
