@@ -231,6 +231,8 @@ _POSITIVE_INT: Check = (lambda v: v >= 1, "an integer >= 1")
 _NON_NEG_INT: Check = (lambda v: v >= 0, "an integer >= 0 (0 = timm's default)")
 _FRACTION: Check = (lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 _OPEN_FRACTION: Check = (lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
+_EPS_255: Check = (lambda v: 0 <= v <= 255, "a number in [0, 255] (units of 1/255)")
+_ALPHA_255: Check = (lambda v: 0 < v <= 255, "a number in (0, 255] (units of 1/255)")
 
 
 def _one_of(options: tuple[str, ...]) -> Check:
@@ -336,12 +338,12 @@ _CHECKS: dict[str, Check] = {
     "fedwavg.q": (lambda v: v >= 0, "a number >= 0 (0: equal weights)"),
     "fedprox.mu": (lambda v: v >= 0, "a number >= 0"),
     "scaffold.server-lr": _POSITIVE,
-    "adversarial.eps-255": (lambda v: 0 <= v <= 255, "a number in [0, 255] (units of 1/255)"),
-    "adversarial.alpha-255": (lambda v: 0 < v <= 255, "a number in (0, 255] (units of 1/255)"),
+    "adversarial.eps-255": _EPS_255,
+    "adversarial.alpha-255": _ALPHA_255,
     "adversarial.steps": _POSITIVE_INT,
     "adversarial.ratio": _FRACTION,
-    "robust.eps-255": (lambda v: 0 <= v <= 255, "a number in [0, 255] (units of 1/255)"),
-    "robust.alpha-255": (lambda v: 0 < v <= 255, "a number in (0, 255] (units of 1/255)"),
+    "robust.eps-255": _EPS_255,
+    "robust.alpha-255": _ALPHA_255,
     "robust.steps": _POSITIVE_INT,
     "robust.restarts": _POSITIVE_INT,
     "robust.max-samples": (lambda v: v >= 0, "an integer >= 0 (0 = the whole test set)"),

@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fedvit_app.deployment.credentials import CredentialsError, register_command, write_credentials
+    from fedvit_app.deployment.credentials import CredentialsError, write_credentials
 
     try:
         if args.deploy_command == "credentials":
@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"wrote {len(files)} files to {args.out} (private keys 0600)")
             return 0
         if args.deploy_command == "register":
-            return register(args, register_command)
+            return register(args)
     except (CredentialsError, ValueError) as err:
         print(f"fedvit deploy: {err}", file=sys.stderr)
         return 2
@@ -64,9 +64,10 @@ def main(args: argparse.Namespace) -> int:
     return loopback(args)
 
 
-def register(args: argparse.Namespace, register_command) -> int:
+def register(args: argparse.Namespace) -> int:
     from fedvit_app.cli import flower_env, flwr_executable, flwr_home
     from fedvit_app.deployment.connection import add_connection
+    from fedvit_app.deployment.credentials import register_command
 
     config = add_connection(flwr_home(), args.connection, args.address, args.credentials / "ca.crt")
     print(f"connection [superlink.{args.connection}] in {config}")
