@@ -69,10 +69,11 @@ def register(args: argparse.Namespace) -> int:
     from fedvit_app.deployment.connection import add_connection
     from fedvit_app.deployment.credentials import register_command
 
+    flwr = flwr_executable()
+    commands = [register_command(flwr, args.credentials, i, args.connection) for i in range(args.supernodes)]
     config = add_connection(flwr_home(), args.connection, args.address, args.credentials / "ca.crt")
     print(f"connection [superlink.{args.connection}] in {config}")
-    for i in range(args.supernodes):
-        cmd = register_command(flwr_executable(), args.credentials, i, args.connection)
+    for cmd in commands:  # every key file was found before anything was written
         done = subprocess.run(cmd, env=flower_env(), capture_output=True, text=True, check=False)
         print(done.stdout.strip() or done.stderr.strip())
         if done.returncode != 0:
