@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 
 from attacks.observation import Observation, Reconstruction, image_geometry, normalization
-from fedvit_app.model import PATCH_EMBED_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED, QKV0_WEIGHT
+from core.params import PATCH_EMBED_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED, QKV0_WEIGHT
 
 EPS_RANK = 1e-10  # relative singular-value cut-off for rank and least squares
 

@@ -23,9 +23,9 @@ from attacks import april
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
 from attacks.metrics import SETTINGS, minimum_norm_limit, psnr, ssim
 from attacks.observation import Observation, Reconstruction, dense_update, model_skeleton
-from fedvit_app.config import Config, parse_config
-from fedvit_app.model import HEAD_BIAS
-from fedvit_app.results import atomic_write
+from core.config import Config, parse_config
+from core.params import HEAD_BIAS
+from core.results import atomic_write
 
 Attack = Callable[[Observation], Reconstruction]
 
@@ -176,7 +176,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def save_grid(images: list[tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]], path: Path) -> None:
     """One row per update: original | each attack's reconstruction (blank where an attack could not run)."""
-    from fedvit_app.plots import plt
+    from core.plots import plt
 
     if not images:
         return

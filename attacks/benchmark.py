@@ -2,8 +2,9 @@
 attacked and scored in one go — the table and the image grid in the layout of the defence papers' Fig. 4.
 
 Client k (of K) trains on round 1 with batch size 1, so its FedSGD update is the gradient of one image; the
-same K images go through every defence. The ground truth comes from the clients' own ``capture.ground-truth``
-writer; the attacks see only the payload, the model the client received and the public config.
+same K images go through every defence. The ground truth comes from the client's ``on_batch`` hook (kept in
+memory, apart from the observation); the attacks see only the payload, the model the client received and the
+public config.
 """
 
 from __future__ import annotations
@@ -14,17 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file
 from tqdm import tqdm
 
 from attacks.audit import audit_observations, defence_of
-from attacks.eavesdropper import GROUND_TRUTH, run_dir
 from attacks.observation import Observation, dense_update
 from clients import runner
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
-from fedvit_app.config import Config, parse_config
-from fedvit_app.data import client_data
-from fedvit_app.model import build_model, get_weights
+from core.config import Config, parse_config
+from core.data import client_data
+from core.model import build_model, get_weights
 
 DEFENCES: dict[str, dict[str, Any]] = {
     "plain": {"strategy": "fedsgd"},
@@ -75,12 +74,13 @@ def client_update(config: Config, partition: int, images: int, seed_key: int) ->
         received = key.encrypt(start)
         if config.encryption.mode == "paper":  # the server's own initial model and the clients' answer
             plain, cipher = {n: public[n] for n in ENCRYPTED}, {n: received[n] for n in ENCRYPTED}
+    batch: dict[str, np.ndarray] = {}
     records, _ = runner.train(
-        config, partition, images, received, 1, config.lr, mask_seed=seed_key + partition, locked_cache={}, key=key
-    )
+        config, partition, images, received, 1, config.lr, mask_seed=seed_key + partition, locked_cache={}, key=key,
+        on_batch=lambda x, y: batch.update(images=x, labels=y),
+    )  # fmt: skip
     update, masks = dense_update(records, {n: w.shape for n, w in public.items()})
-    truth_path = run_dir(config) / GROUND_TRUTH / "round-0001" / f"partition-{partition}.safetensors"
-    truth = load_file(truth_path)["images"][0]
+    truth = batch["images"][0]
     meta = {"image": partition, "partition": partition, "round": 1, "label": f"image {partition}"}
     obs = Observation(
         update=update,
@@ -125,7 +125,7 @@ def run_benchmark(base: Config, images: int, out: Path, defences: list[str] | No
 
 def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
     """Rows: images; columns: original, then per defence the strongest attack's reconstruction (Fig. 4 layout)."""
-    from fedvit_app.plots import plt
+    from core.plots import plt
 
     best: dict[tuple[int, str], tuple[float, str]] = {}
     for row in rows:

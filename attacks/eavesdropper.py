@@ -9,13 +9,16 @@ Two observers, both read-only (a run with capture on trains bit-identically to o
 
 Each message becomes ``<stem>.received.safetensors`` / ``<stem>.sent.safetensors`` (ArrayRecords flattened as
 ``<record>/<name>``) and a ``<stem>.json`` manifest with the public run config, written atomically. With
-``capture.ground-truth`` the client also writes its true batch to ``<run>/ground-truth/`` — never read by attacks.
+``capture.ground-truth`` the client's ``on_batch`` hook (:func:`ground_truth_hook`) writes its true batch to
+``<run>/ground-truth/`` — never read by attacks.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +26,8 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.common.logger import log
 
-from fedvit_app.config import Config, ConfigError, parse_config_cached, parse_selection
-from fedvit_app.results import atomic_save_safetensors, atomic_write
+from core.config import Config, ConfigError, parse_config_cached, parse_selection
+from core.results import atomic_save_safetensors, atomic_write
 
 CAPTURES = "captures"
 GROUND_TRUTH = "ground-truth"
@@ -155,3 +158,12 @@ def write_ground_truth(config: Config, server_round: int, partition: int, images
     path = run_dir(config) / GROUND_TRUTH / f"round-{server_round:04d}" / f"partition-{partition}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors(path, {"images": images.astype(np.float32), "labels": labels.astype(np.int64)})
+
+
+def ground_truth_hook(
+    config: Config, server_round: int, partition: int
+) -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """The client's ``on_batch`` hook that writes its true batch, or None when this round is not recorded."""
+    if not (config.capture.ground_truth and selected(config, server_round, partition)):
+        return None
+    return functools.partial(write_ground_truth, config, server_round, partition)

@@ -58,7 +58,7 @@ def minimum_norm_limit(truth: np.ndarray, obs) -> np.ndarray:
     """The best any route through the patch embedding can do when L > D: each true patch projected onto the
     row space of W_E (the null-space part is unobservable). A scoring reference: it takes the true image."""
     from attacks.april import image_to_patches, lstsq, patches_to_image
-    from fedvit_app.model import PATCH_EMBED_WEIGHT
+    from core.params import PATCH_EMBED_WEIGHT
 
     w_e = obs.received[PATCH_EMBED_WEIGHT].astype(np.float64)
     w_e = w_e.reshape(w_e.shape[0], -1)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
-from clients.masking import decode
-from fedvit_app.config import Config
-from fedvit_app.model import build_model
+from core.config import Config
+from core.masks import decode
+from core.model import build_model
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,6 +79,6 @@ def image_geometry(obs: Observation) -> tuple[int, int, int, int]:
 
 
 def normalization(obs: Observation) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean and std the model applies to [0, 1] pixels (fedvit_app.model.normalize)."""
+    """Per-channel mean and std the model applies to [0, 1] pixels (core.model.normalize)."""
     cfg = getattr(public_model(obs), "pretrained_cfg", {}) or {}
     return np.asarray(cfg.get("mean", (0.5,) * 3)), np.asarray(cfg.get("std", (0.5,) * 3))

@@ -19,8 +19,8 @@ from common import TINY, VIT_S16, median_time
 
 from clients.adversarial import PGD, madry_adversary
 from clients.training import local_epochs
-from fedvit_app.data import ImageSet
-from fedvit_app.model import build_model, get_weights
+from core.data import ImageSet
+from core.model import build_model, get_weights
 from strategies import FedAvg, FedWAvg
 from tests.helpers import FakeGrid, reply
 

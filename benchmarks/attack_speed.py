@@ -19,9 +19,9 @@ from attacks import april
 from attacks.metrics import psnr
 from attacks.observation import Observation
 from clients.training import fedsgd_gradient
-from fedvit_app.config import Config
-from fedvit_app.data import synthetic
-from fedvit_app.model import build_model, get_weights
+from core.config import Config
+from core.data import synthetic
+from core.model import build_model, get_weights
 
 MODELS = {
     "tiny (default, 32 px)": TINY,

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's code, also when it is not the installed copy
 
-from fedvit_app.config import ModelConfig  # noqa: E402
+from core.config import ModelConfig  # noqa: E402
 
 TINY = ModelConfig()  # the default job's model: 32 px, patch 8, D = 64, 2 blocks
 VIT_S16 = ModelConfig(name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0)

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from round_overhead import flwr_run, snapshot  # noqa: E402
 
-from fedvit_app.cli import private_superlink_env, stop_local_superlink  # noqa: E402
 from fedvit_app.deployment.loopback import LoopbackDeployment  # noqa: E402
+from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink  # noqa: E402
 
 
 def round_times(run_dir: Path) -> dict[str, float]:

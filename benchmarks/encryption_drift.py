@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from clients.encryption import KEY_ENV, EncryptionKey  # noqa: E402
-from fedvit_app.config import Config  # noqa: E402
+from core.config import Config  # noqa: E402
 from tests.helpers import run_in_process  # noqa: E402
 
 

@@ -23,8 +23,8 @@ from common import TINY, VIT_S16, median_time  # first: puts the checkout on sys
 
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from clients.training import fedsgd_gradient
-from fedvit_app.data import synthetic
-from fedvit_app.model import build_model, get_weights
+from core.data import synthetic
+from core.model import build_model, get_weights
 
 MODELS = {"tiny (default, 32 px)": TINY, "ViT-S/16 224 px": VIT_S16}
 SLOTS = 4096  # CKKS slots at N = 8192

@@ -15,11 +15,12 @@ import numpy as np
 import torch
 from common import TINY, VIT_S16, median_time  # first: puts the checkout on sys.path
 
-from clients.masking import draw_masks, encode, mask_rates
+from clients.masking import draw_masks
 from clients.training import fedsgd_gradient
-from fedvit_app.config import MaskConfig
-from fedvit_app.data import synthetic
-from fedvit_app.model import build_model
+from core.config import MaskConfig
+from core.data import synthetic
+from core.masks import encode, mask_rates
+from core.model import build_model
 
 MODELS = {"tiny (default, 32 px)": TINY, "ViT-S/16 224 px": VIT_S16}
 

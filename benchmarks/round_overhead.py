@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from fedvit_app.cli import private_superlink_env, stop_local_superlink  # noqa: E402
+from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink  # noqa: E402
 
 TINY: list[str] = []
 VIT_S_32 = [

@@ -1,7 +1,7 @@
 """L∞ PGD (Madry et al., 2018) and Madry adversarial training (FedWAvg paper, Algorithm 1, lines 14-18).
 
 Everything happens in [0, 1] pixel space: the perturbation is added before the model's normalisation
-(:func:`fedvit_app.model.classify` normalises) and every iterate is clamped to the valid pixel range.
+(:func:`core.model.classify` normalises) and every iterate is clamped to the valid pixel range.
 Randomness comes from an explicit ``torch.Generator`` / numpy generator, so a seeded client is deterministic.
 """
 
@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedvit_app.config import AdversarialConfig, RobustConfig
-from fedvit_app.data import ImageSet
-from fedvit_app.model import classify
+from core.config import AdversarialConfig, RobustConfig
+from core.data import ImageSet
+from core.model import classify
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from safetensors.numpy import load_file
 from torch import nn
 
 from clients.state import state_root
-from fedvit_app.model import PATCH_EMBED_WEIGHT, POS_EMBED, build_model
-from fedvit_app.results import atomic_save_safetensors
+from core.model import build_model
+from core.params import ENCRYPTED, PATCH_EMBED_WEIGHT, POS_EMBED
+from core.results import atomic_save_safetensors
 
-ENCRYPTED = (PATCH_EMBED_WEIGHT, POS_EMBED)  # the only parameters the key touches
 NODE_CONFIG_KEY = "encryption-key"  # deployment: --node-config "encryption-key=<path>"
 KEY_ENV = "FEDVIT_ENCRYPTION_KEY"  # or a path in the clients' environment
 DEFAULT_KEY_NAME = "encryption-key.safetensors"  # else this file in the client state folder (`fedvit keygen`)

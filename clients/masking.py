@@ -1,8 +1,8 @@
-"""Random binary weights on client gradients (random-binary-weights paper, eq. 11) and their sparse encoding."""
+"""The client's random binary weights (random-binary-weights paper, eq. 11): fresh, locked or fixed-position masks
+drawn from its private seed. The math the server shares (rates, wire encoding) is in :mod:`core.masks`."""
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import secrets
@@ -11,37 +11,8 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from clients.state import state_dir
-from fedvit_app.config import MaskConfig, parse_patterns
-from fedvit_app.model import PARAM_ROLES
-from fedvit_app.results import atomic_save_safetensors, atomic_write
-
-
-def mask_rates(names: list[str], spec: MaskConfig) -> dict[str, float]:
-    """R per parameter: the default, then the role overrides, then name patterns (the last match wins)."""
-    roles = {name: role for role, role_names in PARAM_ROLES.items() for name in role_names}
-    rates = {}
-    for name in names:
-        r = spec.r
-        if roles.get(name) == "position-embedding" and spec.r_pos_embed >= 0:
-            r = spec.r_pos_embed
-        if roles.get(name) == "patch-embedding" and spec.r_patch_embed >= 0:
-            r = spec.r_patch_embed
-        for pattern, value in parse_patterns(spec.r_patterns):
-            if fnmatch.fnmatchcase(name, pattern):
-                r = value
-        rates[name] = r
-    return rates
-
-
-def fixed_position_rates(names: list[str]) -> dict[str, float]:
-    """The fixed-position defence (APRIL paper) as rates: R = 1 for the position embedding, 0 elsewhere."""
-    pos = set(PARAM_ROLES["position-embedding"])
-    return {name: 1.0 if name in pos else 0.0 for name in names}
-
-
-def effective_rates(names: list[str], spec: MaskConfig) -> dict[str, float]:
-    """P(B = 0) per parameter for any mode."""
-    return fixed_position_rates(names) if spec.mode == "fixed-position" else mask_rates(names, spec)
+from core.masks import fixed_position_rates
+from core.results import atomic_save_safetensors, atomic_write
 
 
 def draw_masks(
@@ -64,31 +35,6 @@ def fixed_position_masks(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.nda
     """The fixed-position defence as a mask: the position-embedding gradient is zeroed, nothing else."""
     rates = fixed_position_rates(list(shapes))
     return {name: np.full(int(np.prod(shape)), rates[name] == 0.0) for name, shape in shapes.items()}
-
-
-def encode(
-    gradients: dict[str, np.ndarray], masks: dict[str, np.ndarray]
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """θ' = B·θ sent sparsely: the kept values (float32, flattened order) and the mask bit-packed."""
-    values = {name: np.ascontiguousarray(g.reshape(-1)[masks[name]], dtype=np.float32) for name, g in gradients.items()}
-    packed = {name: np.packbits(masks[name]) for name in gradients}
-    return values, packed
-
-
-def decode(values: np.ndarray, packed: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Dense masked gradient and boolean mask from one parameter's encoding; ValueError if inconsistent."""
-    size = int(np.prod(shape))
-    if packed.dtype != np.uint8 or packed.ndim != 1 or len(packed) != (size + 7) // 8:
-        raise ValueError(f"mask has {packed.dtype} {packed.shape}, expected uint8 ({(size + 7) // 8},)")
-    mask = np.unpackbits(packed, count=size).astype(bool)
-    if np.unpackbits(packed)[size:].any():
-        raise ValueError("mask padding bits are set")
-    kept = int(mask.sum())
-    if values.ndim != 1 or len(values) != kept:
-        raise ValueError(f"{values.shape} values sent for {kept} kept entries")
-    dense = np.zeros(size, dtype=np.float32)
-    dense[mask] = values
-    return dense.reshape(shape), mask.reshape(shape)
 
 
 # --------------------------------------------------------------------------- client-local state

@@ -5,21 +5,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from torch import nn
 
-from attacks.eavesdropper import selected, write_ground_truth
 from clients.adversarial import attack_from, madry_adversary, robust_accuracy
 from clients.encryption import ENCRYPTED, EncryptionKey, EncryptionKeyError
-from clients.masking import client_seed, draw_masks, encode, fixed_position_masks, locked_masks, mask_rates
+from clients.masking import client_seed, draw_masks, fixed_position_masks, locked_masks
 from clients.scaffold import control_path, load_control, save_control, updated_control
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
-from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config_cached
-from fedvit_app.data import DatasetUnavailableError, client_data, load_dataset
-from fedvit_app.model import build_model, resolve_device, set_weights
+from core.config import Config, ConfigError, check_against_federation, parse_config_cached
+from core.data import DatasetUnavailableError, client_data, load_dataset
+from core.masks import encode, mask_rates
+from core.model import build_model, resolve_device, set_weights
 
 
 def client_config(run_config: Mapping[str, Any]) -> Config:
@@ -64,6 +64,7 @@ def train(
     proximal_mu: float = 0.0,
     server_control: dict[str, np.ndarray] | None = None,
     run_key: str = "",
+    on_batch: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float | int]]:
     """One round of local work: the FedSGD gradient (masked for masked-fedsgd) or FedAvg local epochs.
 
@@ -73,6 +74,8 @@ def train(
     model is decrypted before training and the update is encrypted after masking (eqs. 3, 7, 13, 14).
     ``proximal_mu`` (FedProx) and ``server_control`` (SCAFFOLD's c; the client's own c_i is kept under
     ``run_key`` in its private folder) select those local objectives; "control-delta" is then replied too.
+    ``on_batch(images, labels)`` sees the FedSGD batch in [0, 1] pixels: the hook through which an audit's capture
+    side records ground truth (the client itself writes nothing for attackers).
     """
     crypt_start = time.perf_counter()
     weights = key.decrypt(weights) if key is not None else weights
@@ -118,13 +121,9 @@ def train(
             correction=correction,
         )
     compute_s = time.perf_counter() - start
-    if (
-        config.capture.ground_truth
-        and result.batch_indices is not None
-        and selected(config, server_round, partition_id)
-    ):
+    if on_batch is not None and result.batch_indices is not None:
         x, y = data.images.batch(result.batch_indices, img_size)
-        write_ground_truth(config, server_round, partition_id, x.numpy(), y.numpy())
+        on_batch(x.numpy(), y.numpy())
     arrays, masks, extra = result.arrays, None, {}
     if config.strategy == "masked-fedsgd":
         mask_start = time.perf_counter()

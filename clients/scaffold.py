@@ -13,7 +13,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from clients.state import state_dir
-from fedvit_app.results import atomic_save_safetensors
+from core.results import atomic_save_safetensors
 
 
 def control_path(partition_id: int, run_key: str) -> Path:

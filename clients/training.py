@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedvit_app.data import ImageSet
-from fedvit_app.model import classify
+from core.data import ImageSet
+from core.model import classify
 
 
 @dataclass

@@ -9,6 +9,7 @@ WORKDIR /app
 RUN python -m pip install --no-cache-dir --index-url ${TORCH_INDEX} torch torchvision
 
 COPY --chown=app:app pyproject.toml README.md ./
+COPY --chown=app:app core ./core
 COPY --chown=app:app fedvit_app ./fedvit_app
 COPY --chown=app:app clients ./clients
 COPY --chown=app:app strategies ./strategies

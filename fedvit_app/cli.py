@@ -3,142 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from fedvit_app.config import ConfigError, parse_config
+from core.config import parse_config
 from fedvit_app.deployment import cli as deployment_cli
+from fedvit_app.flower_processes import (
+    flower_env,
+    flwr_executable,
+    flwr_home,
+    run_status,
+    stop_local_superlink,
+    superlink_pids,
+)
+from fedvit_app.run_config import check_config, resolved_run_config
 
-# Safe defaults for every flwr call made through this CLI (a user's explicit setting wins):
-# without the first, the local SuperLink re-installs torch into a fresh env for every run.
-FLOWER_ENV = {
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-}
 DEFAULT_FEDERATION = "num-supernodes=5 client-resources-num-cpus=1"
 RUN_STARTED = re.compile(r"Successfully started run (\d+)")
-
-
-def flower_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for flwr commands: ``base`` (default: os.environ) plus :data:`FLOWER_ENV` defaults."""
-    env = dict(os.environ if base is None else base)
-    for key, value in FLOWER_ENV.items():
-        env.setdefault(key, value)
-    # flwr starts `flower-superlink` by name: find this environment's even when it is not activated.
-    here = str(Path(sys.executable).parent)
-    if here not in env.get("PATH", "").split(os.pathsep):
-        env["PATH"] = os.pathsep.join(filter(None, [here, env.get("PATH", "")]))
-    return env
-
-
-def private_superlink_env(home: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a local SuperLink of one's own (tests, benchmarks): ``home`` as FLWR_HOME and two free
-    ports, so it never meets another session's SuperLink."""
-    from fedvit_app.deployment.loopback import free_ports
-
-    http, control = free_ports(2)
-    return dict(
-        os.environ if base is None else base,
-        FLWR_HOME=str(home),
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http),
-        FLWR_LOCAL_CONTROL_API_PORT=str(control),
-    )
-
-
-def flwr_executable() -> str:
-    """The ``flwr`` command of this environment (works without activating the venv), else the one on PATH."""
-    beside = Path(sys.executable).parent / "flwr"
-    found = str(beside) if beside.is_file() else shutil.which("flwr")
-    if found is None:
-        raise SystemExit("fedvit: no `flwr` command found; run through `uv run --frozen fedvit ...`")
-    return found
-
-
-def resolved_run_config(app_dir: Path, overrides: list[str]) -> dict:
-    """The run config ``flwr run`` would use: pyproject defaults fused with ``-c`` overrides."""
-    from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
-
-    defaults = get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {})
-    return fuse_dicts(flatten_dict(defaults), parse_config_args(overrides or None))
-
-
-def check_config(app_dir: Path, overrides: list[str]) -> int:
-    """Validate the fused run config; print one line and return 2 on the first error."""
-    try:
-        parse_config(resolved_run_config(app_dir, overrides))
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as err:  # unreadable override file, bad TOML
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _superlink_pids(flwr_home: Path, with_env: str | None = None) -> list[int]:
-    """PIDs of local SuperLink/SuperExec processes started with this FLWR_HOME (Linux /proc).
-
-    With ``with_env`` (``NAME=value``), only SuperLinks whose environment lacks that setting.
-    """
-    pids = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if "flower-superlink" not in cmdline and "flower-superexec" not in cmdline:
-            continue
-        home = next((e[len(b"FLWR_HOME=") :].decode() for e in environ if e.startswith(b"FLWR_HOME=")), "")
-        if Path(home or Path.home() / ".flwr").resolve() != flwr_home.resolve():
-            continue
-        if with_env is not None:
-            explicit = "--disable-runtime-dependency-installation" in cmdline
-            if "flower-superlink" not in cmdline or explicit or with_env.encode() in environ:
-                continue
-        pids.append(int(proc.name))
-    return pids
-
-
-def flwr_home() -> Path:
-    return Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
-
-
-def stop_local_superlink(home: Path | None = None, timeout: float = 10.0) -> int:
-    """Stop the detached local SuperLink (and its SuperExec) that ``flwr run`` left running for ``home``."""
-    pids = _superlink_pids(home or flwr_home())
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.2)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(pids)
-
-
-def run_status(run_id: str, superlink: str | None, env: dict[str, str]) -> str:
-    """Final status of a run as Flower reports it, e.g. ``finished:completed`` or ``finished:failed``."""
-    cmd = [flwr_executable(), "ls", *([superlink] if superlink else []), "--run-id", run_id, "--format", "json"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False).stdout
-    try:
-        return json.loads(out)["runs"][0]["status"]
-    except (ValueError, KeyError, IndexError):
-        return f"unknown ({out.strip()[:200]})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     local = args.superlink is None or args.superlink == "local"
     no_install = env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"  # unless the user asked otherwise
     setting = "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
-    stale = _superlink_pids(flwr_home(), with_env=setting) if local and no_install else []
+    stale = superlink_pids(flwr_home(), with_env=setting) if local and no_install else []
     if stale:
         print(
             f"fedvit: the local SuperLink (pid {stale[0]}) was started without "

@@ -5,10 +5,10 @@ from __future__ import annotations
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from attacks.eavesdropper import capture_mod
+from attacks.eavesdropper import capture_mod, ground_truth_hook
 from clients import runner
 from clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
-from fedvit_app.config import Config
+from core.config import Config
 
 MODS = [capture_mod]  # the eavesdropper only records, and only when capture.enabled
 app = ClientApp(mods=MODS)
@@ -53,14 +53,15 @@ def train(msg: Message, context: Context) -> Message:
     """Local training for one round; replies with 'arrays' (gradient or weights), 'masks' when masking, 'metrics'."""
     config = runner.client_config(context.run_config)
     round_config = msg.content["config"]
+    server_round, partition = int(round_config["server-round"]), _partition(context)
     mask_seed = context.node_config.get("mask-seed")  # client-only; never in the run config
     locked = context.state.array_records.get("locked-mask")
     locked_cache = {k: v.numpy() for k, v in locked.items()} if locked is not None else {}
     records, metrics = runner.train(
         config,
-        *_partition(context),
+        *partition,
         _weights(msg),
-        int(round_config["server-round"]),
+        server_round,
         float(round_config.get("lr", config.lr)),
         mask_seed=None if mask_seed is None else int(mask_seed),
         locked_cache=locked_cache,
@@ -68,6 +69,7 @@ def train(msg: Message, context: Context) -> Message:
         proximal_mu=float(round_config.get("proximal-mu", 0.0)),
         server_control=_weights(msg, "control") if "control" in msg.content.array_records else None,
         run_key=config.run_name or f"run-{context.run_id}",
+        on_batch=ground_truth_hook(config, server_round, partition[0]),  # only with capture.ground-truth
     )
     if locked_cache and locked is None:  # keep the locked masks in the node's state for the next rounds
         context.state["locked-mask"] = ArrayRecord({k: Array(v) for k, v in locked_cache.items()})

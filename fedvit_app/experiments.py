@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedvit_app.cli import check_config
+from fedvit_app.run_config import check_config
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ def run_experiment(exp: Experiment, app_dir: Path, out_root: Path, extra: list[s
 def _ensure_key(app_dir: Path, run_config: list[str]) -> None:
     """Encrypted methods need the clients' key: create it in the client state folder if there is none."""
     from clients.encryption import EncryptionKeyError, ensure_client_key
-    from fedvit_app.cli import resolved_run_config
-    from fedvit_app.config import parse_config
+    from core.config import parse_config
+    from fedvit_app.run_config import resolved_run_config
 
     config = parse_config(resolved_run_config(app_dir, run_config))
     if config.encryption.enabled:

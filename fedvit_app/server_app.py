@@ -17,10 +17,10 @@ from flwr.serverapp import Grid, ServerApp
 from attacks.eavesdropper import ServerTap
 from clients.adversarial import robust_accuracy
 from clients.training import evaluate
-from fedvit_app.config import Config, ConfigError, evaluates_in, parse_config
-from fedvit_app.data import DatasetUnavailableError, load_dataset
-from fedvit_app.model import PretrainedWeightsError, build_model, get_weights, resolve_device, set_weights
-from fedvit_app.results import RunRecorder, load_checkpoint
+from core.config import Config, ConfigError, evaluates_in, parse_config
+from core.data import DatasetUnavailableError, load_dataset
+from core.model import PretrainedWeightsError, build_model, get_weights, resolve_device, set_weights
+from core.results import RunRecorder, load_checkpoint
 from strategies import STRATEGIES, FedVitStrategy
 from strategies.base import ClientSetupError, ClientsFailedError, NodesUnavailableError
 from strategies.encrypted import ENCRYPTED_STRATEGIES, KeyHandshakeError

@@ -1,4 +1,5 @@
-"""Server strategies, one module each, registered by config name."""
+"""The server's side of the federation: one strategy module each, registered by config name. Builds on core only
+(independent of clients/); reply validation and accounting live in base.py."""
 
 from strategies.base import FedVitStrategy
 from strategies.fedavg import FedAvg

@@ -15,8 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from clients.encryption import ENCRYPTED
-from fedvit_app.model import PATCH_EMBED_WEIGHT
+from core.params import ENCRYPTED, PATCH_EMBED_WEIGHT
 from strategies.base import FedVitStrategy, error_summary
 from strategies.fedavg import FedAvg
 from strategies.fedsgd import FedSGD

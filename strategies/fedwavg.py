@@ -14,7 +14,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message
 from flwr.common.logger import log
 
-from fedvit_app.config import ConfigError
+from core.config import ConfigError
 from strategies.base import FedVitStrategy
 
 
@@ -88,7 +88,7 @@ class FedWAvg(FedVitStrategy):
 
     def write_report(self, run_dir) -> None:
         """The weights per client over the rounds (the paper's Fig. 1), from metrics.json (resume-safe)."""
-        from fedvit_app.plots import plt
+        from core.plots import plt
 
         rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
         series: dict[str, list[tuple[int, float]]] = {}

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
 
-from clients.masking import decode, effective_rates
-from fedvit_app.config import MaskConfig
+from core.config import MaskConfig
+from core.masks import decode, effective_rates
 from strategies.base import check_metrics
 from strategies.fedsgd import FedSGD, apply_mean_gradient, sum_arrays
 

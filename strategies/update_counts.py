@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from fedvit_app.model import PARAM_ROLES
+from core.params import PARAM_ROLES
 
 GROUPS = {
     "all": None,

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from clients.adversarial import PGD, madry_batch, pgd, robust_correct, torch_generator
 from clients.training import local_epochs
-from fedvit_app.config import DataConfig, ModelConfig
-from fedvit_app.data import load_dataset
-from fedvit_app.model import build_model, classify
+from core.config import DataConfig, ModelConfig
+from core.data import load_dataset
+from core.model import build_model, classify
 
 CPU = torch.device("cpu")
 

@@ -15,9 +15,9 @@ from attacks.benchmark import DEFENCES, client_update, defence_config
 from attacks.metrics import minimum_norm_limit, psnr, ssim
 from attacks.observation import Observation
 from clients.training import fedsgd_gradient
-from fedvit_app.config import Config, ModelConfig, parse_config
-from fedvit_app.data import synthetic
-from fedvit_app.model import build_model, get_weights
+from core.config import Config, ModelConfig, parse_config
+from core.data import synthetic
+from core.model import build_model, get_weights
 from tests.helpers import run_in_process
 
 VIT_S = ModelConfig(name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0)

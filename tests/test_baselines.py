@@ -12,9 +12,10 @@ from safetensors.numpy import load_file
 
 from clients.scaffold import control_path, load_control, updated_control
 from clients.training import crop_flip, local_epochs
-from fedvit_app.config import Config, ConfigError, DataConfig, ModelConfig, parse_config
-from fedvit_app.data import load_dataset
-from fedvit_app.model import VIS_HEAD, build_model
+from core.config import Config, ConfigError, DataConfig, ModelConfig, parse_config
+from core.data import load_dataset
+from core.model import build_model
+from core.params import VIS_HEAD
 from strategies import FedAvg, FedProx, Scaffold
 from tests.helpers import FakeGrid, reply, run_in_process
 

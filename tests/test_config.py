@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from fedvit_app.cli import check_config
-from fedvit_app.config import Config, ConfigError, check_against_federation, parse_config
+from core.config import Config, ConfigError, check_against_federation, parse_config
+from fedvit_app.run_config import check_config
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_cli_refuses_a_local_superlink_that_would_reinstall_dependencies(tmp_pat
     import sys
     import time
 
-    from fedvit_app import cli
+    from fedvit_app import cli, flower_processes
 
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"}
@@ -93,11 +93,12 @@ def test_cli_refuses_a_local_superlink_that_would_reinstall_dependencies(tmp_pat
     fine = subprocess.Popen(sleeper, env=dict(env, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1"))
     try:
         time.sleep(0.5)
-        assert cli._superlink_pids(tmp_path, with_env="FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1") == [fake.pid]
+        stale = flower_processes.superlink_pids(tmp_path, with_env="FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1")
+        assert stale == [fake.pid]
         code = cli.main(["run", str(Path(__file__).parents[1])])
         assert code == 2
-        assert sorted(cli._superlink_pids(tmp_path)) == sorted([fake.pid, fine.pid])
-        assert cli.stop_local_superlink(tmp_path) == 2
+        assert sorted(flower_processes.superlink_pids(tmp_path)) == sorted([fake.pid, fine.pid])
+        assert flower_processes.stop_local_superlink(tmp_path) == 2
     finally:
         fake.kill()
         fine.kill()
@@ -107,7 +108,7 @@ def test_flower_env_finds_this_environments_flower_commands_without_activation()
     import sys
     from pathlib import Path
 
-    from fedvit_app.cli import flower_env
+    from fedvit_app.flower_processes import flower_env
 
     env = flower_env({"PATH": "/usr/bin"})
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)

@@ -3,8 +3,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fedvit_app.config import DataConfig
-from fedvit_app.data import client_data, load_dataset, partition_indices, synthetic
+from core.config import DataConfig
+from core.data import client_data, load_dataset, partition_indices, synthetic
 
 LABELS = np.repeat(np.arange(10), 50)  # 500 samples, 10 balanced classes
 

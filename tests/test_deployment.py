@@ -18,8 +18,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from fedvit_app.deployment.credentials import write_credentials
-from fedvit_app.deployment.loopback import LoopbackDeployment, executable, free_ports
+from fedvit_app.deployment.loopback import LoopbackDeployment
 from fedvit_app.deployment.topology import processes
+from fedvit_app.flower_processes import executable, free_ports
 
 pytestmark = pytest.mark.deployment
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from fedvit_app.cli import private_superlink_env, stop_local_superlink
+from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[1]

@@ -17,8 +17,9 @@ from clients.encryption import (
     default_key_path,
     model_embedding_dims,
 )
-from fedvit_app.config import Config, ConfigError, parse_config
-from fedvit_app.model import PATCH_EMBED_WEIGHT, POS_EMBED, build_model, get_weights
+from core.config import Config, ConfigError, parse_config
+from core.model import build_model, get_weights
+from core.params import PATCH_EMBED_WEIGHT, POS_EMBED
 from strategies.encrypted import KeyHandshakeError, group_by_agreement
 from tests.helpers import find_key_material, run_in_process
 

@@ -2,8 +2,8 @@ import json
 import tomllib
 from pathlib import Path
 
-from fedvit_app.cli import check_config
 from fedvit_app.experiments import load_experiment, method_config, plot_accuracy, summarize
+from fedvit_app.run_config import check_config
 
 ROOT = Path(__file__).parents[1]
 SPECS = sorted((ROOT / "conf" / "experiments").glob("*.toml"))

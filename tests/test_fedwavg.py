@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fedvit_app.config import Config, ConfigError, parse_config
+from core.config import Config, ConfigError, parse_config
 from strategies import FedWAvg
 from strategies.fedwavg import fedwavg_weights
 from tests.helpers import FakeGrid, reply, run_in_process

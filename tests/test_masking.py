@@ -5,17 +5,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from clients import runner
-from clients.masking import (
-    client_seed,
-    decode,
-    draw_masks,
-    encode,
-    fixed_position_masks,
-    locked_masks,
-    mask_rates,
-)
-from fedvit_app.config import Config, ConfigError, MaskConfig, parse_config
-from fedvit_app.model import build_model, get_weights
+from clients.masking import client_seed, draw_masks, fixed_position_masks, locked_masks
+from core.config import Config, ConfigError, MaskConfig, parse_config
+from core.masks import decode, encode, mask_rates
+from core.model import build_model, get_weights
 from strategies import FedSGD, MaskedFedSGD
 from strategies.masked_fedsgd import masked_update
 from strategies.update_counts import chi_square_pvalue, histogram, update_count_pmf

@@ -4,15 +4,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fedvit_app.config import ModelConfig
-from fedvit_app.model import (
-    PARAM_ROLES,
-    PretrainedWeightsError,
-    build_model,
-    get_weights,
-    role_params,
-    set_weights,
-)
+from core.config import ModelConfig
+from core.model import PretrainedWeightsError, build_model, get_weights, role_params, set_weights
+from core.params import PARAM_ROLES
 
 TINY = ModelConfig()
 

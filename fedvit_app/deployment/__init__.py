@@ -1,0 +1,1 @@
+"""Deployment: the topology of processes, docker-compose rendering, credentials and the loopback launcher."""

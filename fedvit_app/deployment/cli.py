@@ -65,9 +65,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(args: argparse.Namespace) -> int:
-    from fedvit_app.cli import flower_env, flwr_executable, flwr_home
     from fedvit_app.deployment.connection import add_connection
     from fedvit_app.deployment.credentials import register_command
+    from fedvit_app.flower_processes import flower_env, flwr_executable, flwr_home
 
     flwr = flwr_executable()
     commands = [register_command(flwr, args.credentials, i, args.connection) for i in range(args.supernodes)]
@@ -91,7 +91,7 @@ def loopback(args: argparse.Namespace) -> int:
         with LoopbackDeployment(workdir, args.supernodes) as deployment:
             print(f"started in {time.perf_counter() - started:.1f} s; running the app", flush=True)
             done = deployment.run(Path(args.app).resolve(), args.run_config, stream=True)
-    except DeploymentError as err:
+    except (DeploymentError, FileNotFoundError) as err:
         print(f"fedvit deploy loopback: {err}", file=sys.stderr)
         return 1
     print(f"fedvit deploy loopback: exit {done.returncode} after {time.perf_counter() - started:.1f} s")

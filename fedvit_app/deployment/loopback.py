@@ -18,6 +18,7 @@ from pathlib import Path
 from fedvit_app.deployment.connection import add_connection
 from fedvit_app.deployment.credentials import register_command, write_credentials
 from fedvit_app.deployment.topology import Layout, Process, processes
+from fedvit_app.flower_processes import executable, free_ports
 
 CONNECTION = "fedvit-loopback"
 READY_TIMEOUT_S = 60.0
@@ -25,28 +26,6 @@ READY_TIMEOUT_S = 60.0
 
 class DeploymentError(RuntimeError):
     """A deployment process failed to start, or a CLI step failed."""
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that are free on 127.0.0.1 right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def executable(name: str) -> str:
-    """A console script of this environment (flwr, flower-superlink, ...)."""
-    path = Path(sys.executable).parent / name
-    if not path.is_file():
-        raise DeploymentError(f"{path} not found: run inside the project environment (uv run --frozen ...)")
-    return str(path)
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = READY_TIMEOUT_S) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from fedvit_app.config import Config, ConfigError
+from core.config import Config, ConfigError
 
 STRATEGY_PREFIX = "strategy/"
 # Keys that may differ between a run and its resumption.
@@ -71,7 +71,7 @@ class RunRecorder:
     def finish(self, weights: dict[str, np.ndarray]) -> None:
         """Write the final model and the plots."""
         atomic_save_safetensors(self.root / "model.safetensors", weights)
-        from fedvit_app.plots import plot_history
+        from core.plots import plot_history
 
         plot_history(self.history, self.root / "plots")
 

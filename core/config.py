@@ -10,6 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.masks import MaskConfig, effective_rates, parse_patterns
+from core.params import PATCH_EMBED_WEIGHT
+
 STRATEGIES = ("fedsgd", "fedavg", "masked-fedsgd", "fedwavg", "fedprox", "scaffold")
 SERVER_LR_STRATEGIES = ("fedsgd", "masked-fedsgd")  # the server applies lr itself (eq. 10)
 MASK_MODES = ("fresh", "locked", "fixed-position")
@@ -66,17 +69,6 @@ class DataConfig:
     @property
     def imagefolder_path(self) -> str | None:
         return self.name.split(":", 1)[1] if self.name.startswith("imagefolder:") else None
-
-
-@dataclass(frozen=True)
-class MaskConfig:
-    """Random binary weights (strategy masked-fedsgd); R = P(B = 0), role overrides < 0 mean "use r"."""
-
-    mode: str = "fresh"
-    r: float = 0.5
-    r_pos_embed: float = -1.0
-    r_patch_embed: float = -1.0
-    r_patterns: str = ""  # "blocks.0.*=0.9; head.*=0.1" (fnmatch on parameter names, last match wins)
 
 
 @dataclass(frozen=True)
@@ -256,21 +248,6 @@ def _parses(parser: Callable[[str], Any]) -> Callable[[str], bool]:
         return True
 
     return check
-
-
-def parse_patterns(text: str) -> tuple[tuple[str, float], ...]:
-    """``"blocks.0.*=0.9; head.*=0.1"`` -> ((pattern, R), ...); raises ValueError with the bad item."""
-    out = []
-    for item in filter(None, (part.strip() for part in text.split(";"))):
-        pattern, sep, value = item.partition("=")
-        try:
-            r = float(value)
-        except ValueError:
-            r = float("nan")
-        if not sep or not pattern.strip() or not 0.0 <= r <= 1.0:
-            raise ValueError(f"{item!r} is not '<name pattern>=<R in [0, 1]>'")
-        out.append((pattern.strip(), r))
-    return tuple(out)
 
 
 def parse_selection(text: str) -> frozenset[int] | None:
@@ -488,9 +465,6 @@ def _check_encryption(config: Config) -> None:
             "encrypted model and no key (evaluation is federated: clients decrypt and evaluate)",
         )
     if config.strategy == "masked-fedsgd":
-        from clients.masking import effective_rates  # lazy: clients/ builds on this module
-        from fedvit_app.model import PATCH_EMBED_WEIGHT
-
         if effective_rates([PATCH_EMBED_WEIGHT], config.mask)[PATCH_EMBED_WEIGHT] > 0:
             raise ConfigError(
                 "mask.r-patch-embed",

@@ -1,4 +1,4 @@
-"""timm ViT factory, input normalisation and the one place that names parameter roles."""
+"""timm ViT factory, input normalisation and parameter lookup by role (names and roles: core.params)."""
 
 from __future__ import annotations
 
@@ -11,29 +11,11 @@ import timm
 import torch
 from torch import nn
 
-from fedvit_app.config import ConfigError, ModelConfig
+from core.config import ConfigError, ModelConfig
+from core.params import HEAD_BIAS, PARAM_ROLES, VIS_HEAD
 
-# Parameter roles by name in timm's VisionTransformer. Later defences and attacks
-# address parameters only through these names, never by position.
-POS_EMBED = "pos_embed"
-PATCH_EMBED_WEIGHT = "patch_embed.proj.weight"
-PATCH_EMBED_BIAS = "patch_embed.proj.bias"
-CLS_TOKEN = "cls_token"
-QKV0_WEIGHT = "blocks.0.attn.qkv.weight"
-QKV0_BIAS = "blocks.0.attn.qkv.bias"
-HEAD_WEIGHT = "head.weight"
-HEAD_BIAS = "head.bias"
-VIS_HEAD = "head_vis"  # the second head of model.head = "cls+vis"
 # model.head -> timm's global_pool: the class token, or the mean of the visual (patch) tokens.
 GLOBAL_POOL = {"cls": "token", "vis": "avg", "cls+vis": "token"}
-
-PARAM_ROLES: dict[str, tuple[str, ...]] = {
-    "position-embedding": (POS_EMBED,),
-    "patch-embedding": (PATCH_EMBED_WEIGHT, PATCH_EMBED_BIAS),
-    "class-token": (CLS_TOKEN,),
-    "qkv-block-0": (QKV0_WEIGHT, QKV0_BIAS),
-    "classifier-head": (HEAD_WEIGHT, HEAD_BIAS),
-}
 
 
 class PretrainedWeightsError(RuntimeError):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-from fedvit_app.config import DataConfig
+from core.config import DataConfig
 
 SYNTHETIC_SIZE = 32  # native resolution of the generated images
 
