@@ -6,6 +6,7 @@ import argparse
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from core.config import parse_config
@@ -18,10 +19,22 @@ from fedvit_app.flower_processes import (
     stop_local_superlink,
     superlink_pids,
 )
-from fedvit_app.run_config import check_config, resolved_run_config
+from fedvit_app.run_config import check_config, merge_overrides, resolved_run_config, write_overrides
 
 DEFAULT_FEDERATION = "num-supernodes=5 client-resources-num-cpus=1"
 RUN_STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def flwr_run_command(args: argparse.Namespace, override_file: Path) -> list[str]:
+    """The ``flwr run`` call for ``fedvit run``: every ``-c`` merged key by key into one ``override_file``."""
+    local = args.superlink is None or args.superlink == "local"
+    cmd = [flwr_executable(), "run", str(args.app), *([args.superlink] if args.superlink else []), "--stream"]
+    overrides = merge_overrides(args.run_config)
+    if overrides:
+        cmd += ["--run-config", str(write_overrides(overrides, override_file))]
+    if local:
+        cmd += ["--federation-config", args.federation_config]
+    return cmd
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,22 +56,19 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    cmd = [flwr_executable(), "run", str(app_dir), *([args.superlink] if args.superlink else []), "--stream"]
-    for override in args.run_config:
-        cmd += ["--run-config", override]
-    if local:
-        cmd += ["--federation-config", args.federation_config]
-    print("$", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run_id = None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        if run_id is None and (match := RUN_STARTED.search(line)):
-            run_id = match.group(1)
-    if proc.wait() != 0 or run_id is None:
-        return proc.returncode or 1
+    with tempfile.TemporaryDirectory(prefix="fedvit-run-") as tmp:
+        cmd = flwr_run_command(args, Path(tmp) / "run-config.toml")
+        print("$", " ".join(cmd), flush=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        run_id = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if run_id is None and (match := RUN_STARTED.search(line)):
+                run_id = match.group(1)
+        if proc.wait() != 0 or run_id is None:
+            return proc.returncode or 1
     status = run_status(run_id, args.superlink, env)
     print(f"fedvit: run {run_id} {status}", flush=True)
     return 0 if status == "finished:completed" else 1

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedvit_app.run_config import check_config
+from fedvit_app.run_config import check_config, merge_overrides, resolved_run_config, write_overrides
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def run_experiment(exp: Experiment, app_dir: Path, out_root: Path, extra: list[s
         from fedvit_app.fat_report import write_fat_report
 
         summary = write_fat_report(out, exp.grid)
-        print(summary, flush=True)
+        print(summary + _config_note(out / "fat-table.md"), flush=True)
         return out
     summary = summarize(out, list(exp.methods))
     plot_accuracy(out, list(exp.methods))
@@ -95,15 +95,25 @@ def run_experiment(exp: Experiment, app_dir: Path, out_root: Path, extra: list[s
             if (out / label / "update-counts.json").exists()
         }
         plot_update_counts(reports, out / "update-counts.png")
-    print(summary, flush=True)
+    print(summary + _config_note(out / "summary.md"), flush=True)
     return out
+
+
+def _config_note(report: Path) -> str:
+    """Say in the report where each run's effective config is (what the run really used, every override merged)."""
+    note = (
+        "\nEach run's effective config (defaults, presets, `-c` overrides, then the method's own keys, merged key by "
+        "key): `<method>/config.json`.\n"
+    )
+    with report.open("a") as f:
+        f.write(note)
+    return note
 
 
 def _ensure_key(app_dir: Path, run_config: list[str]) -> None:
     """Encrypted methods need the clients' key: create it in the client state folder if there is none."""
     from clients.encryption import EncryptionKeyError, ensure_client_key
     from core.config import parse_config
-    from fedvit_app.run_config import resolved_run_config
 
     config = parse_config(resolved_run_config(app_dir, run_config))
     if config.encryption.enabled:
@@ -114,18 +124,11 @@ def _ensure_key(app_dir: Path, run_config: list[str]) -> None:
 
 
 def method_config(exp: Experiment, app_dir: Path, out: Path, label: str, overrides: list[str]) -> Path:
-    """One TOML file with the method's whole override set (``flwr run -c`` takes one file, unmixed)."""
-    from flwr.common.config import flatten_dict, parse_config_args
-
-    values: dict[str, Any] = {}
-    for preset in exp.base:
-        values |= flatten_dict(tomllib.loads((app_dir / preset).read_text()))
-    values |= parse_config_args([o for o in overrides if o.strip()] or None)
+    """One TOML file with the method's whole override set: presets, then ``overrides`` in order, merged key by key
+    (``flwr run -c`` takes one file, unmixed)."""
+    values = merge_overrides([str(app_dir / preset) for preset in exp.base] + overrides)
     values |= {"out-dir": str(out), "run-name": label}
-    path = out / ".configs" / f"{label}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()))
-    return path
+    return write_overrides(values, out / ".configs" / f"{label}.toml")
 
 
 def _accuracy_series(run_dir: Path) -> list[tuple[int, float]]:

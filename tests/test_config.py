@@ -114,3 +114,75 @@ def test_flower_env_finds_this_environments_flower_commands_without_activation()
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
     assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
     assert flower_env({"PATH": env["PATH"]})["PATH"] == env["PATH"]  # not added twice
+
+
+# -c strings that touch the same table: every command path merges them key by key (Flower's own merge drops keys).
+BOTH_DATA = ["data.name='bogus-dataset'", "data.partitioner='iid'"]
+
+
+def test_check_config_keeps_every_key_of_several_overrides(capsys):
+    root = Path(__file__).parents[1]
+    assert check_config(root, BOTH_DATA) == 2
+    assert "data.name='bogus-dataset'" in capsys.readouterr().err
+    assert check_config(root, list(reversed(BOTH_DATA))) == 2
+
+
+def test_merge_is_key_by_key_later_wins_and_files_mix_with_pairs(tmp_path):
+    from fedvit_app.run_config import merge_overrides, resolved_run_config
+
+    preset = tmp_path / "preset.toml"
+    preset.write_text('lr = 0.5\n[data]\nname = "cifar10"\nclasses-per-client = 3\n')
+    merged = merge_overrides([str(preset), "data.partitioner='noniid-k' lr=0.1", "data.name='synthetic'"])
+    assert merged == {"lr": 0.1, "data.name": "synthetic", "data.classes-per-client": 3, "data.partitioner": "noniid-k"}
+    resolved = resolved_run_config(Path(__file__).parents[1], [str(preset), "data.partitioner='noniid-k'"])
+    assert resolved["data.name"] == "cifar10" and resolved["data.partitioner"] == "noniid-k"
+    assert resolved["data.synthetic-train-size"] == 1200  # untouched defaults stay
+
+
+def test_bad_overrides_are_one_line_errors(capsys):
+    root = Path(__file__).parents[1]
+    assert check_config(root, ["data.name=cifar10"]) == 2  # an unquoted string is not a TOML value
+    assert "data.name='text'" in capsys.readouterr().err
+    assert check_config(root, ["no-such-key=1"]) == 2
+    assert "no-such-key" in capsys.readouterr().err
+    assert check_config(root, ["lr 0.1"]) == 2
+
+
+def test_fedvit_run_hands_flwr_one_merged_file(tmp_path):
+    import argparse
+
+    from flwr.common.config import parse_config_args
+
+    from fedvit_app.cli import DEFAULT_FEDERATION, flwr_run_command
+
+    args = argparse.Namespace(app=".", superlink=None, run_config=BOTH_DATA, federation_config=DEFAULT_FEDERATION)
+    cmd = flwr_run_command(args, tmp_path / "run-config.toml")
+    assert cmd.count("--run-config") == 1
+    file = cmd[cmd.index("--run-config") + 1]
+    assert parse_config_args([file]) == {"data.name": "bogus-dataset", "data.partitioner": "iid"}  # as Flower reads it
+
+
+def test_experiment_method_keeps_the_users_table_keys(tmp_path):
+    import tomllib
+
+    from fedvit_app.experiments import load_experiment, method_config
+    from fedvit_app.run_config import flatten
+
+    root = Path(__file__).parents[1]
+    exp = load_experiment(root / "conf/experiments/fat-cpu-quick.toml")
+    label = next(iter(exp.methods))
+    path = method_config(exp, root, tmp_path, label, ["data.name='imagefolder:/my/images'", exp.methods[label]])
+    values = flatten(tomllib.loads(path.read_text()))
+    assert values["data.name"] == "imagefolder:/my/images" and values["data.partitioner"] == "iid"
+    assert values["data.augment"] == "crop-flip"  # the grid preset's [data] table (conf/fat-cpu.toml) survives too
+
+
+def test_audit_and_deploy_commands_merge_overrides_key_by_key(tmp_path, capsys):
+    from fedvit_app.cli import main
+
+    pairs = [arg for override in BOTH_DATA for arg in ("-c", override)]
+    assert main(["audit", "--benchmark", "--out", str(tmp_path / "audit"), *pairs]) == 2
+    assert main(["deploy", "loopback", "--workdir", str(tmp_path / "deploy"), *pairs]) == 2
+    assert main(["keygen", "--out", str(tmp_path / "key"), *pairs]) == 2
+    assert capsys.readouterr().err.count("data.name='bogus-dataset'") == 3
+    assert not (tmp_path / "deploy").exists()  # refused before any process started

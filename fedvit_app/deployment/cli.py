@@ -83,6 +83,10 @@ def register(args: argparse.Namespace) -> int:
 
 def loopback(args: argparse.Namespace) -> int:
     from fedvit_app.deployment.loopback import DeploymentError, LoopbackDeployment
+    from fedvit_app.run_config import check_config
+
+    if check_config(Path(args.app), args.run_config):  # before starting a dozen processes
+        return 2
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fedvit-loopback-"))
     print(f"fedvit deploy loopback: {args.supernodes} SuperNodes; credentials, logs and state in {workdir}")
