@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.config import AdversarialConfig, RobustConfig
-from core.data import ImageSet
+from core.data import ImageSet, stratified_subset
 from core.model import classify
 
 
@@ -129,11 +129,13 @@ def robust_accuracy(
     device: torch.device,
     settings: RobustConfig,
     seed_words: list[int],
+    subset_seed: int,
     batch_size: int = 64,
 ) -> float:
-    """Accuracy on PGD versions (the ``robust.*`` attack) of the first ``settings.max_samples`` of ``indices``
-    (all when 0); a sample counts only if it survives every restart."""
-    indices = indices[: settings.max_samples or None]
+    """Accuracy on PGD versions (the ``robust.*`` attack) of ``settings.max_samples`` of ``indices`` (all when 0);
+    a sample counts only if it survives every restart. ``seed_words`` seed the attack's random starts; the subset
+    is class-stratified and seeded by ``subset_seed`` alone (the run seed), so every round measures the same images."""
+    indices = stratified_subset(images.labels, indices, settings.max_samples, subset_seed)
     attack, generator = attack_from(settings), torch_generator(seed_words, device)
     correct = 0
     for start in range(0, len(indices), batch_size):

@@ -198,7 +198,7 @@ def evaluate_local(
     if config.robust.enabled:
         metrics["eval-robust-accuracy"] = robust_accuracy(
             model, data.test_images, data.test, _img_size(model), device, config.robust,
-            [config.seed, server_round, partition_id, 2],
+            [config.seed, server_round, partition_id, 2], subset_seed=config.seed,
         )  # fmt: skip
     return metrics
 

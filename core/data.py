@@ -1,4 +1,5 @@
-"""Datasets (synthetic, CIFAR-10, image folders), bilinear resizing and seeded partitioning."""
+"""Datasets (synthetic, CIFAR-10, image folders), bilinear resizing, seeded partitioning and class-stratified
+subsets (never "the first N": image folders and CIFAR-style test sets come sorted by class)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-from core.config import DataConfig
+from core.config import ConfigError, DataConfig
 
 SYNTHETIC_SIZE = 32  # native resolution of the generated images
 
@@ -115,6 +116,33 @@ def imagefolder(path: str, split: str, seed: int) -> ImageSet:
     return ImageSet(labels=labels, num_classes=len(folder.classes), files=tuple(files.tolist()))
 
 
+def check_imagefolder(cfg: DataConfig) -> None:
+    """For ``imagefolder:<path>``: the folder exists and holds images in class subfolders, else one-line ConfigError.
+
+    Cheap (stops at the first image) and meant for where the data is local (``fedvit check-config``, local runs):
+    in a deployment only the clients' machines need the folder.
+    """
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    path = cfg.imagefolder_path
+    if path is None:
+        return
+    root = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(root):
+        raise ConfigError("data.name", cfg.name, f"an existing folder ({root} does not exist)")
+    splits = [os.path.join(root, s) for s in ("train", "test")]
+    for top in splits if all(os.path.isdir(s) for s in splits) else [root]:
+        classes = [e.path for e in os.scandir(top) if e.is_dir()]
+        if not any(_holds_image(c, IMG_EXTENSIONS) for c in classes):
+            raise ConfigError(
+                "data.name", cfg.name, f"a folder of <class>/<image> files ({top} holds no images in class folders)"
+            )
+
+
+def _holds_image(folder: str, extensions: tuple[str, ...]) -> bool:
+    return any(name.lower().endswith(extensions) for _, _, names in os.walk(folder) for name in names)
+
+
 @functools.lru_cache(maxsize=4)
 def load_dataset(cfg: DataConfig, seed: int, split: str) -> ImageSet:
     """The configured dataset split ("train" or "test"); cached per process."""
@@ -168,6 +196,45 @@ def partition_indices(labels: np.ndarray, num_partitions: int, cfg: DataConfig, 
     return [np.asarray(partitioner.load_partition(pid)["idx"], dtype=np.int64) for pid in range(num_partitions)]
 
 
+def stratified_order(labels: np.ndarray, seed_words: list[int]) -> np.ndarray:
+    """Positions of ``labels`` ordered so that every prefix is a seeded, class-stratified sample.
+
+    Each class is shuffled (seeded), and its j-th member is placed at key (j + 0.5) / class size, so the first n
+    positions hold every class in proportion to its size (within one sample) whatever the input order.
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed_words)
+    keys = np.empty(len(labels))
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        keys[members] = (np.arange(len(members)) + 0.5) / len(members)
+    tiebreak = rng.random(len(labels))  # classes of equal size interleave in a seeded order
+    return np.lexsort((tiebreak, keys))
+
+
+def stratified_subset(labels: np.ndarray, indices: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``n`` of ``indices`` (all when n is 0 or more than there are), class-stratified by ``labels[indices]``,
+    the same for the same seed (so curves over rounds are measured on the same images); sorted."""
+    indices = np.asarray(indices)
+    if n <= 0 or n >= len(indices):
+        return indices
+    return np.sort(indices[stratified_order(labels[indices], [seed, 0x5B5E7])[:n]])
+
+
+def stratified_shards(labels: np.ndarray, num_shards: int, seed_words: list[int]) -> list[np.ndarray]:
+    """Split positions of ``labels`` into shards that partition them, differ in size by at most one, and hold each
+    class's members dealt round-robin (so a class with at least ``num_shards`` members is in every shard)."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed_words)
+    shard_of = np.empty(len(labels), dtype=np.int64)
+    dealt = 0
+    for c in rng.permutation(np.unique(labels)):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        shard_of[members] = (dealt + np.arange(len(members))) % num_shards
+        dealt += len(members)
+    return [np.flatnonzero(shard_of == s) for s in range(num_shards)]
+
+
 @dataclass(frozen=True, eq=False)
 class ClientData:
     """One client's view: training indices into ``images``, test indices into ``test_images``."""
@@ -183,8 +250,9 @@ def client_data(cfg: DataConfig, seed: int, partition_id: int, num_partitions: i
     """Partition ``partition_id`` and the client's test data; cached.
 
     ``cfg.client_eval`` "split": the partition is split into local train/test by ``cfg.client_test_fraction``.
-    "test-shard": the client trains on its whole partition and tests on every n-th image of the official
-    test set (offset = partition id), so the weighted mean over all clients is the whole test set's score.
+    "test-shard": the client trains on its whole partition and tests on its shard of the official test set:
+    the shards partition it (so the weighted mean over all clients is the whole test set's score) and each is
+    class-stratified (:func:`stratified_shards`).
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} outside [0, {num_partitions})")
@@ -194,7 +262,7 @@ def client_data(cfg: DataConfig, seed: int, partition_id: int, num_partitions: i
     indices = _partitions(cfg, seed, num_partitions)[partition_id]
     if cfg.client_eval == "test-shard":
         test_images = load_dataset(cfg, seed, "test")
-        shard = np.arange(partition_id, len(test_images), num_partitions)
+        shard = stratified_shards(test_images.labels, num_partitions, [seed, 0x5A4D])[partition_id]
         return ClientData(images=images, train=np.sort(indices), test=shard, test_images=test_images)
     order = np.random.default_rng([seed, partition_id, 0x7E57]).permutation(indices)
     n_test = int(round(len(order) * cfg.client_test_fraction))

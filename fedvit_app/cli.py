@@ -40,11 +40,11 @@ def flwr_run_command(args: argparse.Namespace, override_file: Path) -> list[str]
 def run(args: argparse.Namespace) -> int:
     """``flwr run <app> --stream`` after a local config check; the exit code reflects the run's status."""
     app_dir = Path(args.app)
-    code = check_config(app_dir, args.run_config)
+    local = args.superlink is None or args.superlink == "local"
+    code = check_config(app_dir, args.run_config, local_data=local)
     if code:
         return code
     env = flower_env()
-    local = args.superlink is None or args.superlink == "local"
     no_install = env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"  # unless the user asked otherwise
     setting = "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
     stale = superlink_pids(flwr_home(), with_env=setting) if local and no_install else []
@@ -82,7 +82,7 @@ def keys(args: argparse.Namespace) -> int:
         if args.command == "decrypt":
             print(f"decrypted model: {decrypt_file(args.model, EncryptionKey.load(args.key), args.out)}")
             return 0
-        if check_config(Path(args.app), args.run_config):
+        if check_config(Path(args.app), args.run_config, local_data=False):  # the key needs the model only
             return 2
         config = parse_config(resolved_run_config(Path(args.app), args.run_config))
         path = keygen(config.model, args.out, args.seed, args.force)
@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         "--federation-config", default=DEFAULT_FEDERATION, help=f"simulation settings (default: {DEFAULT_FEDERATION!r})"
     )
 
-    p_check = sub.add_parser("check-config", help="validate the run config without running")
+    p_check = sub.add_parser(
+        "check-config", help="validate the run config without running (an imagefolder: path must exist here)"
+    )
     p_check.add_argument("app", nargs="?", default=".")
     p_check.add_argument("-c", "--run-config", action="append", default=[])
 

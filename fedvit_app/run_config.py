@@ -18,6 +18,7 @@ from typing import Any
 import tomli_w
 
 from core.config import ConfigError, parse_config
+from core.data import check_imagefolder
 
 # Flower's key=value syntax: values are TOML (strings quoted), pairs separated by whitespace.
 PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
@@ -90,10 +91,16 @@ def write_overrides(values: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def check_config(app_dir: Path, overrides: list[str]) -> int:
-    """Validate the resolved run config; print one line and return 2 on the first error."""
+def check_config(app_dir: Path, overrides: list[str], local_data: bool = True) -> int:
+    """Validate the resolved run config; print one line and return 2 on the first error.
+
+    With ``local_data`` the data must be here too (an ``imagefolder:`` path exists and holds images); runs on a
+    remote deployment pass False, since there only the clients' machines hold the data.
+    """
     try:
-        parse_config(resolved_run_config(app_dir, overrides))
+        config = parse_config(resolved_run_config(app_dir, overrides))
+        if local_data:
+            check_imagefolder(config.data)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2

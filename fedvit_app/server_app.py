@@ -112,7 +112,7 @@ class RoundEnd:
             if self.config.robust.enabled:
                 central["central-robust-accuracy"] = robust_accuracy(
                     self.model, self.test, np.arange(len(self.test)), img_size, device, self.config.robust,
-                    [self.config.seed, rnd, 3],
+                    [self.config.seed, rnd, 3], subset_seed=self.config.seed,
                 )  # fmt: skip
             entry |= dict(central)
         stats = self.strategy.stats.get(rnd)

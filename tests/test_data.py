@@ -75,3 +75,103 @@ def test_test_shard_evaluation_covers_the_test_set_once():
     assert sorted(np.concatenate([d.test for d in shards]).tolist()) == list(range(30))
     assert sum(len(d.train) for d in shards) == 40  # no local split: every training image is trained on
     assert all(d.test_images is load_dataset(cfg, 0, "test") for d in shards)
+
+
+# ------------------------------------------------------------------ class-sorted folders: samples, not prefixes
+
+
+def class_sorted_folder(root, classes=10, train_per_class=4, test_per_class=6):
+    """``root/{train,test}/<class>/*.png``: torchvision's ImageFolder lists it sorted by class."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train_per_class), ("test", test_per_class)):
+        for c in range(classes):
+            folder = root / split / f"class-{c:02d}"
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = (rng.random((8, 8, 3)) * 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+def test_stratified_subset_spans_every_class_of_a_sorted_set_and_is_stable():
+    from core.data import stratified_subset
+
+    labels = np.repeat(np.arange(10), 30)  # sorted by class, like an image folder's test split
+    indices = np.arange(len(labels))
+    assert set(labels[indices[:20]]) == {0}  # what "the first N" would measure
+    subset = stratified_subset(labels, indices, 20, seed=0)
+    assert np.bincount(labels[subset], minlength=10).tolist() == [2] * 10
+    np.testing.assert_array_equal(subset, stratified_subset(labels, indices, 20, seed=0))  # same every round
+    assert not np.array_equal(subset, stratified_subset(labels, indices, 20, seed=1))
+    np.testing.assert_array_equal(stratified_subset(labels, indices, 0, seed=0), indices)  # 0 = all
+    uneven = np.repeat(np.arange(3), [60, 30, 10])
+    counts = np.bincount(uneven[stratified_subset(uneven, np.arange(100), 10, seed=0)], minlength=3)
+    assert counts.tolist() == [6, 3, 1]  # in proportion to the class sizes
+
+
+def test_robust_accuracy_measures_a_stratified_sample_of_a_class_sorted_folder(tmp_path):
+    import torch
+
+    from clients.adversarial import robust_accuracy
+    from core.config import ModelConfig, RobustConfig
+    from core.data import ImageSet
+    from core.model import build_model
+
+    cfg = DataConfig(name=f"imagefolder:{class_sorted_folder(tmp_path)}")
+    test = load_dataset(cfg, 0, "test")
+    assert test.labels.tolist() == sorted(test.labels.tolist())
+    seen: list[np.ndarray] = []
+
+    class Recording(ImageSet):
+        def batch(self, indices, img_size):
+            seen.append(np.asarray(indices))
+            return super().batch(indices, img_size)
+
+    images = Recording(labels=test.labels, num_classes=test.num_classes, files=test.files)
+    model = build_model(ModelConfig(), test.num_classes, 0)
+    settings = RobustConfig(enabled=True, steps=1, max_samples=20)
+    for server_round in (1, 2):
+        robust_accuracy(model, images, np.arange(len(test)), 32, torch.device("cpu"), settings, [0, server_round], 0)
+    first, second = (np.concatenate(seen[: len(seen) // 2]), np.concatenate(seen[len(seen) // 2 :]))
+    assert np.bincount(test.labels[first], minlength=10).tolist() == [2] * 10
+    np.testing.assert_array_equal(first, second)  # the same images in every round
+
+
+def test_test_shards_of_a_class_sorted_folder_are_stratified(tmp_path):
+    cfg = DataConfig(name=f"imagefolder:{class_sorted_folder(tmp_path)}", client_eval="test-shard")
+    shards = [client_data(cfg, 0, p, 3) for p in range(3)]
+    labels = shards[0].test_images.labels
+    together = np.concatenate([s.test for s in shards])
+    assert sorted(together.tolist()) == list(range(len(labels)))  # a partition of the test set
+    for shard in shards:
+        assert set(labels[shard.test].tolist()) == set(range(10))  # each shard holds every class
+
+
+def test_stratified_shards_hold_every_class_even_for_periodic_orders():
+    from core.data import stratified_shards
+
+    periodic = np.tile(np.arange(10), 6)  # every 10th image is one class: "every n-th" shards would be single-class
+    assert {len(set(periodic[np.arange(p, 60, 10)].tolist())) for p in range(10)} == {1}
+    shards = stratified_shards(periodic, 10, [0, 1])
+    assert sorted(np.concatenate(shards).tolist()) == list(range(60))
+    assert all(len(set(periodic[s].tolist())) == 6 for s in shards)  # 6 members per class: 6 classes per shard
+    sizes = [len(s) for s in stratified_shards(np.repeat(np.arange(3), [7, 5, 2]), 4, [0])]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_check_config_refuses_an_imagefolder_without_images(tmp_path, capsys):
+    from pathlib import Path
+
+    from fedvit_app.run_config import check_config
+
+    root = Path(__file__).parents[1]
+    (tmp_path / "empty" / "class-a").mkdir(parents=True)
+    (tmp_path / "empty" / "class-a" / "notes.txt").write_text("not an image")
+    for folder in (tmp_path / "missing", tmp_path / "empty"):
+        assert check_config(root, [f"data.name='imagefolder:{folder}'"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("config error: data.name=") and str(folder) in err
+    assert check_config(root, [f"data.name='imagefolder:{class_sorted_folder(tmp_path / 'ok')}'"]) == 0
+    assert check_config(root, [f"data.name='imagefolder:{tmp_path / 'missing'}'"], local_data=False) == 0
