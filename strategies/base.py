@@ -99,6 +99,21 @@ def weighted_metrics(replies: list[Message]) -> MetricRecord:
     return MetricRecord(out)
 
 
+DISCOVERY_FIELDS = ("partition-id", "num-partitions", "num-classes")  # what the server reads from a reply
+
+
+def check_discovery_reply(info: dict) -> str | None:
+    """Why a discovery reply (``clients.runner.describe``) is unusable, or None."""
+    missing = [key for key in DISCOVERY_FIELDS if key not in info]
+    if missing:
+        return f"lacks {missing} (has {sorted(info)})"
+    if not all(isinstance(info[key], int) and not isinstance(info[key], bool) for key in DISCOVERY_FIELDS):
+        return f"has non-integer fields ({ {key: info[key] for key in DISCOVERY_FIELDS} })"
+    if not 0 <= info["partition-id"] < info["num-partitions"] or info["num-classes"] < 1:
+        return f"has partition-id {info['partition-id']} of {info['num-partitions']}, {info['num-classes']} classes"
+    return None
+
+
 class FedVitStrategy(FedAvg):
     """Base for fedvit's strategies; subclasses implement :meth:`aggregate_arrays`.
 
@@ -131,7 +146,9 @@ class FedVitStrategy(FedAvg):
         self.evaluate_round = evaluate_round  # whether federated evaluation runs in a given round
         self.round_offset = 0  # rounds already done before a resumed start()
         self.partition_of: dict[int, int] = {}  # node id -> partition id
-        self.node_info: dict[int, dict] = {}  # node id -> what the node reported at discovery
+        self.node_info: dict[int, dict] = {}  # node id -> what the node reported at discovery (well-formed)
+        self.excluded: dict[int, str] = {}  # node id -> why its discovery reply was rejected (for the run)
+        self.refused: dict[int, int] = {}  # node id -> the node that holds the partition id it claims
         self.stats: dict[int, RoundStats] = {}
         self.global_arrays: ArrayRecord | None = None
         self.tap = None  # attacks.eavesdropper.ServerTap when capture is on: the server's view, for the audit
@@ -142,7 +159,13 @@ class FedVitStrategy(FedAvg):
     # ------------------------------------------------------------------ sampling
 
     def discover(self, grid: Grid) -> dict[int, int]:
-        """Wait for ``min_available_nodes`` and learn the partition id of every new node (one query each)."""
+        """Wait for ``min_available_nodes`` and learn the partition id of every new node (one query each).
+
+        Returns node id -> partition id for the connected nodes that hold a partition. A node whose reply lacks
+        the expected fields is logged and excluded for the run. A node claiming a partition id that a connected
+        node already holds is refused by name and not sampled (the earlier node keeps it); it takes the
+        partition over only once that node has left (e.g. a SuperNode restarted under a new node id).
+        """
         deadline = time.monotonic() + self.wait_timeout
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
             if time.monotonic() > deadline:
@@ -152,7 +175,7 @@ class FedVitStrategy(FedAvg):
                 )
             log(INFO, "Waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
             time.sleep(WAIT_POLL_S)
-        new = [n for n in nodes if n not in self.partition_of]
+        new = [n for n in nodes if n not in self.node_info and n not in self.excluded]
         if new:
             query = RecordDict({"config": ConfigRecord({"ask": "partition-id"})})
             messages = [Message(query, dst_node_id=n, message_type=MessageType.QUERY) for n in new]
@@ -161,13 +184,42 @@ class FedVitStrategy(FedAvg):
                 if reply.has_error():
                     log(WARNING, "node %d did not report its partition: %s", node, reply.error.reason)
                     continue
-                info = dict(reply.content["config"])
+                info = dict(reply.content["config"]) if "config" in reply.content.config_records else {}
                 if "error" in info:
                     raise ClientSetupError(f"partition {info.get('partition-id')}: {info['error']}")
+                problem = check_discovery_reply(info)
+                if problem is not None:
+                    log(WARNING, "node %d excluded: its discovery reply %s", node, problem)
+                    self.excluded[node] = problem
+                    continue
                 self.node_info[node] = info
-                self.partition_of[node] = int(info["partition-id"])
+        self._assign_partitions(set(nodes))
         present = set(nodes)
         return {n: p for n, p in self.partition_of.items() if n in present}
+
+    def _assign_partitions(self, present: set[int]) -> None:
+        """Give each connected node its claimed partition unless another connected node holds it (first come)."""
+        holder = {p: n for n, p in self.partition_of.items() if n in present}
+        for node, info in self.node_info.items():  # in discovery order: the earlier claim wins
+            if node not in present or node in self.partition_of:
+                continue
+            partition = int(info["partition-id"])
+            if partition in holder:
+                if self.refused.get(node) != holder[partition]:
+                    log(
+                        WARNING,
+                        "node %d refused: partition-id %d is already held by node %d "
+                        "(give every SuperNode its own --node-config partition-id)",
+                        node, partition, holder[partition],
+                    )  # fmt: skip
+                    self.refused[node] = holder[partition]
+                continue
+            for gone in [n for n, p in self.partition_of.items() if p == partition]:
+                del self.partition_of[gone]  # a node that left: its partition passes to the new claimant
+            if self.refused.pop(node, None) is not None:
+                log(INFO, "node %d now holds partition-id %d (its earlier holder left)", node, partition)
+            self.partition_of[node] = partition
+            holder[partition] = node
 
     def prepare_initial(self, grid: Grid, arrays: ArrayRecord, resumed: bool = False) -> ArrayRecord:
         """Setup before the first round (e.g. a key handshake); returns the global model to start from."""

@@ -153,3 +153,86 @@ def test_waiting_for_nodes_times_out_with_clear_error():
     s = FedSGD(lr=0.1, min_nodes=3, wait_timeout=0.01)
     with pytest.raises(NodesUnavailableError, match="min-nodes=3"):
         s.discover(FakeGrid({1: 0}))
+
+
+class ScriptedGrid(FakeGrid):
+    """A FakeGrid whose discovery replies are given per node (to send malformed ones)."""
+
+    def __init__(self, infos: dict[int, dict | None]) -> None:
+        super().__init__({node: 0 for node in infos})
+        self.infos = infos
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import ConfigRecord, RecordDict
+        from flwr.app.message import make_message
+
+        from tests.helpers import reply_metadata
+
+        out = []
+        for msg in messages:
+            self.queries += 1
+            node = msg.metadata.dst_node_id
+            info = self.infos[node]
+            content = RecordDict() if info is None else RecordDict({"config": ConfigRecord(info)})
+            out.append(make_message(reply_metadata(node, "query"), content=content))
+        return out
+
+
+@pytest.fixture
+def flower_log():
+    """Flower's log lines (its logger does not propagate to pytest's caplog)."""
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    FLOWER_LOGGER.addHandler(handler)
+    yield lines
+    FLOWER_LOGGER.removeHandler(handler)
+
+
+def test_a_second_node_claiming_a_partition_id_is_refused_by_name(flower_log):
+    s = FedSGD(lr=0.1, min_nodes=2)
+    grid = FakeGrid({1: 0, 2: 1, 3: 1})
+    assert s.discover(grid) == {1: 0, 2: 1}
+    assert [line for line in flower_log if "refused" in line] == [
+        "node 3 refused: partition-id 1 is already held by node 2 (give every SuperNode its own --node-config "
+        "partition-id)"
+    ]
+    assert s.discover(grid) == {1: 0, 2: 1} and sum("refused" in line for line in flower_log) == 1  # logged once
+    assert 3 not in s.sample(grid, 1, 1.0, stream=0)
+    del grid.partition_of[2]  # node 2 leaves (a restarted SuperNode comes back under a new node id)
+    assert s.discover(grid) == {1: 0, 3: 1}
+    assert grid.queries == 3  # nobody was asked twice
+
+
+def test_malformed_discovery_replies_exclude_the_node_instead_of_crashing(flower_log):
+    good = {"partition-id": 0, "num-partitions": 4, "num-classes": 10}
+    grid = ScriptedGrid(
+        {
+            1: good,
+            2: None,  # no config record at all
+            3: {"partition-id": 2, "num-partitions": 4},  # no num-classes
+            4: good | {"partition-id": "3"},  # not an integer
+            5: good | {"partition-id": 7},  # outside [0, num-partitions)
+            6: good | {"partition-id": 1},
+        }
+    )
+    s = FedSGD(lr=0.1, min_nodes=2)
+    assert s.discover(grid) == {1: 0, 6: 1}
+    assert sorted(s.excluded) == [2, 3, 4, 5] and "num-classes" in s.excluded[3]
+    assert sum("excluded" in line for line in flower_log) == 4
+    s.discover(grid)
+    assert grid.queries == 6  # excluded nodes are not asked again
+
+
+def test_a_run_with_two_nodes_on_one_partition_trains_on_the_others(tmp_path):
+    from tests.helpers import run_in_process
+
+    config = {"run-name": "dup", "out-dir": str(tmp_path), "num-server-rounds": 1, "min-nodes": 2}
+    run_dir, grid = run_in_process(config, 3, node_config={2: {"partition-id": 1}})
+    trained = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"}
+    assert trained == {100, 101}  # node 102 claimed partition 1 too and was never sampled
+    assert (run_dir / "metrics.json").is_file()
