@@ -1,11 +1,14 @@
-"""Per-round latency: loopback deployment (TLS, SuperNode auth, process isolation) vs simulation.
+"""Per-round latency: loopback deployment (TLS, SuperNode auth, process isolation) vs simulation vs Flower's floor.
 
-The same tiny run (default model and data, FedSGD, 3 clients, central and federated evaluation every round) is
-run once as a ``flwr run`` simulation and once against the loopback deployment of ``fedvit deploy loopback``.
-Reported: median round time after round 1, its train and evaluate parts, and the import time of one ClientApp
-process (deployment starts a fresh one per message).
+The same tiny run (default model and data, FedSGD, N clients, central and federated evaluation every round) is
+run as a ``flwr run`` simulation and against the loopback deployment of ``fedvit deploy loopback`` (warm
+``fedvit-superexec`` executors; with ``--cold`` also Flower's plain ``flower-superexec``), and the same
+deployment runs ``benchmarks/floor_app.py`` (a ClientApp that imports nothing heavy and echoes at once: Flower's
+own floor). Reported: median round time after round 1, fedvit's ratio to the floor, messages per round, the
+time from a task's launch to the ClientApp handler, and the import time of a fresh ClientApp process against a
+bare ``import torch``.
 
-Usage: uv run --frozen python benchmarks/deployment_latency.py [--rounds 4] [--clients 3]
+Usage: uv run --frozen python benchmarks/deployment_latency.py [--rounds 3] [--clients 3] [--cold]
 """
 
 from __future__ import annotations
@@ -22,41 +25,66 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from round_overhead import flwr_run, snapshot  # noqa: E402
 
+from fedvit_app.client_app import REPORT_LAUNCH_ENV  # noqa: E402
 from fedvit_app.deployment.loopback import LoopbackDeployment  # noqa: E402
 from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink  # noqa: E402
 
 
 def round_times(run_dir: Path) -> dict[str, float]:
+    """Medians over rounds >= 2 of fedvit's metrics.json."""
     rounds = [r for r in json.loads((run_dir / "metrics.json").read_text())["rounds"] if r["round"] >= 2]
-    return {key: statistics.median(r[key] for r in rounds) for key in ("round-s", "train-s", "evaluate-s")}
+    keys = ("round-s", "messages", "launch-to-handler-s")
+    return {key: statistics.median(r[key] for r in rounds) for key in keys if all(key in r for r in rounds)}
 
 
-def clientapp_import_s(repeats: int = 3) -> float:
-    """Wall time of a fresh Python process importing the ClientApp (what each deployment message pays)."""
+def import_s(statement: str, repeats: int = 3) -> float:
+    """Median wall time of a fresh Python process running ``statement``."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import fedvit_app.client_app"], check=True)
+        subprocess.run([sys.executable, "-c", statement], check=True)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
+def deployment_run(app: Path, work: Path, clients: int, overrides: list[str], warm: bool = True) -> None:
+    env = {REPORT_LAUNCH_ENV: "1"}
+    with LoopbackDeployment(work, clients, client_env=env, warm_executor=warm) as deployment:
+        done = deployment.run(app, overrides)
+    if done.returncode != 0:
+        sys.exit(f"deployment run failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
+
+
+def floor_app(dest: Path) -> Path:
+    """A copy of the app whose ServerApp and ClientApp are benchmarks/floor_app.py."""
+    app = snapshot(dest)
+    pyproject = app / "pyproject.toml"
+    text = pyproject.read_text()
+    text = text.replace('serverapp = "fedvit_app.server_app:app"', 'serverapp = "benchmarks.floor_app:server"')
+    text = text.replace('clientapp = "fedvit_app.client_app:app"', 'clientapp = "benchmarks.floor_app:client"')
+    pyproject.write_text(text)
+    return app
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="also run Flower's plain subprocess executor")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="fedvit-deploy-bench-"))
     app = snapshot(work / "app")
     out = work / "outputs"
     common = [f"out-dir='{out}'", f"num-server-rounds={args.rounds}", f"min-nodes={args.clients}"]
-    results = {}
+    results: dict[str, dict[str, float]] = {}
+    steps = 5 if args.cold else 4
 
-    print("[1/3] ClientApp import time ...", flush=True)
-    import_s = clientapp_import_s()
+    print(f"[1/{steps}] import times (fresh interpreters) ...", flush=True)
+    torch_s = import_s("import torch")
+    client_s = import_s("import fedvit_app.client_app")
 
-    print("[2/3] simulation ...", flush=True)
+    print(f"[2/{steps}] simulation ...", flush=True)
     home = work / "flwr-home"
     env = private_superlink_env(home)
     try:
@@ -65,21 +93,35 @@ def main() -> None:
         stop_local_superlink(home)
     results["simulation (Ray, 1 CPU per client)"] = round_times(out / "simulation")
 
-    print("[3/3] loopback deployment ...", flush=True)
-    with LoopbackDeployment(work / "loopback", args.clients) as deployment:
-        done = deployment.run(app, [*common, "run-name='deployment'"])
-    if done.returncode != 0:
-        sys.exit(f"deployment run failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
-    results["loopback deployment (TLS, auth, process isolation)"] = round_times(out / "deployment")
+    print(f"[3/{steps}] loopback deployment, warm executor ...", flush=True)
+    deployment_run(app, work / "loopback", args.clients, [*common, "run-name='deployment'"])
+    results["loopback deployment (warm fedvit-superexec)"] = round_times(out / "deployment")
 
+    print(f"[4/{steps}] loopback deployment, Flower's floor (floor_app.py) ...", flush=True)
+    deployment_run(floor_app(work / "floor-app"), work / "loopback-floor", args.clients, [*common, "run-name='floor'"])
+    floor = json.loads((out / "floor" / "floor-rounds.json").read_text())["round-s"]
+    results["Flower's floor (same deployment, echo ClientApp)"] = {
+        "round-s": statistics.median(floor[1:]),
+        "messages": args.clients,
+    }
+
+    if args.cold:
+        print(f"[5/{steps}] loopback deployment, Flower's subprocess executor (cold start per message) ...")
+        deployment_run(app, work / "loopback-cold", args.clients, [*common, "run-name='cold'"], warm=False)
+        results["loopback deployment (cold flower-superexec)"] = round_times(out / "cold")
+
+    floor_s = results["Flower's floor (same deployment, echo ClientApp)"]["round-s"]
     print(
         "\ncommand: uv run --frozen python benchmarks/deployment_latency.py "
-        f"--rounds {args.rounds} --clients {args.clients}"
+        f"--rounds {args.rounds} --clients {args.clients}{' --cold' if args.cold else ''}"
     )
-    print("| runtime | round s | train s | evaluate s |\n|---|---|---|---|")
+    print("| runtime | round s | × floor | messages per round | launch → handler s |\n|---|---|---|---|---|")
     for name, r in results.items():
-        print(f"| {name} | {r['round-s']:.2f} | {r['train-s']:.2f} | {r['evaluate-s']:.2f} |")
-    print(f"\nClientApp process import (fresh interpreter, `import fedvit_app.client_app`): {import_s:.1f} s")
+        launch = f"{r['launch-to-handler-s']:.2f}" if "launch-to-handler-s" in r else "–"
+        messages = f"{r['messages']:.0f}" if "messages" in r else "–"
+        ratio = f"{r['round-s'] / floor_s:.2f}" if "deployment" in name or "floor" in name else "–"
+        print(f"| {name} | {r['round-s']:.2f} | {ratio} | {messages} | {launch} |")
+    print(f"\nfresh interpreter: `import torch` {torch_s:.2f} s, `import fedvit_app.client_app` {client_s:.2f} s")
 
 
 if __name__ == "__main__":

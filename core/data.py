@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torchvision.transforms.v2 import functional as TF
 
 from core.config import ConfigError, DataConfig
 
@@ -45,9 +44,11 @@ class ImageSet:
 
 
 def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear with antialiasing: what torchvision's ``resize`` computes for float images (bit-identical, tested),
+    without importing torchvision (its import pulls torch._dynamo: seconds per fresh ClientApp process)."""
     if x.shape[-1] == size and x.shape[-2] == size:
         return x
-    return TF.resize(x, [size, size], interpolation=TF.InterpolationMode.BILINEAR, antialias=True).clamp_(0, 1)
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True).clamp_(0, 1)
 
 
 def _read_image(path: str) -> torch.Tensor:

@@ -53,6 +53,15 @@ class RunRecorder:
     def record_round(self, entry: dict[str, Any]) -> None:
         """Append one round's metrics and rewrite metrics.json."""
         self.history = [h for h in self.history if h["round"] != entry["round"]] + [entry]
+        self._write_metrics()
+
+    def amend_round(self, server_round: int, values: dict[str, Any]) -> None:
+        """Add ``values`` to a recorded round's entry (metrics that arrive a round later) and rewrite metrics.json."""
+        entry = next(h for h in self.history if h["round"] == server_round)
+        entry.update(values)
+        self._write_metrics()
+
+    def _write_metrics(self) -> None:
         atomic_write(self.root / "metrics.json", json.dumps({"rounds": self.history}, indent=2).encode())
 
     def checkpoint(self, server_round: int, weights: dict[str, np.ndarray], strategy_state: dict[str, np.ndarray]):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -9,7 +13,9 @@ from attacks.eavesdropper import capture_mod, ground_truth_hook
 from clients import runner
 from clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
 from core.config import Config
+from strategies.base import FedVitStrategy
 
+REPORT_LAUNCH_ENV = "FEDVIT_REPORT_LAUNCH"  # "1": train replies carry launch-to-handler-s (deployment benchmark)
 MODS = [capture_mod]  # the eavesdropper only records, and only when capture.enabled
 app = ClientApp(mods=MODS)
 
@@ -48,24 +54,42 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"config": ConfigRecord(info)}), reply_to=msg)
 
 
+def _process_age_s() -> float:
+    """Seconds since this process started (Linux /proc): in deployment a process per task, forked or started
+    fresh, so this is the time from the task's launch to the handler."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    boot = next(
+        float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+    )
+    return time.time() - (boot + int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local training for one round; replies with 'arrays' (gradient or weights), 'masks' when masking, 'metrics'."""
+    """Local training for one round; replies with 'arrays' (gradient or weights), 'masks' when masking, 'metrics',
+    and 'evaluate-metrics' when the server merged the previous round's evaluation into this message."""
+    launch_s = _process_age_s() if os.environ.get(REPORT_LAUNCH_ENV) == "1" else None
     config = runner.client_config(context.run_config)
     round_config = msg.content["config"]
     server_round, partition = int(round_config["server-round"]), _partition(context)
     mask_seed = context.node_config.get("mask-seed")  # client-only; never in the run config
     locked = context.state.array_records.get("locked-mask")
     locked_cache = {k: v.numpy() for k, v in locked.items()} if locked is not None else {}
+    weights, key = _weights(msg), _key(config, context)
+    evaluation = None
+    if "evaluate-round" in round_config:  # merged message: evaluate the received model first, as @app.evaluate would
+        evaluation = runner.evaluate_local(
+            config, *partition, weights, key=key, server_round=int(round_config["evaluate-round"])
+        )
     records, metrics = runner.train(
         config,
         *partition,
-        _weights(msg),
+        weights,
         server_round,
         float(round_config.get("lr", config.lr)),
         mask_seed=None if mask_seed is None else int(mask_seed),
         locked_cache=locked_cache,
-        key=_key(config, context),
+        key=key,
         proximal_mu=float(round_config.get("proximal-mu", 0.0)),
         server_control=_weights(msg, "control") if "control" in msg.content.array_records else None,
         run_key=config.run_name or f"run-{context.run_id}",
@@ -74,7 +98,11 @@ def train(msg: Message, context: Context) -> Message:
     if locked_cache and locked is None:  # keep the locked masks in the node's state for the next rounds
         context.state["locked-mask"] = ArrayRecord({k: Array(v) for k, v in locked_cache.items()})
     content = RecordDict({name: ArrayRecord({k: Array(v) for k, v in rec.items()}) for name, rec in records.items()})
+    if launch_s is not None:
+        metrics["launch-to-handler-s"] = launch_s
     content["metrics"] = MetricRecord(metrics)
+    if evaluation is not None:
+        content[FedVitStrategy.EVALUATE_RECORD] = MetricRecord(evaluation)
     return Message(content, reply_to=msg)
 
 

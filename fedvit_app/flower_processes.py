@@ -134,5 +134,3 @@ def run_status(run_id: str, superlink: str | None, env: dict[str, str]) -> str:
         return json.loads(out)["runs"][0]["status"]
     except (ValueError, KeyError, IndexError):
         return f"unknown ({out.strip()[:200]})"
-
-

@@ -21,6 +21,7 @@ from core.config import Config, ConfigError, evaluates_in, parse_config
 from core.data import DatasetUnavailableError, load_dataset
 from core.model import PretrainedWeightsError, build_model, get_weights, resolve_device, set_weights
 from core.results import RunRecorder, load_checkpoint
+from fedvit_app.polling_grid import PollingGrid, poll_interval
 from strategies import STRATEGIES, FedVitStrategy
 from strategies.base import ClientSetupError, ClientsFailedError, NodesUnavailableError
 from strategies.encrypted import ENCRYPTED_STRATEGIES, KeyHandshakeError
@@ -115,6 +116,7 @@ class RoundEnd:
                     [self.config.seed, rnd, 3], subset_seed=self.config.seed,
                 )  # fmt: skip
             entry |= dict(central)
+        self._amend_merged_evaluation(rnd - 1)
         stats = self.strategy.stats.get(rnd)
         if stats is not None:
             entry |= {k: v for k, v in stats.train.items()} | {k: v for k, v in stats.evaluate.items()}
@@ -129,6 +131,21 @@ class RoundEnd:
         if rnd > 0:
             self.recorder.checkpoint(rnd, weights, self.strategy.state_dict())
         return central
+
+    def _amend_merged_evaluation(self, evaluated_round: int) -> None:
+        """Round ``evaluated_round``'s federated evaluation came with this round's train replies: add it to that
+        round's entry (the same keys a separate evaluate message gives)."""
+        stats = self.strategy.stats.get(evaluated_round)
+        if not self.strategy.merges_evaluation(evaluated_round) or stats is None or not stats.evaluate:
+            return
+        self.recorder.amend_round(evaluated_round, dict(stats.evaluate) | {"rejected": stats.rejected})
+        if "eval-accuracy" in stats.evaluate:
+            log(
+                INFO,
+                "round %d/%d | clients' evaluation (sent with round %d): loss %.4f acc %5.1f%%",
+                evaluated_round, self.total_rounds, evaluated_round + 1,
+                stats.evaluate["eval-loss"], 100 * stats.evaluate["eval-accuracy"],
+            )  # fmt: skip
 
     def _log(self, e: dict) -> None:
         source = next((p for p in ("central", "eval", "train") if f"{p}-accuracy" in e), None)
@@ -204,7 +221,7 @@ class RunAborted(RuntimeError):
 def main(grid: Grid, context: Context) -> None:
     """Entry point for ``flwr run``."""
     try:
-        run(grid, context)
+        run(PollingGrid(grid, poll_interval()), context)
     except RUN_ERRORS as err:
         log(ERROR, "%s", err)
         raise RunAborted(str(err)) from None

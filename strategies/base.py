@@ -37,6 +37,7 @@ class RoundStats:
     bytes_up: int = 0
     train_s: float = 0.0
     evaluate_s: float = 0.0
+    messages: int = 0  # instructions sent to clients in this round (train + evaluate)
     sampled: list[int] = field(default_factory=list)  # partition ids
     rejected: dict[int, str] = field(default_factory=dict)  # partition id (or -node id) -> reason
     train: dict[str, float] = field(default_factory=dict)  # aggregated client train metrics
@@ -66,11 +67,11 @@ def check_arrays(arrays: ArrayRecord, expected: dict[str, tuple[int, ...]]) -> s
     return None
 
 
-def check_metrics(content: RecordDict) -> str | None:
+def check_metrics(content: RecordDict, record: str = "metrics") -> str | None:
     """Why a reply's metrics are unusable; None if they carry a positive integer ``num-examples``."""
-    metrics = content.metric_records.get("metrics")
+    metrics = content.metric_records.get(record)
     if metrics is None:
-        return "no 'metrics' MetricRecord"
+        return f"no {record!r} MetricRecord"
     n = metrics.get("num-examples")
     if not isinstance(n, int) or n <= 0:
         return f"num-examples={n!r} is not a positive integer"
@@ -84,13 +85,18 @@ def error_summary(reason: str | None, limit: int = 300) -> str:
 
 
 def weighted_metrics(replies: list[Message]) -> MetricRecord:
+    """Weighted mean (by num-examples) of every scalar metric of the replies' "metrics" records."""
+    return weighted_metric_records([r.content["metrics"] for r in replies])
+
+
+def weighted_metric_records(records: list[MetricRecord]) -> MetricRecord:
     """Weighted mean (by num-examples) of every scalar metric; compute time summed and maxed."""
-    weights = np.array([r.content["metrics"]["num-examples"] for r in replies], dtype=np.float64)
+    weights = np.array([m["num-examples"] for m in records], dtype=np.float64)
     weights /= weights.sum()
-    out: dict[str, float | int] = {"num-examples": int(sum(r.content["metrics"]["num-examples"] for r in replies))}
-    keys = set.intersection(*(set(r.content["metrics"].keys()) for r in replies)) - {"num-examples", "partition-id"}
+    out: dict[str, float | int] = {"num-examples": int(sum(m["num-examples"] for m in records))}
+    keys = set.intersection(*(set(m.keys()) for m in records)) - {"num-examples", "partition-id"}
     for key in sorted(keys):
-        values = np.array([float(r.content["metrics"][key]) for r in replies])
+        values = np.array([float(m[key]) for m in records])
         if key == "compute-s":
             out["compute-s-sum"] = float(values.sum())
             out["compute-s-max"] = float(values.max())
@@ -121,6 +127,12 @@ class FedVitStrategy(FedAvg):
     ordered by partition id, so runs are reproducible and independent of node ids.
     Replies are validated and sorted by partition id before aggregation.
     """
+
+    # One message per client per round: federated evaluation of round r's model rides on round r+1's train
+    # message (the client evaluates what it received, then trains). Only when train and evaluate would reach the
+    # same clients (both fractions 1); the last round evaluates with its own message.
+    MERGE_EVALUATION = True
+    EVALUATE_RECORD = "evaluate-metrics"  # the MetricRecord of a merged reply holding the evaluation
 
     def __init__(
         self,
@@ -155,6 +167,21 @@ class FedVitStrategy(FedAvg):
         self._expected: dict[str, tuple[int, ...]] = {}
         self._outbox: list[Message] = []  # this round's instructions (Flower sets their ids when pushing them)
         self._t_train = self._t_eval = 0.0
+        self.last_round = 0  # the run's final round, set by start()
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
+        """Flower's ``Strategy.start``; remembers the final round (merged evaluation needs to know it)."""
+        self.last_round = self.round_offset + num_rounds
+        return super().start(grid, initial_arrays, num_rounds, **kwargs)
+
+    def merges_evaluation(self, server_round: int) -> bool:
+        """Whether round ``server_round``'s federated evaluation rides on the next round's train message."""
+        return (
+            self.MERGE_EVALUATION
+            and self.fraction_train == self.fraction_evaluate == 1.0
+            and 1 <= server_round < self.last_round
+            and self.evaluate_round(server_round)
+        )
 
     # ------------------------------------------------------------------ sampling
 
@@ -253,12 +280,15 @@ class FedVitStrategy(FedAvg):
         stats.sampled = [self.partition_of[n] for n in node_ids]
         config = ConfigRecord(dict(config))
         config["server-round"] = rnd
+        if self.merges_evaluation(rnd - 1):
+            config["evaluate-round"] = rnd - 1  # evaluate the received model (round rnd - 1's) before training
         if "lr" in config:
             config["lr"] = float(config["lr"]) * (1.0 - self.lr_decay) ** (rnd - 1)
         content = RecordDict({"arrays": arrays, "config": self.train_config(rnd, config)})
         for name, record in self.extra_train_records(rnd, arrays).items():
             content[name] = record
         stats.bytes_down += array_bytes(content) * len(node_ids)
+        stats.messages += len(node_ids)
         log(INFO, "configure_train: round %d, partitions %s", rnd, stats.sampled)
         messages = [
             Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(rnd)) for n in node_ids
@@ -320,7 +350,10 @@ class FedVitStrategy(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate, sort and aggregate; keep the global model when no reply is usable."""
         rnd = self.round_of(server_round)
+        replies = list(replies)
         valid = self.accept(rnd, replies, "train")
+        if self.merges_evaluation(rnd - 1):
+            self.aggregate_merged_evaluation(rnd - 1, valid)
         result: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
         if valid:
             result = self.aggregate_arrays(rnd, valid), weighted_metrics(valid)
@@ -341,21 +374,37 @@ class FedVitStrategy(FedAvg):
         """Combine valid replies (sorted by partition id) into the new global model."""
         raise NotImplementedError
 
+    def aggregate_merged_evaluation(self, evaluated_round: int, replies: list[Message]) -> None:
+        """The evaluation of round ``evaluated_round``'s model from this round's valid train replies."""
+        valid, stats = [], self.stats.setdefault(evaluated_round, RoundStats())
+        for msg in replies:
+            reason = check_metrics(msg.content, self.EVALUATE_RECORD)
+            if reason is None:
+                valid.append(msg.content[self.EVALUATE_RECORD])
+            else:
+                who = self.partition_of.get(msg.metadata.src_node_id, -1)
+                stats.rejected[who] = f"evaluation: {reason}"
+                log(WARNING, "round %d evaluate: rejected reply of partition %s: %s", evaluated_round, who, reason)
+        if valid:
+            stats.evaluate = dict(weighted_metric_records(valid))
+
     # ------------------------------------------------------------------ evaluate
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Federated evaluation on the sampled clients' local test splits."""
+        """Federated evaluation on the sampled clients' local test splits (unless the next train message does it)."""
         self._t_eval = time.perf_counter()
         rnd = self.round_of(server_round)
-        if self.fraction_evaluate == 0.0 or not self.evaluate_round(rnd):
+        if self.fraction_evaluate == 0.0 or not self.evaluate_round(rnd) or self.merges_evaluation(rnd):
             return []
         node_ids = self.sample(grid, rnd, self.fraction_evaluate, stream=1)
         config = ConfigRecord(dict(config))
         config["server-round"] = rnd
         content = RecordDict({"arrays": arrays, "config": config})
-        self.stats.setdefault(rnd, RoundStats()).bytes_down += array_bytes(content) * len(node_ids)
+        stats = self.stats.setdefault(rnd, RoundStats())
+        stats.bytes_down += array_bytes(content) * len(node_ids)
+        stats.messages += len(node_ids)
         self._outbox = [
             Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(rnd)) for n in node_ids
         ]

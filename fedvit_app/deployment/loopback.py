@@ -18,7 +18,7 @@ from pathlib import Path
 from fedvit_app.deployment.connection import add_connection
 from fedvit_app.deployment.credentials import register_command, write_credentials
 from fedvit_app.deployment.topology import Layout, Process, processes
-from fedvit_app.flower_processes import executable, free_ports
+from fedvit_app.flower_processes import executable, flower_env, free_ports
 
 CONNECTION = "fedvit-loopback"
 READY_TIMEOUT_S = 60.0
@@ -45,8 +45,15 @@ class LoopbackDeployment:
     """SuperLink, ServerApp SuperExec, N SuperNodes and their ClientApp SuperExecs on 127.0.0.1, TLS and
     SuperNode authentication on. Use as a context manager; :meth:`run` starts ``flwr run`` against it."""
 
-    def __init__(self, workdir: Path, num_supernodes: int = 3, client_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        num_supernodes: int = 3,
+        client_env: dict[str, str] | None = None,
+        warm_executor: bool = True,
+    ) -> None:
         self.workdir = workdir.resolve()
+        self.warm_executor = warm_executor
         ports = free_ports(num_supernodes + 1)
         self.layout = Layout(
             num_supernodes=num_supernodes,
@@ -67,16 +74,16 @@ class LoopbackDeployment:
     # ------------------------------------------------------------------ environment
 
     def base_env(self, home: Path) -> dict[str, str]:
-        env = dict(os.environ)
-        env |= {"FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
-        return env
+        """The caller's environment with Flower's safe defaults and this environment's bin on PATH (executors
+        start flwr-serverapp / flwr-clientapp by name), and ``home`` as FLWR_HOME."""
+        return flower_env() | {"FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 
     def cli_env(self) -> dict[str, str]:
         """Environment for ``flwr``/``fedvit`` CLI calls against this deployment."""
         return self.base_env(self.cli_home) | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 
     def process_env(self, process: Process) -> dict[str, str]:
-        env = self.base_env(self.workdir / "homes" / process.name)
+        env = process.env | self.base_env(self.workdir / "homes" / process.name)  # the caller's environment wins
         if process.role == "superexec-clientapp":
             env |= {"FEDVIT_CLIENT_STATE": str(self.workdir / "client-state" / process.name)} | self.client_env
         return env
@@ -89,7 +96,7 @@ class LoopbackDeployment:
         self.layout.state_db.parent.mkdir(parents=True, exist_ok=True)
         write_credentials(self.layout.credentials, self.layout.num_supernodes)
         add_connection(self.cli_home, CONNECTION, self.layout.superlink_address, self.layout.credentials / "ca.crt")
-        plan = processes(self.layout)
+        plan = processes(self.layout, self.warm_executor)
         superlink = self.spawn(plan[0])
         wait_for_port(self.layout.superlink_port, superlink, self.log_of(plan[0].name))
         self.spawn(plan[1])

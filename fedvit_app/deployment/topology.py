@@ -6,7 +6,8 @@ flags the CI-tested loopback processes get; only addresses and file paths differ
 
 Layout (Flower 1.41, process isolation): one SuperLink (Fleet, Control and Runtime API on one HTTPS port),
 one SuperExec for the ServerApp, N SuperNodes (each with its own Runtime API port) and one SuperExec per
-SuperNode that runs the ClientApp. TLS everywhere, SuperNode authentication on, runtime dependency
+SuperNode that runs the ClientApp (``fedvit-superexec``: Flower's SuperExec forking each task from a warm
+parent). TLS everywhere, SuperNode authentication on, runtime dependency
 installation off, SuperLink state in a database file.
 """
 
@@ -18,6 +19,11 @@ from pathlib import PurePath
 FLWR_VERSION = "1.41.0"
 SUPERLINK_PORT = 8000  # Flower 1.41 default: one HTTP(S) port for every SuperLink API
 SUPERNODE_PORT = 9094  # Flower 1.41 default for a SuperNode's Runtime API
+# Poll intervals that Flower 1.41 lets one set from outside (README "Deployment latency"); the environment wins.
+POLL_DEFAULTS = {
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",  # SuperExec asking its Runtime API for a task (Flower: 1 s)
+    "FEDVIT_GRID_POLL_INTERVAL": "0.2",  # fedvit's ServerApp pulling replies (Flower's HttpGrid: 3 s)
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class Process:
     argv: list[str]
     credentials: list[str] = field(default_factory=list)  # file names inside Layout.credentials
     partition_id: int | None = None
+    env: dict[str, str] = field(default_factory=dict)  # environment defaults (a value set by the user wins)
 
     @property
     def program(self) -> str:
@@ -79,8 +86,9 @@ def supernode_name(index: int) -> str:
     return f"supernode-{index + 1}"
 
 
-def processes(layout: Layout) -> list[Process]:
-    """Every process of the deployment, in start order."""
+def processes(layout: Layout, warm_executor: bool = True) -> list[Process]:
+    """Every process of the deployment, in start order. ``warm_executor=False`` runs the ClientApp executors as
+    Flower's plain ``flower-superexec`` (a fresh interpreter per message; for comparison)."""
     cred = layout.credentials
     needs = credential_names(layout.num_supernodes)
     out = [
@@ -110,6 +118,7 @@ def processes(layout: Layout) -> list[Process]:
                 "--root-certificates", str(cred / "ca.crt"),
             ],
             needs["superexec-serverapp"],
+            env=dict(POLL_DEFAULTS),
         ),
     ]  # fmt: skip
     for i in range(layout.num_supernodes):
@@ -140,12 +149,14 @@ def processes(layout: Layout) -> list[Process]:
                 f"superexec-clientapp-{i + 1}",
                 "superexec-clientapp",
                 [
-                    "flower-superexec",
+                    # flower-superexec with a warm executor that forks each ClientApp task
+                    "fedvit-superexec" if warm_executor else "flower-superexec",
                     "--runtime-api-address", layout.supernode_address(i),
                     "--root-certificates", str(cred / "ca.crt"),
                 ],
                 needs[f"superexec-clientapp-{i + 1}"],
                 partition_id=i,
+                env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": POLL_DEFAULTS["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]},
             )
         )  # fmt: skip
     return out
