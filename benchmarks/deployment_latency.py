@@ -30,11 +30,15 @@ from fedvit_app.deployment.loopback import LoopbackDeployment  # noqa: E402
 from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink  # noqa: E402
 
 
-def round_times(run_dir: Path) -> dict[str, float]:
-    """Medians over rounds >= 2 of fedvit's metrics.json."""
-    rounds = [r for r in json.loads((run_dir / "metrics.json").read_text())["rounds"] if r["round"] >= 2]
-    keys = ("round-s", "messages", "launch-to-handler-s")
-    return {key: statistics.median(r[key] for r in rounds) for key in keys if all(key in r for r in rounds)}
+def round_times(run_dir: Path) -> dict:
+    """Medians over rounds >= 2 of fedvit's metrics.json, and the messages of every round >= 1."""
+    history = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    rounds = [r for r in history if r["round"] >= 2]
+    keys = ("round-s", "launch-to-handler-s")
+    out: dict = {key: statistics.median(r[key] for r in rounds) for key in keys if all(key in r for r in rounds)}
+    out["messages"] = [r["messages"] for r in history if r["round"] >= 1]
+    out["each"] = [r["round-s"] for r in rounds]
+    return out
 
 
 def import_s(statement: str, repeats: int = 3) -> float:
@@ -55,9 +59,16 @@ def deployment_run(app: Path, work: Path, clients: int, overrides: list[str], wa
         sys.exit(f"deployment run failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
 
 
-def floor_app(dest: Path) -> Path:
-    """A copy of the app whose ServerApp and ClientApp are benchmarks/floor_app.py."""
+def floor_app(dest: Path, overrides: list[str]) -> Path:
+    """A copy of the app whose ServerApp and ClientApp are benchmarks/floor_app.py, with the run's model shapes."""
+    from core.config import parse_config
+    from core.model import build_model, get_weights
+    from fedvit_app.run_config import resolved_run_config
+
     app = snapshot(dest)
+    config = parse_config(resolved_run_config(app, overrides))
+    weights = get_weights(build_model(config.model, config.data.synthetic_num_classes, config.seed))
+    (app / "benchmarks" / "floor_shapes.json").write_text(json.dumps({k: list(v.shape) for k, v in weights.items()}))
     pyproject = app / "pyproject.toml"
     text = pyproject.read_text()
     text = text.replace('serverapp = "fedvit_app.server_app:app"', 'serverapp = "benchmarks.floor_app:server"')
@@ -98,11 +109,15 @@ def main() -> None:
     results["loopback deployment (warm fedvit-superexec)"] = round_times(out / "deployment")
 
     print(f"[4/{steps}] loopback deployment, Flower's floor (floor_app.py) ...", flush=True)
-    deployment_run(floor_app(work / "floor-app"), work / "loopback-floor", args.clients, [*common, "run-name='floor'"])
+    floor_overrides = [*common, "run-name='floor'"]
+    deployment_run(
+        floor_app(work / "floor-app", floor_overrides), work / "loopback-floor", args.clients, floor_overrides
+    )
     floor = json.loads((out / "floor" / "floor-rounds.json").read_text())["round-s"]
     results["Flower's floor (same deployment, echo ClientApp)"] = {
         "round-s": statistics.median(floor[1:]),
-        "messages": args.clients,
+        "messages": [args.clients] * args.rounds,
+        "each": floor[1:],
     }
 
     if args.cold:
@@ -115,12 +130,14 @@ def main() -> None:
         "\ncommand: uv run --frozen python benchmarks/deployment_latency.py "
         f"--rounds {args.rounds} --clients {args.clients}{' --cold' if args.cold else ''}"
     )
-    print("| runtime | round s | × floor | messages per round | launch → handler s |\n|---|---|---|---|---|")
+    print("| runtime | round s (median) | rounds 2..N s | × floor | messages in rounds 1..N | launch → handler s |")
+    print("|---|---|---|---|---|---|")
     for name, r in results.items():
         launch = f"{r['launch-to-handler-s']:.2f}" if "launch-to-handler-s" in r else "–"
-        messages = f"{r['messages']:.0f}" if "messages" in r else "–"
+        messages = ", ".join(str(m) for m in r["messages"])
         ratio = f"{r['round-s'] / floor_s:.2f}" if "deployment" in name or "floor" in name else "–"
-        print(f"| {name} | {r['round-s']:.2f} | {ratio} | {messages} | {launch} |")
+        each = ", ".join(f"{t:.1f}" for t in r["each"])
+        print(f"| {name} | {r['round-s']:.2f} | {each} | {ratio} | {messages} | {launch} |")
     print(f"\nfresh interpreter: `import torch` {torch_s:.2f} s, `import fedvit_app.client_app` {client_s:.2f} s")
 
 

@@ -1,8 +1,10 @@
 """Flower's own floor for the deployment benchmark: a ServerApp and a ClientApp that import nothing heavy.
 
 The ClientApp echoes the arrays it received at once; the ServerApp runs Flower's stock FedAvg (train messages
-only, like fedvit's merged rounds) over a payload as large as the tiny ViT's, through the same reply polling
-as fedvit's ServerApp, and writes each round's wall time to ``<out-dir>/<run-name>/floor-rounds.json``.
+only, like fedvit's merged rounds) over zero arrays with the names and shapes of the run's model (read from
+``floor_shapes.json`` beside this file, written by ``deployment_latency.py``: the same objects on the wire as
+fedvit's messages), through the same reply polling as fedvit's ServerApp, and writes each round's wall time to
+``<out-dir>/<run-name>/floor-rounds.json``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedvit_app.polling_grid import PollingGrid, poll_interval
 
-PAYLOAD_FLOATS = 110_000  # ~0.44 MB of float32, the tiny default ViT
+SHAPES_FILE = Path(__file__).with_name("floor_shapes.json")
 
 server = ServerApp()
 client = ClientApp()
@@ -33,7 +35,12 @@ def main(grid: Grid, context: Context) -> None:
     strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes)
     strategy.start(
         grid=PollingGrid(grid, poll_interval()),
-        initial_arrays=ArrayRecord({"w": Array(np.zeros(PAYLOAD_FLOATS, dtype=np.float32))}),
+        initial_arrays=ArrayRecord(
+            {
+                name: Array(np.zeros(shape, dtype=np.float32))
+                for name, shape in json.loads(SHAPES_FILE.read_text()).items()
+            }
+        ),
         num_rounds=int(rc["num-server-rounds"]),
         train_config=ConfigRecord({"lr": 0.0}),
         evaluate_fn=lambda server_round, arrays: stamps.append(time.perf_counter()),

@@ -1,7 +1,7 @@
 """Loopback deployment: the compose topology as real processes on 127.0.0.1 with TLS and SuperNode auth.
 
-Slow (Flower's deployment polls every 1-3 s and starts a fresh ClientApp process, which imports torch and
-timm, per message): marked ``deployment``, excluded from the default suite, run by CI as its own step.
+Slow (Flower's SuperNodes poll every 3 s and start a ClientApp process per message; fedvit-superexec forks it
+from a warm parent): marked ``deployment``, excluded from the default suite, run by CI as its own step.
 The tests share one deployment and run in file order; the fault test goes last because it kills a SuperNode.
 """
 
@@ -89,6 +89,22 @@ def test_two_rounds_over_tls_with_authenticated_supernodes(deployment, tmp_path)
         assert rounds[rnd]["rejected"] == {}
         assert 0.0 <= rounds[rnd]["central-accuracy"] <= 1.0 and 0.0 <= rounds[rnd]["eval-accuracy"] <= 1.0
     assert (out / "two-rounds" / "model.safetensors").is_file()
+    assert [rounds[rnd]["messages"] for rnd in (1, 2)] == [NODES, 2 * NODES]  # round 1's evaluation rode along
+    # The same run in one process (the simulation's code path) ends with the same global model and metrics.
+    import torch
+
+    from tests.helpers import run_in_process
+
+    torch.set_num_threads(1)  # as the loopback ClientApps (OMP_NUM_THREADS=1): same float reduction order
+    config = {"out-dir": str(tmp_path / "local"), "run-name": "local", "num-server-rounds": 2, "min-nodes": NODES}
+    local_dir, _ = run_in_process(config, NODES)
+    deployed, local = load_file(out / "two-rounds" / "model.safetensors"), load_file(local_dir / "model.safetensors")
+    assert sorted(deployed) == sorted(local)
+    for name in local:
+        np.testing.assert_allclose(deployed[name], local[name], rtol=0, atol=1e-6, err_msg=name)
+    local_rounds = metrics(local_dir)
+    for rnd in (1, 2):
+        assert rounds[rnd]["eval-accuracy"] == pytest.approx(local_rounds[rnd]["eval-accuracy"], abs=1e-9)
     topology = [deployment.procs[p.name] for p in processes(deployment.layout)]
     assert all("--insecure" not in proc.args and proc.poll() is None for proc in topology)
 

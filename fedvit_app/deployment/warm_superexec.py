@@ -26,6 +26,7 @@ import traceback
 from logging import INFO, WARNING
 
 PRELOAD_ENV = "FEDVIT_SUPEREXEC_PRELOAD"
+PROJECT_PACKAGES = ("fedvit_app", "core", "strategies", "clients", "attacks", "benchmarks")  # never preloaded
 # What a ClientApp task imports that is not the app itself (see benchmarks/deployment_latency.py).
 DEFAULT_PRELOAD = (
     "torch",
@@ -107,6 +108,8 @@ def run_forked_clientapp(spec) -> int:
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
     sys.argv = ["flwr-clientapp", "--token", "***"]
+    for name in [m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES]:
+        del sys.modules[name]  # this command's own package: the task imports the app's code from its FAB
     random.seed()  # fresh global generators, as a new interpreter has (fedvit itself draws only from seeded ones)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()

@@ -1,0 +1,67 @@
+"""The warm SuperExec executor: ClientApp tasks are forked (and reaped), everything else goes to Flower's."""
+
+from __future__ import annotations
+
+import time
+
+from flwr.supercore.constant import TaskType
+from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
+
+from fedvit_app.deployment import warm_superexec
+from fedvit_app.deployment.warm_superexec import ForkExecutor
+
+
+class Fallback:
+    def __init__(self) -> None:
+        self.launched: list[ExecutionSpec] = []
+        self.reconciled = 0
+
+    def launch(self, spec):
+        self.launched.append(spec)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        self.reconciled += 1
+
+    def close(self) -> None:
+        pass
+
+
+def spec(task_type: TaskType, install: bool = False) -> ExecutionSpec:
+    return ExecutionSpec(
+        task_type=task_type,
+        runtime_api_address="127.0.0.1:1",
+        token="t",
+        insecure=True,
+        root_certificates_path=None,
+        runtime_dependency_install=install,
+        parent_pid=None,
+        suppress_output=False,
+        task_id=7,
+    )
+
+
+def test_only_clientapp_tasks_are_forked(tmp_path, monkeypatch):
+    marker = tmp_path / "child-ran"
+
+    def fake_task(task):  # runs in the forked child instead of Flower's run_clientapp
+        marker.write_text(f"{task.task_id} {time.time()}")
+        return 3
+
+    monkeypatch.setattr(warm_superexec, "run_forked_clientapp", fake_task)
+    fallback = Fallback()
+    executor = ForkExecutor(fallback)
+    assert executor.launch(spec(TaskType.SERVER_APP)).status == "accepted"
+    assert executor.launch(spec(TaskType.CLIENT_APP, install=True)).status == "accepted"
+    assert [s.task_type for s in fallback.launched] == [TaskType.SERVER_APP, TaskType.CLIENT_APP]
+    assert not executor.children and not marker.exists()
+
+    assert executor.launch(spec(TaskType.CLIENT_APP)).status == "accepted"
+    assert len(fallback.launched) == 2 and len(executor.children) == 1
+    deadline = time.monotonic() + 30
+    while executor.children and time.monotonic() < deadline:
+        executor.reconcile()
+        time.sleep(0.05)
+    assert not executor.children  # reaped
+    assert marker.read_text().startswith("7 ")
+    assert fallback.reconciled > 0
