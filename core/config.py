@@ -46,7 +46,7 @@ class ModelConfig:
     num_heads: int = 4
     pretrained: str = "off"  # "off" | "hub" | path to a weights file
     first_block: str = "pre-ln"  # "pre-ln" (timm) | "no-ln" (APRIL's architecture A, for the paper's attack)
-    head: str = "cls"  # "cls" (class token) | "vis" (mean of the patch tokens) | "cls+vis" (two heads, logits summed)
+    head: str = "vis"  # "cls" (class token) | "vis" (mean of the patch tokens) | "cls+vis" (two heads, logits summed)
 
 
 @dataclass(frozen=True)

@@ -219,4 +219,5 @@ def test_metrics_json_has_robust_accuracy_when_enabled(tmp_path):
 
 def test_a_model_without_the_requested_head_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match="model.head='cls'"):
-        build_model(ModelConfig(name="resnet18", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0), 10)
+        cfg = ModelConfig(name="resnet18", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0, head="cls")
+        build_model(cfg, 10)
