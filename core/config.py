@@ -101,8 +101,8 @@ class AdversarialConfig:
 class RobustConfig:
     """Robust accuracy under L∞ PGD, next to natural accuracy, wherever the model is evaluated.
 
-    ``max_samples`` > 0 evaluates robustness on the first that many test samples (PGD costs steps + 1 forward
-    and backward passes per sample).
+    ``max_samples`` > 0 evaluates robustness on that many test samples, a seeded class-stratified sample that is
+    the same every round (PGD costs steps + 1 forward and backward passes per sample).
     """
 
     enabled: bool = False

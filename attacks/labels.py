@@ -1,0 +1,45 @@
+"""Label recovery from the classifier head's bias gradient: counts per class, duplicates included.
+
+For mean-reduced cross-entropy over a batch of B images the head-bias gradient is
+g_c = (1/B) Σ_i (p_ic − y_ic) (softmax p, one-hot y), so the number of images of class c is
+n_c = B·p̄_c − B·g_c with p̄_c the batch-mean softmax (the idea of iDLG, Zhao et al. 2020, extended to batches
+as in Wainakh et al.'s LLG). The attacker does not see p̄; it estimates it from the received model's softmax on
+uninformative inputs. A FedAvg update over E local steps holds −lr·Σ_t g_t in its bias: the same formula gives
+the label counts of all E·B samples the client processed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def label_counts(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.ndarray) -> np.ndarray:
+    """Integer counts per class, summing to ``batch_size``: B·p̄ − B·g rounded by largest remainders."""
+    raw = batch_size * (np.asarray(mean_probs, np.float64) - np.asarray(head_bias_grad, np.float64))
+    raw = np.clip(raw, 0.0, None)
+    counts = np.floor(raw).astype(np.int64)
+    missing = batch_size - int(counts.sum())
+    if missing > 0:
+        counts[np.argsort(-(raw - counts), kind="stable")[:missing]] += 1
+    elif missing < 0:  # clipping can overshoot: take from the largest
+        for c in np.argsort(-raw, kind="stable")[:-missing]:
+            counts[c] -= 1
+    return counts
+
+
+@torch.no_grad()
+def mean_softmax(model: nn.Module, img_size: int, samples: int = 64, seed: int = 0) -> np.ndarray:
+    """p̄ as the attacker estimates it: the model's mean softmax on uniform-noise images in [0, 1]."""
+    from core.model import classify
+
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.rand(samples, 3, img_size, img_size, generator=generator)
+    return torch.softmax(classify(model.eval(), x), dim=1).mean(0).double().numpy()
+
+
+def label_accuracy(counts: np.ndarray, true_labels: np.ndarray) -> float:
+    """Fraction of the true labels the recovered counts account for (a multiset match, duplicates included)."""
+    true_counts = np.bincount(np.asarray(true_labels, np.int64), minlength=len(counts))
+    return float(np.minimum(counts, true_counts[: len(counts)]).sum() / max(len(true_labels), 1))

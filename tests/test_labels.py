@@ -1,0 +1,49 @@
+"""Label recovery from the head-bias gradient (attacks/labels.py): counts, duplicates included."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attacks.labels import label_accuracy, label_counts, mean_softmax
+from core.config import ModelConfig
+from core.model import build_model, classify
+from core.params import HEAD_BIAS
+
+
+def head_bias_gradient(model, x, y) -> np.ndarray:
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(classify(model, x), y).backward()
+    return dict(model.named_parameters())[HEAD_BIAS].grad.double().numpy()
+
+
+def test_counts_are_exact_when_the_softmax_is_known_duplicates_included():
+    model = build_model(ModelConfig(), 10, seed=0)
+    with torch.no_grad():  # a zero head: every softmax is uniform, so the attacker's p̄ is exact
+        model.head.weight.zero_()
+        model.head.bias.zero_()
+    labels = torch.tensor([3, 3, 3, 7, 0, 0, 9, 3])
+    x = torch.rand(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    counts = label_counts(head_bias_gradient(model, x, labels), 8, mean_softmax(model, 32))
+    assert counts.tolist() == np.bincount(labels.numpy(), minlength=10).tolist()
+    assert label_accuracy(counts, labels.numpy()) == 1.0
+
+
+def test_counts_on_a_random_model_beat_the_top_b_guess():
+    model = build_model(ModelConfig(), 10, seed=0)
+    rng = np.random.default_rng(2)
+    labels = torch.from_numpy(rng.choice(10, size=16, replace=True))
+    x = torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    g = head_bias_gradient(model, x, labels)
+    counts = label_counts(g, 16, mean_softmax(model, 32))
+    top_b = np.zeros(10, np.int64)
+    top_b[np.argsort(g)[: len(set(labels.tolist()))]] = 1  # the naive guess: one image per most-negative entry
+    assert counts.sum() == 16
+    assert label_accuracy(counts, labels.numpy()) >= 0.9
+    assert label_accuracy(counts, labels.numpy()) > label_accuracy(top_b, labels.numpy())
+
+
+def test_rounding_keeps_the_batch_size():
+    assert label_counts(np.array([-0.3, 0.1, 0.2]), 4, np.array([0.2, 0.4, 0.4])).tolist() == [2, 1, 1]
+    assert label_counts(np.array([-0.6, 0.3, 0.3]), 2, np.array([0.4, 0.3, 0.3])).sum() == 2
