@@ -64,3 +64,24 @@ def minimum_norm_limit(truth: np.ndarray, obs) -> np.ndarray:
     w_e = w_e.reshape(w_e.shape[0], -1)
     x = image_to_patches(truth, obs)
     return patches_to_image(lstsq(w_e, w_e @ x.T).T, obs)
+
+
+def match_batch(reconstructions: list[np.ndarray], truths: list[np.ndarray]) -> list[tuple[int, int, float]]:
+    """One-to-one matching of reconstructions to true images maximising the total PSNR (Hungarian assignment,
+    scipy's ``linear_sum_assignment``); returns (reconstruction index, truth index, PSNR) per matched pair."""
+    from scipy.optimize import linear_sum_assignment
+
+    table = np.array([[psnr(r, t) for t in truths] for r in reconstructions], dtype=np.float64)
+    rows, cols = linear_sum_assignment(table, maximize=True)
+    return [(int(i), int(j), float(table[i, j])) for i, j in zip(rows, cols, strict=True)]
+
+
+def no_information_baselines(truth: np.ndarray, dataset_mean: np.ndarray | None = None) -> dict[str, float]:
+    """PSNR an attacker reaches without any information from the update, for comparison with every attack:
+    the best flat image (the truth's per-channel mean: no flat guess does better) and, if given, the dataset's mean
+    image."""
+    flat = np.broadcast_to(truth.mean(axis=(1, 2), keepdims=True), truth.shape)
+    out = {"best flat image": psnr(np.ascontiguousarray(flat), truth)}
+    if dataset_mean is not None:
+        out["dataset mean image"] = psnr(dataset_mean, truth)
+    return out

@@ -1,4 +1,5 @@
-"""Label recovery from the head-bias gradient (attacks/labels.py): counts, duplicates included."""
+"""Batch-audit building blocks: label recovery from the head-bias gradient (attacks/labels.py), one-to-one batch
+matching and no-information baselines (attacks/metrics.py)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,28 @@ def test_counts_on_a_random_model_beat_the_top_b_guess():
 def test_rounding_keeps_the_batch_size():
     assert label_counts(np.array([-0.3, 0.1, 0.2]), 4, np.array([0.2, 0.4, 0.4])).tolist() == [2, 1, 1]
     assert label_counts(np.array([-0.6, 0.3, 0.3]), 2, np.array([0.4, 0.3, 0.3])).sum() == 2
+
+
+def test_batch_matching_is_one_to_one_and_finds_the_permutation():
+    from attacks.metrics import match_batch
+
+    rng = np.random.default_rng(0)
+    truths = [rng.random((3, 8, 8)) for _ in range(4)]
+    recs = [np.clip(truths[j] + 0.01 * rng.standard_normal((3, 8, 8)), 0, 1) for j in (2, 0, 3, 1)]
+    pairs = match_batch(recs, truths)
+    assert [(i, j) for i, j, _ in pairs] == [(0, 2), (1, 0), (2, 3), (3, 1)]
+    assert all(p > 30 for _, _, p in pairs)
+    # Two reconstructions of the same image: only one may claim it.
+    pairs = match_batch([truths[0], truths[0]], truths[:2])
+    assert sorted(j for _, j, _ in pairs) == [0, 1] and min(p for _, _, p in pairs) < 30
+
+
+def test_no_flat_image_beats_the_flat_baseline():
+    from attacks.metrics import no_information_baselines, psnr
+
+    rng = np.random.default_rng(1)
+    truth = rng.random((3, 8, 8))
+    base = no_information_baselines(truth, dataset_mean=np.full((3, 8, 8), 0.5))
+    for level in (0.3, 0.5, 0.7):
+        assert psnr(np.full((3, 8, 8), level), truth) <= base["best flat image"] + 1e-9
+    assert set(base) == {"best flat image", "dataset mean image"}
