@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from attacks import april
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
+from attacks.labels import label_accuracy, recover_labels
 from attacks.metrics import SETTINGS, minimum_norm_limit, psnr, ssim
 from attacks.observation import Observation, Reconstruction, dense_update, model_skeleton
 from core.config import Config, parse_config
@@ -69,16 +70,43 @@ def score(rec: Reconstruction, truth: np.ndarray | None) -> tuple[float | None, 
 Attacked = tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]  # an update, its truth, its reconstructions
 
 
+LABEL_ATTACK = "labels (head-bias gradient)"
+
+
+def label_row(obs: Observation, true_labels: np.ndarray | None) -> dict[str, Any]:
+    """The label-recovery attack on one update, scored against the true labels when they are known."""
+    start = time.perf_counter()
+    counts, reason = recover_labels(obs)
+    found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
+    return {
+        **obs.meta,
+        "defence": defence_of(obs.config),
+        "attack": LABEL_ATTACK,
+        "psnr": None,
+        "ssim": None,
+        "seconds": time.perf_counter() - start,
+        "note": reason or f"class×count: {found}",
+        "label-accuracy": None if counts is None or true_labels is None else label_accuracy(counts, true_labels),
+    }
+
+
 def audit_observations(
-    items: list[tuple[Observation, np.ndarray | None]], out: Path, title: str, grid_name: str = "grid.png"
+    items: list[tuple[Observation, np.ndarray | None]],
+    out: Path,
+    title: str,
+    grid_name: str = "grid.png",
+    true_labels: list[np.ndarray | None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[Attacked]]:
     """Attack every observation, score it, write ``audit.md``, ``audit.json`` and the image grid.
 
-    Returns the table rows and, per observation, its reconstructions by attack name.
+    ``true_labels`` (per item, when known) score the label-recovery attack. Returns the table rows and, per
+    observation, its reconstructions by attack name.
     """
     out.mkdir(parents=True, exist_ok=True)
     rows, images = [], []
-    for obs, truth in tqdm(items, desc="audit", unit="update"):
+    labels = true_labels or [None] * len(items)
+    for (obs, truth), labels_of_batch in zip(tqdm(items, desc="audit", unit="update"), labels, strict=True):
+        rows.append(label_row(obs, labels_of_batch))
         recs = {}
         for name, attack in attacks_for(obs).items():
             start = time.perf_counter()
@@ -136,9 +164,15 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ssim": float(np.mean([m["ssim"] for m in scored])) if scored else None,
                 "seconds": float(np.mean([m["seconds"] for m in members])),
                 "note": members[0]["note"],
+                "label-accuracy": _mean_of(members, "label-accuracy"),
             }
         )
     return out
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return float(np.mean(values)) if values else None
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -150,13 +184,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Summary (mean over updates)",
         "",
-        "| defence | attack | updates | PSNR (dB) | SSIM | seconds | note |",
-        "|---|---|---|---|---|---|---|",
+        "| defence | attack | updates | PSNR (dB) | SSIM | label accuracy | seconds | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in report["summary"]:
         lines.append(
             f"| {r['defence']} | {r['attack']} | {r['updates']} | {fmt(r['psnr'], '.1f')} | "
-            f"{fmt(r['ssim'], '.3f')} | {r['seconds']:.3f} | {r['note']} |"
+            f"{fmt(r['ssim'], '.3f')} | {fmt(r.get('label-accuracy'), '.0%')} | {r['seconds']:.3f} | {r['note']} |"
         )
     lines += [
         "",
@@ -251,15 +285,17 @@ def audit_captures(capture_dir: Path, out: Path) -> list[dict[str, Any]]:
         plain = unflatten(load_file(stem.with_name(f"{stem.name}.received.safetensors")))["arrays"]
         cipher = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors")))["arrays"]
         handshake = (plain, cipher)
-    items = []
+    items, labels = [], []
     for stem in stems:
         obs = observation_from_capture(stem, handshake)
         if obs.config.encryption.mode == "private-init":
             obs = dataclasses.replace(obs, known_plaintext=None, known_ciphertext=None)  # the pair is not a pair
         truth_path = run / GROUND_TRUTH / stem.parent.name / f"{stem.name}.safetensors"
-        truth = load_file(truth_path)["images"][0] if truth_path.exists() else None
+        recorded = load_file(truth_path) if truth_path.exists() else None
+        truth = recorded["images"][0] if recorded is not None else None
         if (obs.meta.get("num-examples") or 1) > 1:
             obs.meta["note"] = "batch size > 1: the closed forms recover a mixture (scored against image 0)"
         items.append((obs, truth))
+        labels.append(recorded["labels"] if recorded is not None else None)
     print(f"audit: {len(items)} captured update(s) from {capture_dir}", flush=True)
-    return audit_observations(items, out, f"fedvit audit of {run}")[0]
+    return audit_observations(items, out, f"fedvit audit of {run}", true_labels=labels)[0]

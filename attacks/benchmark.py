@@ -58,7 +58,15 @@ def defence_config(base: Config, overrides: dict[str, Any], images: int, out: Pa
 
 
 def client_update(config: Config, partition: int, images: int, seed_key: int) -> tuple[Observation, np.ndarray]:
-    """One client's round-1 update through ``clients.runner.train``, as an attacker observes it, and its truth."""
+    """One client's round-1 update through ``clients.runner.train``, as an attacker observes it, and its image."""
+    obs, truth, _ = client_update_and_labels(config, partition, images, seed_key)
+    return obs, truth
+
+
+def client_update_and_labels(
+    config: Config, partition: int, images: int, seed_key: int
+) -> tuple[Observation, np.ndarray, np.ndarray]:
+    """:func:`client_update` and the batch's true labels (for scoring the label attack; never in the observation)."""
     data_classes = client_data(config.data, config.seed, partition, images).images.num_classes
     model = build_model(config.model, data_classes, config.seed)
     public = get_weights(model)
@@ -92,7 +100,7 @@ def client_update(config: Config, partition: int, images: int, seed_key: int) ->
         known_ciphertext=cipher,
         meta=meta,
     )
-    return obs, truth
+    return obs, truth, batch["labels"]
 
 
 def run_benchmark(base: Config, images: int, out: Path, defences: list[str] | None = None) -> list[dict]:
@@ -103,10 +111,12 @@ def run_benchmark(base: Config, images: int, out: Path, defences: list[str] | No
     unknown = sorted(set(chosen) - set(DEFENCES))
     if unknown:
         raise ValueError(f"unknown defence(s) {unknown}; choose from {list(DEFENCES)}")
-    items = []
+    items, labels = [], []
     for name in tqdm(chosen, desc="defences", unit="defence"):
         config = defence_config(base, DEFENCES[name], images, out)
-        updates = [client_update(config, k, images, seed_key=1000) for k in range(images)]  # one key per defence
+        made = [client_update_and_labels(config, k, images, seed_key=1000) for k in range(images)]  # one key
+        labels.extend(true_labels for _, _, true_labels in made)
+        updates = [(obs, truth) for obs, truth, _ in made]
         if config.encryption.enabled:  # collusion: the attacker knows the other images and sees their updates
             updates = [
                 (
@@ -118,7 +128,8 @@ def run_benchmark(base: Config, images: int, out: Path, defences: list[str] | No
                 for k, (obs, truth) in enumerate(updates)
             ]
         items.extend(updates)
-    rows, attacked = audit_observations(items, out, f"fedvit audit benchmark: {images} images, model {base.model.name}")
+    title = f"fedvit audit benchmark: {images} images, model {base.model.name}"
+    rows, attacked = audit_observations(items, out, title, true_labels=labels)
     save_figure4(attacked, rows, out / "fig4.png")
     return rows
 

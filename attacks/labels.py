@@ -14,6 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from attacks.observation import Observation, public_model
+from core.model import classify, set_weights
+from core.params import HEAD_BIAS
+
 
 def label_counts(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.ndarray) -> np.ndarray:
     """Integer counts per class, summing to ``batch_size``: B·p̄ − B·g rounded by largest remainders."""
@@ -32,8 +36,6 @@ def label_counts(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.nda
 @torch.no_grad()
 def mean_softmax(model: nn.Module, img_size: int, samples: int = 64, seed: int = 0) -> np.ndarray:
     """p̄ as the attacker estimates it: the model's mean softmax on uniform-noise images in [0, 1]."""
-    from core.model import classify
-
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand(samples, 3, img_size, img_size, generator=generator)
     return torch.softmax(classify(model.eval(), x), dim=1).mean(0).double().numpy()
@@ -43,3 +45,20 @@ def label_accuracy(counts: np.ndarray, true_labels: np.ndarray) -> float:
     """Fraction of the true labels the recovered counts account for (a multiset match, duplicates included)."""
     true_counts = np.bincount(np.asarray(true_labels, np.int64), minlength=len(counts))
     return float(np.minimum(counts, true_counts[: len(counts)]).sum() / max(len(true_labels), 1))
+
+
+def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
+    """The label counts an eavesdropper recovers from one observed update, or None and the reason it cannot.
+
+    Needs a FedSGD-type update (the gradient itself), the head bias sent whole (not masked, not encrypted: the key
+    only touches the embeddings) and the batch size (the reply's ``num-examples``, else the public config's).
+    """
+    if obs.config.strategy not in ("fedsgd", "masked-fedsgd"):
+        return None, f"needs a gradient update; {obs.config.strategy!r} sends weights"
+    if obs.masks is not None and not obs.masks[HEAD_BIAS].all():
+        return None, "the mask hides part of the head-bias gradient"
+    batch = int(obs.meta.get("num-examples") or obs.config.batch_size)
+    model = public_model(obs)
+    set_weights(model, obs.received)
+    img_size = int(model.patch_embed.img_size[0])
+    return label_counts(obs.update[HEAD_BIAS], batch, mean_softmax(model, img_size, seed=obs.config.seed)), ""

@@ -73,3 +73,26 @@ def test_no_flat_image_beats_the_flat_baseline():
     for level in (0.3, 0.5, 0.7):
         assert psnr(np.full((3, 8, 8), level), truth) <= base["best flat image"] + 1e-9
     assert set(base) == {"best flat image", "dataset mean image"}
+
+
+def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
+    from attacks.audit import LABEL_ATTACK, audit_observations
+    from attacks.benchmark import client_update_and_labels
+    from attacks.labels import recover_labels
+    from core.config import parse_config
+
+    base = {"out-dir": str(tmp_path), "run-name": "labels", "capture.enabled": True, "capture.ground-truth": True}
+    config = parse_config(base | {"batch-size": 8, "data.synthetic-train-size": 64})
+    obs, truth, labels = client_update_and_labels(config, 0, 2, seed_key=1)
+    counts, reason = recover_labels(obs)
+    assert reason == "" and counts.sum() == len(labels) == 8
+    assert label_accuracy(counts, labels) >= 0.75
+    masked = parse_config(base | {"strategy": "masked-fedsgd", "mask.r": 0.5, "data.synthetic-train-size": 64})
+    assert recover_labels(client_update_and_labels(masked, 0, 2, seed_key=1)[0]) == (
+        None,
+        "the mask hides part of the head-bias gradient",
+    )
+    rows, _ = audit_observations([(obs, truth)], tmp_path / "audit", "t", true_labels=[labels])
+    row = next(r for r in rows if r["attack"] == LABEL_ATTACK)
+    assert row["label-accuracy"] == label_accuracy(counts, labels)
+    assert "label accuracy" in (tmp_path / "audit" / "audit.md").read_text()
