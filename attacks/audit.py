@@ -22,7 +22,7 @@ from tqdm import tqdm
 from attacks import april
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
 from attacks.labels import label_accuracy, recover_labels
-from attacks.metrics import SETTINGS, minimum_norm_limit, psnr, ssim
+from attacks.metrics import SETTINGS, best_flat_image, minimum_norm_limit, psnr, ssim
 from attacks.observation import Observation, Reconstruction, dense_update, model_skeleton
 from core.config import Config, parse_config
 from core.params import HEAD_BIAS
@@ -71,6 +71,7 @@ Attacked = tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]  # a
 
 
 LABEL_ATTACK = "labels (head-bias gradient)"
+BASELINE = "best flat image (reference: no information)"  # "reference" rows are not attacks
 
 
 def label_row(obs: Observation, true_labels: np.ndarray | None) -> dict[str, Any]:
@@ -125,6 +126,19 @@ def audit_observations(
                 }
             )
             recs[name] = rec
+        if truth is not None:
+            flat = best_flat_image(truth)
+            rows.append(
+                {
+                    **obs.meta,
+                    "defence": defence_of(obs.config),
+                    "attack": BASELINE,
+                    "psnr": psnr(flat, truth),
+                    "ssim": ssim(flat, truth),
+                    "seconds": 0.0,
+                    "note": "the image's per-channel mean: what an attack that learned nothing can reach",
+                }
+            )
         if truth is not None and obs.config.model.first_block == "no-ln":
             limit = minimum_norm_limit(truth, obs)
             rows.append(

@@ -76,12 +76,15 @@ def match_batch(reconstructions: list[np.ndarray], truths: list[np.ndarray]) -> 
     return [(int(i), int(j), float(table[i, j])) for i, j in zip(rows, cols, strict=True)]
 
 
+def best_flat_image(truth: np.ndarray) -> np.ndarray:
+    """The truth's per-channel mean everywhere: the flat image with the highest PSNR against it."""
+    return np.ascontiguousarray(np.broadcast_to(truth.mean(axis=(1, 2), keepdims=True), truth.shape))
+
+
 def no_information_baselines(truth: np.ndarray, dataset_mean: np.ndarray | None = None) -> dict[str, float]:
     """PSNR an attacker reaches without any information from the update, for comparison with every attack:
-    the best flat image (the truth's per-channel mean: no flat guess does better) and, if given, the dataset's mean
-    image."""
-    flat = np.broadcast_to(truth.mean(axis=(1, 2), keepdims=True), truth.shape)
-    out = {"best flat image": psnr(np.ascontiguousarray(flat), truth)}
+    the best flat image (no flat guess does better) and, if given, the dataset's mean image."""
+    out = {"best flat image": psnr(best_flat_image(truth), truth)}
     if dataset_mean is not None:
         out["dataset mean image"] = psnr(dataset_mean, truth)
     return out

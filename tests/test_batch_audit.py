@@ -96,3 +96,17 @@ def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
     row = next(r for r in rows if r["attack"] == LABEL_ATTACK)
     assert row["label-accuracy"] == label_accuracy(counts, labels)
     assert "label accuracy" in (tmp_path / "audit" / "audit.md").read_text()
+
+
+def test_every_scored_update_has_the_no_information_baseline_beside_it(tmp_path):
+    from attacks.audit import BASELINE, audit_observations
+    from attacks.benchmark import DEFENCES, client_update, defence_config
+    from attacks.metrics import best_flat_image, psnr
+    from core.config import parse_config
+
+    obs, truth = client_update(defence_config(parse_config({}), DEFENCES["plain"], 2, tmp_path), 0, 2, seed_key=1)
+    rows, _ = audit_observations([(obs, truth)], tmp_path / "audit", "t")
+    baseline = next(r for r in rows if r["attack"] == BASELINE)
+    assert baseline["psnr"] == psnr(best_flat_image(truth), truth)
+    april = next(r for r in rows if r["attack"] == "APRIL-E (naive)")
+    assert april["psnr"] > baseline["psnr"] + 20  # the closed form learned the image; a flat guess did not
