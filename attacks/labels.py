@@ -10,6 +10,8 @@ the label counts of all E·B samples the client processed.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from torch import nn
@@ -58,7 +60,7 @@ def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     if obs.masks is not None and not obs.masks[HEAD_BIAS].all():
         return None, "the mask hides part of the head-bias gradient"
     batch = int(obs.meta.get("num-examples") or obs.config.batch_size)
-    model = public_model(obs)
+    model = copy.deepcopy(public_model(obs))  # the skeleton is cached and shared: never load weights into it
     set_weights(model, obs.received)
     img_size = int(model.patch_embed.img_size[0])
     return label_counts(obs.update[HEAD_BIAS], batch, mean_softmax(model, img_size, seed=obs.config.seed)), ""

@@ -350,7 +350,6 @@ class FedVitStrategy(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate, sort and aggregate; keep the global model when no reply is usable."""
         rnd = self.round_of(server_round)
-        replies = list(replies)
         valid = self.accept(rnd, replies, "train")
         if self.merges_evaluation(rnd - 1):
             self.aggregate_merged_evaluation(rnd - 1, valid)

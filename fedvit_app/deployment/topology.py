@@ -16,14 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
+from fedvit_app.polling_grid import DEFAULT_POLL_S, POLL_ENV
+
 FLWR_VERSION = "1.41.0"
 SUPERLINK_PORT = 8000  # Flower 1.41 default: one HTTP(S) port for every SuperLink API
 SUPERNODE_PORT = 9094  # Flower 1.41 default for a SuperNode's Runtime API
 # Poll intervals that Flower 1.41 lets one set from outside (README "Deployment latency"); the environment wins.
-POLL_DEFAULTS = {
-    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",  # SuperExec asking its Runtime API for a task (Flower: 1 s)
-    "FEDVIT_GRID_POLL_INTERVAL": "0.2",  # fedvit's ServerApp pulling replies (Flower's HttpGrid: 3 s)
-}
+SUPEREXEC_POLL = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}  # SuperExec asking for a task (Flower: 1 s)
+# fedvit's ServerApp pulling replies (Flower's HttpGrid: 3 s); listed so compose passes a host override through.
+SERVERAPP_POLL = {POLL_ENV: str(DEFAULT_POLL_S)}
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def processes(layout: Layout, warm_executor: bool = True) -> list[Process]:
                 "--root-certificates", str(cred / "ca.crt"),
             ],
             needs["superexec-serverapp"],
-            env=dict(POLL_DEFAULTS),
+            env=SUPEREXEC_POLL | SERVERAPP_POLL,
         ),
     ]  # fmt: skip
     for i in range(layout.num_supernodes):
@@ -156,7 +157,7 @@ def processes(layout: Layout, warm_executor: bool = True) -> list[Process]:
                 ],
                 needs[f"superexec-clientapp-{i + 1}"],
                 partition_id=i,
-                env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": POLL_DEFAULTS["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]},
+                env=dict(SUPEREXEC_POLL),
             )
         )  # fmt: skip
     return out
