@@ -20,10 +20,13 @@ from safetensors.numpy import load_file
 from tqdm import tqdm
 
 from attacks import april
+from attacks.cocktail import cocktail_party
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
+from attacks.frontier import write_frontier
+from attacks.inversion import invert
 from attacks.labels import label_accuracy, recover_labels
-from attacks.metrics import SETTINGS, best_flat_image, minimum_norm_limit, psnr, ssim
-from attacks.observation import Observation, Reconstruction, dense_update, model_skeleton
+from attacks.metrics import SETTINGS, best_flat_image, match_batch, minimum_norm_limit, psnr, ssim
+from attacks.observation import Observation, Reconstruction, as_gradient, dense_update, model_skeleton, recipe
 from core.config import Config, parse_config
 from core.params import HEAD_BIAS
 from core.results import atomic_write
@@ -43,12 +46,17 @@ def defence_of(config: Config) -> str:
 
 
 def attacks_for(obs: Observation) -> dict[str, Attack]:
-    """The attacks worth running on this observation: the naive ones always, the defence-aware ones per defence."""
+    """The attacks worth running on this observation: the closed forms and the optimisation attack always (the
+    closed forms read a FedAvg update's weight change as a summed gradient), the batch ICA attack on FedSGD
+    batches, and the defence-aware closed forms per defence."""
     config = obs.config
     chosen: dict[str, Attack] = {
-        "APRIL-E (naive)": april.embedding_route,
-        "APRIL attention (naive)": april.attention_route,
+        "APRIL-E (naive)": lambda o: april.embedding_route(as_gradient(o)),
+        "APRIL attention (naive)": lambda o: april.attention_route(as_gradient(o)),
     }
+    batch = recipe(obs)
+    if batch.sends_gradient and batch.batch > 1:
+        chosen[BATCH_ICA] = cocktail_party
     if obs.masks is not None:
         if config.mask.mode == "fixed-position":
             chosen["fixed-position-aware"] = april.fixed_position
@@ -58,20 +66,50 @@ def attacks_for(obs: Observation) -> dict[str, Attack]:
         chosen["known-plaintext"] = april.known_plaintext_route
         if obs.known_images:
             chosen["known images (collusion)"] = april.known_images_route
+    chosen[OPTIMISATION] = invert
     return chosen
 
 
-def score(rec: Reconstruction, truth: np.ndarray | None) -> tuple[float | None, float | None]:
-    if rec.image is None or truth is None:
-        return None, None
-    return psnr(rec.image, truth), ssim(rec.image, truth)
+OPTIMISATION = "gradient matching (optimisation, defence-aware)"
+BATCH_ICA = "patch-embedding ICA (batch)"
+LABEL_ATTACK = "labels (head-bias gradient)"
+BASELINE = "best flat image (reference: no information)"  # "reference" rows are not attacks
+DATASET_MEAN = "dataset mean image (reference: no information)"
+
+
+def as_batch(truth: np.ndarray | None) -> list[np.ndarray] | None:
+    """Ground truth as a list of [C, H, W] images (a single image or a batch [n, C, H, W])."""
+    if truth is None:
+        return None
+    truth = np.asarray(truth)
+    return [truth] if truth.ndim == 3 else list(truth)
+
+
+def score(rec: Reconstruction, truth: np.ndarray | None) -> dict[str, Any]:
+    """Matched scores of a reconstruction against the true batch.
+
+    Reconstructions and true images are matched one to one (Hungarian assignment on PSNR); a true image left
+    without a reconstruction is scored as the best flat image (what a guess without information reaches), so
+    the mean over the batch never rewards an attack for returning fewer images.
+    """
+    truths = as_batch(truth)
+    if rec.image is None or truths is None:
+        return {"psnr": None, "ssim": None, "per-image-psnr": None, "matched": None}
+    images = rec.all_images
+    pairs = match_batch(images, truths)
+    per_psnr = [psnr(best_flat_image(t), t) for t in truths]
+    per_ssim = [ssim(best_flat_image(t), t) for t in truths]
+    for i, j, value in pairs:
+        per_psnr[j], per_ssim[j] = value, ssim(images[i], truths[j])
+    return {
+        "psnr": float(np.mean(per_psnr)),
+        "ssim": float(np.mean(per_ssim)),
+        "per-image-psnr": per_psnr,
+        "matched": f"{len(pairs)}/{len(truths)}",
+    }
 
 
 Attacked = tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]  # an update, its truth, its reconstructions
-
-
-LABEL_ATTACK = "labels (head-bias gradient)"
-BASELINE = "best flat image (reference: no information)"  # "reference" rows are not attacks
 
 
 def label_row(obs: Observation, true_labels: np.ndarray | None) -> dict[str, Any]:
@@ -91,73 +129,104 @@ def label_row(obs: Observation, true_labels: np.ndarray | None) -> dict[str, Any
     }
 
 
+def reference_rows(obs: Observation, truth: np.ndarray, dataset_mean: np.ndarray | None) -> list[dict[str, Any]]:
+    """No-information baselines beside every scored update (and APRIL's minimum-norm limit on no-LN models)."""
+    truths = as_batch(truth)
+    references = [(BASELINE, [best_flat_image(t) for t in truths], "per-channel mean of each true image")]
+    if dataset_mean is not None:
+        references.append((DATASET_MEAN, [dataset_mean] * len(truths), "the mean of the dataset's images"))
+    if obs.config.model.first_block == "no-ln":
+        references.append(
+            ("minimum-norm limit (reference)", [minimum_norm_limit(t, obs) for t in truths], "true patches projected "
+             "onto W_E's row space; not an attack")
+        )  # fmt: skip
+    rows = []
+    for name, guesses, note in references:
+        rows.append(
+            {
+                **obs.meta,
+                "defence": defence_of(obs.config),
+                "attack": name,
+                "psnr": float(np.mean([psnr(g, t) for g, t in zip(guesses, truths, strict=True)])),
+                "ssim": float(np.mean([ssim(g, t) for g, t in zip(guesses, truths, strict=True)])),
+                "seconds": 0.0,
+                "note": note,
+            }
+        )
+    return rows
+
+
+def run_attack(name: str, attack: Attack, obs: Observation, position: str) -> Reconstruction:
+    """One attack on one update; the optimisation attack shows a progress bar of its Adam steps."""
+    if attack is not invert:
+        return attack(obs)
+    with tqdm(total=None, desc=f"{position} {name}", unit="step", leave=False) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        return invert(obs, progress=progress)
+
+
 def audit_observations(
     items: list[tuple[Observation, np.ndarray | None]],
     out: Path,
     title: str,
     grid_name: str = "grid.png",
     true_labels: list[np.ndarray | None] | None = None,
+    dataset_mean: np.ndarray | None = None,
 ) -> tuple[list[dict[str, Any]], list[Attacked]]:
     """Attack every observation, score it, write ``audit.md``, ``audit.json`` and the image grid.
 
-    ``true_labels`` (per item, when known) score the label-recovery attack. Returns the table rows and, per
-    observation, its reconstructions by attack name.
+    ``items`` pair each observation with its true images (one [C, H, W] image or a batch [n, C, H, W], or None
+    when unknown); ``true_labels`` (per item, when known) score the label attack; ``dataset_mean`` adds the
+    dataset-mean reference. Returns the table rows and, per observation, its reconstructions by attack name.
     """
     out.mkdir(parents=True, exist_ok=True)
     rows, images = [], []
     labels = true_labels or [None] * len(items)
-    for (obs, truth), labels_of_batch in zip(tqdm(items, desc="audit", unit="update"), labels, strict=True):
+    budgets = {obs.config.audit.describe() for obs, _ in items}
+    for k, ((obs, truth), labels_of_batch) in enumerate(
+        zip(tqdm(items, desc="audit", unit="update"), labels, strict=True)
+    ):
         rows.append(label_row(obs, labels_of_batch))
         recs = {}
         for name, attack in attacks_for(obs).items():
             start = time.perf_counter()
-            rec = attack(obs)
+            rec = run_attack(name, attack, obs, f"update {k + 1}/{len(items)}")
             seconds = time.perf_counter() - start
-            p, s = score(rec, truth)
             rows.append(
                 {
                     **obs.meta,
                     "defence": defence_of(obs.config),
                     "attack": name,
-                    "psnr": p,
-                    "ssim": s,
+                    **score(rec, truth),
                     "seconds": seconds,
                     "note": rec.note,
                 }
             )
             recs[name] = rec
         if truth is not None:
-            flat = best_flat_image(truth)
-            rows.append(
-                {
-                    **obs.meta,
-                    "defence": defence_of(obs.config),
-                    "attack": BASELINE,
-                    "psnr": psnr(flat, truth),
-                    "ssim": ssim(flat, truth),
-                    "seconds": 0.0,
-                    "note": "the image's per-channel mean: what an attack that learned nothing can reach",
-                }
-            )
-        if truth is not None and obs.config.model.first_block == "no-ln":
-            limit = minimum_norm_limit(truth, obs)
-            rows.append(
-                {
-                    **obs.meta,
-                    "defence": defence_of(obs.config),
-                    "attack": "minimum-norm limit (reference)",
-                    "psnr": psnr(limit, truth),
-                    "ssim": ssim(limit, truth),
-                    "seconds": 0.0,
-                    "note": "true patches projected onto W_E's row space; not an attack",
-                }
-            )
+            rows.extend(reference_rows(obs, truth, dataset_mean))
         images.append((obs, truth, recs))
-    report = {"title": title, "metrics": SETTINGS, "rows": rows, "summary": summarize(rows)}
+    report = {
+        "title": title,
+        "metrics": SETTINGS | {"batch": BATCH_SCORING},
+        "budget": sorted(budgets),
+        "rows": rows,
+        "summary": summarize(rows),
+    }
     atomic_write(out / "audit.json", json.dumps(report, indent=1, default=float).encode())
     atomic_write(out / "audit.md", markdown(report).encode())
     save_grid(images, out / grid_name)
     return rows, images
+
+
+BATCH_SCORING = (
+    "reconstructions matched one to one to the true images (Hungarian assignment on PSNR, scipy); PSNR/SSIM are "
+    "means over every true image of the update, an image left unmatched scored as its best flat image"
+)
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,27 +291,46 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)
+
+
+def matched_images(rec: Reconstruction, truths: list[np.ndarray]) -> dict[int, np.ndarray]:
+    """The reconstruction assigned to each true image (by index) in the one-to-one matching of :func:`score`."""
+    images = rec.all_images
+    if not images:
+        return {}
+    return {j: images[i] for i, j, _ in match_batch(images, truths)}
+
+
 def save_grid(images: list[tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]], path: Path) -> None:
-    """One row per update: original | each attack's reconstruction (blank where an attack could not run)."""
+    """One row per true image (up to four per update): original | each attack's reconstruction matched to it
+    (blank where an attack could not run or left that image unmatched)."""
     from core.plots import plt
 
     if not images:
         return
     names = list(dict.fromkeys(n for _, _, recs in images for n in recs))
+    panels = []  # (row label, truth, {attack: image})
+    for obs, truth, recs in images:
+        truths = as_batch(truth)
+        if truths is None:
+            panels.append((obs.meta.get("label", ""), None, {n: r.image for n, r in recs.items()}))
+            continue
+        matched = {n: matched_images(r, truths) for n, r in recs.items()}
+        for j, t in enumerate(truths[:GRID_IMAGES_PER_UPDATE]):
+            label = obs.meta.get("label", "") + (f" #{j}" if len(truths) > 1 else "")
+            panels.append((label, t, {n: m.get(j) for n, m in matched.items()}))
     cols = 1 + len(names)
-    fig, axes = plt.subplots(len(images), cols, figsize=(1.6 * cols, 1.6 * len(images)), squeeze=False)
-    for i, (obs, truth, recs) in enumerate(images):
-        panels = [("original", truth)] + [(n, recs[n].image if n in recs else None) for n in names]
-        for j, (name, img) in enumerate(panels):
+    fig, axes = plt.subplots(len(panels), cols, figsize=(1.6 * cols, 1.6 * len(panels)), squeeze=False)
+    for i, (label, truth, recs) in enumerate(panels):
+        for j, (name, img) in enumerate([("original", truth)] + [(n, recs.get(n)) for n in names]):
             ax = axes[i, j]
             ax.axis("off")
             if img is not None:
                 ax.imshow(np.transpose(img, (1, 2, 0)))
             if i == 0:
                 ax.set_title(name, fontsize=6)
-        axes[i, 0].text(
-            -0.1, 0.5, obs.meta.get("label", ""), transform=axes[i, 0].transAxes, fontsize=6, ha="right", va="center"
-        )
+        axes[i, 0].text(-0.1, 0.5, label, transform=axes[i, 0].transAxes, fontsize=6, ha="right", va="center")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -306,10 +394,16 @@ def audit_captures(capture_dir: Path, out: Path) -> list[dict[str, Any]]:
             obs = dataclasses.replace(obs, known_plaintext=None, known_ciphertext=None)  # the pair is not a pair
         truth_path = run / GROUND_TRUTH / stem.parent.name / f"{stem.name}.safetensors"
         recorded = load_file(truth_path) if truth_path.exists() else None
-        truth = recorded["images"][0] if recorded is not None else None
-        if (obs.meta.get("num-examples") or 1) > 1:
-            obs.meta["note"] = "batch size > 1: the closed forms recover a mixture (scored against image 0)"
-        items.append((obs, truth))
+        client = recipe(obs)
+        setting = f"round {obs.meta['round']}, B={client.batch}" + (
+            ", FedSGD" if client.sends_gradient else f", {client.steps} local steps"
+        )
+        obs.meta.update({"defence-name": defence_of(obs.config), "setting": setting, "batch-size": client.batch,
+                         "local-steps": 1 if client.sends_gradient else client.steps})  # fmt: skip
+        items.append((obs, recorded["images"] if recorded is not None else None))
         labels.append(recorded["labels"] if recorded is not None else None)
     print(f"audit: {len(items)} captured update(s) from {capture_dir}", flush=True)
-    return audit_observations(items, out, f"fedvit audit of {run}", true_labels=labels)[0]
+    rows = audit_observations(items, out, f"fedvit audit of {run}", true_labels=labels)[0]
+    write_frontier(rows, out, {})
+    print((out / "frontier.md").read_text().split("\n## Every attack")[0], flush=True)
+    return rows

@@ -1,28 +1,31 @@
-"""``fedvit audit --benchmark``: single-image client updates for every defence, made by the real client code,
-attacked and scored in one go — the table and the image grid in the layout of the defence papers' Fig. 4.
+"""``fedvit audit --benchmark``: client updates for every defence and setting (batch size; FedSGD or FedAvg with
+E local steps), made by the real client code, attacked and scored in one go — the audit table, the image grid
+in the layout of the defence papers' Fig. 4 (single-image FedSGD) and the leakage-vs-utility frontier.
 
-Client k (of K) trains on round 1 with batch size 1, so its FedSGD update is the gradient of one image; the
-same K images go through every defence. The ground truth comes from the client's ``on_batch`` hook (kept in
-memory, apart from the observation); the attacks see only the payload, the model the client received and the
-public config.
+Client k (of K) trains on round 1 on its partition of steps·B images, so its update is the gradient of one
+batch (FedSGD) or E local steps over them (FedAvg); the same K partitions go through every defence. The ground
+truth comes from the client's ``on_batch`` hook (kept in memory, apart from the observation); the attacks see
+only the payload, the model the client received and the public config.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from attacks.audit import audit_observations, defence_of
+from attacks.audit import as_batch, audit_observations, defence_of
+from attacks.frontier import write_frontier
 from attacks.observation import Observation, dense_update
 from clients import runner
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from core.config import Config, parse_config
-from core.data import client_data
+from core.data import client_data, load_dataset
 from core.model import build_model, get_weights
 
 DEFENCES: dict[str, dict[str, Any]] = {
@@ -35,39 +38,76 @@ DEFENCES: dict[str, dict[str, Any]] = {
     },
     "encryption-paper": {"strategy": "fedsgd", "encryption.mode": "paper"},
     "encryption-private-init": {"strategy": "fedsgd", "encryption.mode": "private-init"},
+    "pgd-at": {"strategy": "fedsgd", "adversarial.enabled": True},
 }
+GRADIENT_ONLY = ("masked-fedsgd",)  # strategies that exist only as FedSGD (no FedAvg form)
 
 
-def defence_config(base: Config, overrides: dict[str, Any], images: int, out: Path) -> Config:
-    """The run config one defence's clients use: batch 1, K clients, ground truth on, results under ``out``."""
+@dataclass(frozen=True)
+class Setting:
+    """What one client does per update: ``steps`` = 1 is FedSGD (one gradient of a batch of ``batch``);
+    ``steps`` > 1 is FedAvg with that many local SGD steps of ``batch`` images (one local epoch)."""
+
+    batch: int
+    steps: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"B={self.batch}" + (f", FedAvg {self.steps} steps" if self.steps > 1 else ", FedSGD")
+
+
+def defence_config(
+    base: Config, overrides: dict[str, Any], updates: int, out: Path, setting: Setting = Setting(1)
+) -> Config:
+    """The run config one defence's clients use in ``setting``: ``updates`` clients of ``steps·batch`` images
+    each (IID, trained whole: ``data.client-eval = "test-shard"``), ground truth on, results under ``out``."""
     values = base.to_dict() | {
-        "batch-size": 1,
+        "batch-size": setting.batch,
         "run-name": "benchmark",
         "out-dir": str(out),
         "capture.enabled": True,
         "capture.ground-truth": True,
         "capture.rounds": "1",
         "centralized-evaluation": not overrides.get("encryption.mode"),
+        "data.partitioner": "iid",
+        "data.client-eval": "test-shard",
     }
     defaults = Config().to_dict()
-    values |= {k: v for k, v in defaults.items() if k.startswith(("mask.", "encryption."))}  # then this defence's
+    values |= {k: v for k, v in defaults.items() if k.startswith(("mask.", "encryption.", "adversarial."))}
     values |= overrides
+    if setting.steps > 1:
+        if values["strategy"] in GRADIENT_ONLY:
+            raise ValueError(f"strategy {values['strategy']!r} exists only as FedSGD")
+        values |= {"strategy": "fedavg", "local-epochs": 1, "momentum": 0.0}
     if values["data.name"] == "synthetic":
-        values["data.synthetic-train-size"] = max(values["data.synthetic-train-size"], images)
+        values["data.synthetic-train-size"] = updates * setting.steps * setting.batch
     return parse_config(values)
+
+
+def partitions(config: Config, setting: Setting, updates: int) -> int:
+    """How many clients share the data so that each holds ``steps·batch`` images (at least ``updates``)."""
+    train = len(load_dataset(config.data, config.seed, "train"))
+    count = train // (setting.steps * setting.batch)
+    if count < updates:
+        raise ValueError(
+            f"{config.data.name}: {train} training images hold {count} client(s) of {setting.steps}×{setting.batch} "
+            f"images, fewer than the {updates} update(s) asked for"
+        )
+    return count
 
 
 def client_update(config: Config, partition: int, images: int, seed_key: int) -> tuple[Observation, np.ndarray]:
     """One client's round-1 update through ``clients.runner.train``, as an attacker observes it, and its image."""
-    obs, truth, _ = client_update_and_labels(config, partition, images, seed_key)
-    return obs, truth
+    obs, truths, _ = client_update_and_labels(config, partition, images, seed_key)
+    return obs, truths[0]
 
 
 def client_update_and_labels(
-    config: Config, partition: int, images: int, seed_key: int
+    config: Config, partition: int, num_partitions: int, seed_key: int
 ) -> tuple[Observation, np.ndarray, np.ndarray]:
-    """:func:`client_update` and the batch's true labels (for scoring the label attack; never in the observation)."""
-    data_classes = client_data(config.data, config.seed, partition, images).images.num_classes
+    """:func:`client_update` with every image the client trained on [n, C, H, W] and their labels (for scoring;
+    never in the observation)."""
+    data_classes = client_data(config.data, config.seed, partition, num_partitions).images.num_classes
     model = build_model(config.model, data_classes, config.seed)
     public = get_weights(model)
     received, key, plain, cipher = public, None, None, None
@@ -83,13 +123,18 @@ def client_update_and_labels(
         if config.encryption.mode == "paper":  # the server's own initial model and the clients' answer
             plain, cipher = {n: public[n] for n in ENCRYPTED}, {n: received[n] for n in ENCRYPTED}
     batch: dict[str, np.ndarray] = {}
-    records, _ = runner.train(
-        config, partition, images, received, 1, config.lr, mask_seed=seed_key + partition, locked_cache={}, key=key,
-        on_batch=lambda x, y: batch.update(images=x, labels=y),
+    records, metrics = runner.train(
+        config, partition, num_partitions, received, 1, config.lr, mask_seed=seed_key + partition, locked_cache={},
+        key=key, on_batch=lambda x, y: batch.update(images=x, labels=y),
     )  # fmt: skip
     update, masks = dense_update(records, {n: w.shape for n, w in public.items()})
-    truth = batch["images"][0]
-    meta = {"image": partition, "partition": partition, "round": 1, "label": f"image {partition}"}
+    meta = {
+        "image": partition,
+        "partition": partition,
+        "round": 1,
+        "label": f"client {partition}",
+        "num-examples": int(metrics["num-examples"]),
+    }
     obs = Observation(
         update=update,
         received=received,
@@ -100,38 +145,77 @@ def client_update_and_labels(
         known_ciphertext=cipher,
         meta=meta,
     )
-    return obs, truth, batch["labels"]
+    return obs, batch["images"], batch["labels"]
 
 
-def run_benchmark(base: Config, images: int, out: Path, defences: list[str] | None = None) -> list[dict]:
-    """Produce, attack and score K single-image updates per defence; write audit.md/json, grid.png, fig4.png."""
+def dataset_mean_image(config: Config) -> np.ndarray:
+    """The mean training image in [0, 1] (a no-information reference an attacker could compute from public data)."""
+    images = load_dataset(config.data, config.seed, "train")
+    size = config.model.img_size or 224
+    total = None
+    for start in range(0, len(images), 256):
+        x, _ = images.batch(np.arange(start, min(start + 256, len(images))), size)
+        total = x.sum(0) if total is None else total + x.sum(0)
+    return (total / len(images)).numpy().astype(np.float64)
+
+
+def run_benchmark(
+    base: Config,
+    images: int,
+    out: Path,
+    defences: list[str] | None = None,
+    settings: list[Setting] | None = None,
+    accuracy: dict[str, float] | None = None,
+) -> list[dict]:
+    """Produce, attack and score ``images`` client updates per defence and setting; write audit.md/json, grid.png,
+    fig4.png (single-image FedSGD) and the frontier (frontier.json/md/png; ``accuracy``: final accuracy per
+    defence name from short training runs, for the accuracy-cost axis)."""
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FEDVIT_CLIENT_STATE", str(out / "client-state"))  # locked masks of these clients
     chosen = defences or list(DEFENCES)
     unknown = sorted(set(chosen) - set(DEFENCES))
     if unknown:
         raise ValueError(f"unknown defence(s) {unknown}; choose from {list(DEFENCES)}")
-    items, labels = [], []
-    for name in tqdm(chosen, desc="defences", unit="defence"):
-        config = defence_config(base, DEFENCES[name], images, out)
-        made = [client_update_and_labels(config, k, images, seed_key=1000) for k in range(images)]  # one key
+    settings = settings or [Setting(1)]
+    items, labels, skipped = [], [], []
+    cases = [(name, setting) for setting in settings for name in chosen]
+    for name, setting in tqdm(cases, desc="defences × settings", unit="case"):
+        try:
+            config = defence_config(base, DEFENCES[name], images, out, setting)
+        except ValueError as err:
+            skipped.append(f"{name} at {setting.label}: {err}")
+            continue
+        count = partitions(config, setting, images)
+        made = [client_update_and_labels(config, k, count, seed_key=1000) for k in range(images)]  # one key
+        for obs, _, _ in made:
+            obs.meta.update({"defence-name": name, "setting": setting.label, "batch-size": setting.batch,
+                             "local-steps": setting.steps})  # fmt: skip
         labels.extend(true_labels for _, _, true_labels in made)
         updates = [(obs, truth) for obs, truth, _ in made]
-        if config.encryption.enabled:  # collusion: the attacker knows the other images and sees their updates
+        if config.encryption.enabled:  # collusion: the attacker knows other images and their single-image updates
             updates = [
-                (
-                    dataclasses.replace(
-                        obs, known_images=[(t, o.update) for j, (o, t) in enumerate(updates) if j != k]
-                    ),
-                    truth,
-                )
-                for k, (obs, truth) in enumerate(updates)
+                (_with_colluders(obs, base, name, images, out, k), truth) for k, (obs, truth) in enumerate(updates)
             ]
         items.extend(updates)
-    title = f"fedvit audit benchmark: {images} images, model {base.model.name}"
-    rows, attacked = audit_observations(items, out, title, true_labels=labels)
-    save_figure4(attacked, rows, out / "fig4.png")
+    for note in skipped:
+        print(f"audit benchmark: skipped {note}", flush=True)
+    title = f"fedvit audit benchmark: {images} update(s) per defence and setting, model {base.model.name}"
+    mean_image = dataset_mean_image(base)
+    rows, attacked = audit_observations(items, out, title, true_labels=labels, dataset_mean=mean_image)
+    single = [a for a in attacked if a[0].meta.get("setting") == Setting(1).label]
+    if single:
+        save_figure4(single, [r for r in rows if r.get("setting") == Setting(1).label], out / "fig4.png")
+    write_frontier(rows, out, accuracy or {}, skipped)
     return rows
+
+
+def _with_colluders(obs: Observation, base: Config, name: str, images: int, out: Path, k: int) -> Observation:
+    """The encrypted observation plus what colluding clients give the attacker: their own images and the
+    single-image (B = 1, FedSGD) updates they sent under the same key."""
+    config = defence_config(base, DEFENCES[name], images, out, Setting(1))
+    count = partitions(config, Setting(1), images)
+    colluders = [client_update(config, j, count, seed_key=1000) for j in range(images) if j != k]
+    return dataclasses.replace(obs, known_images=[(truth, o.update) for o, truth in colluders])
 
 
 def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
@@ -148,7 +232,7 @@ def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
     truths: dict[int, np.ndarray] = {}
     for obs, truth, by_attack in attacked:
         recs[(obs.meta["image"], defence_of(obs.config))] = by_attack
-        truths[obs.meta["image"]] = truth
+        truths[obs.meta["image"]] = as_batch(truth)[0]
     defences = list(dict.fromkeys(defence for _, defence in recs))
     images = sorted(truths)
     fig, axes = plt.subplots(

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attacks.observation import Observation, public_model
+from attacks.observation import GRADIENT_STRATEGIES, WEIGHT_STRATEGIES, Observation, public_model, recipe
 from core.model import classify, set_weights
 from core.params import HEAD_BIAS
 
@@ -52,15 +52,22 @@ def label_accuracy(counts: np.ndarray, true_labels: np.ndarray) -> float:
 def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     """The label counts an eavesdropper recovers from one observed update, or None and the reason it cannot.
 
-    Needs a FedSGD-type update (the gradient itself), the head bias sent whole (not masked, not encrypted: the key
-    only touches the embeddings) and the batch size (the reply's ``num-examples``, else the public config's).
+    Needs the head bias sent whole (not masked; the encryption key only touches the embeddings) and the client's
+    recipe (:func:`attacks.observation.recipe`). FedSGD: g is the gradient itself. FedAvg/FedProx: the bias moved
+    by lr·Σ_t g_t over the ``steps`` local steps (plain SGD assumed; momentum β approximated by lr/(1 − β), the
+    proximal pull ignored), so g = Δb / (lr·steps) is the mean step gradient and the counts are per local epoch.
     """
-    if obs.config.strategy not in ("fedsgd", "masked-fedsgd"):
-        return None, f"needs a gradient update; {obs.config.strategy!r} sends weights"
     if obs.masks is not None and not obs.masks[HEAD_BIAS].all():
         return None, "the mask hides part of the head-bias gradient"
-    batch = int(obs.meta.get("num-examples") or obs.config.batch_size)
+    if obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
+        return None, f"strategy {obs.config.strategy!r} is not modelled by the label attack"
+    client = recipe(obs)
     model = copy.deepcopy(public_model(obs))  # the skeleton is cached and shared: never load weights into it
     set_weights(model, obs.received)
     img_size = int(model.patch_embed.img_size[0])
-    return label_counts(obs.update[HEAD_BIAS], batch, mean_softmax(model, img_size, seed=obs.config.seed)), ""
+    mean_probs = mean_softmax(model, img_size, seed=obs.config.seed)
+    if client.sends_gradient:
+        return label_counts(obs.update[HEAD_BIAS], client.batch, mean_probs), ""
+    step_lr = client.lr / (1.0 - client.momentum)
+    mean_step = (obs.received[HEAD_BIAS] - obs.update[HEAD_BIAS]) / (step_lr * client.steps)
+    return label_counts(mean_step, client.examples, mean_probs), ""

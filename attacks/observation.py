@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,10 +44,21 @@ class Observation:
 
 @dataclass(frozen=True)
 class Reconstruction:
-    """An attack's output: an image [C, H, W] in [0, 1], or None with the reason it could not run."""
+    """An attack's output: an image [C, H, W] in [0, 1], or None with the reason it could not run.
+
+    Batch attacks also return every image they reconstructed in ``images`` (``image`` is then the first).
+    """
 
     image: np.ndarray | None
     note: str = ""
+    images: tuple[np.ndarray, ...] = ()
+
+    @property
+    def all_images(self) -> list[np.ndarray]:
+        """Every reconstructed image (one for single-image attacks, none when the attack could not run)."""
+        if self.images:
+            return list(self.images)
+        return [] if self.image is None else [self.image]
 
 
 @functools.lru_cache(maxsize=4)
@@ -58,6 +70,52 @@ def model_skeleton(config: Config, num_classes: int) -> nn.Module:
 def public_model(obs: Observation) -> nn.Module:
     """The model architecture from the public config (weights are not used; take them from ``obs.received``)."""
     return model_skeleton(obs.config, obs.num_classes)
+
+
+GRADIENT_STRATEGIES = ("fedsgd", "masked-fedsgd")  # replies carry the gradient of one batch
+WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg")  # replies carry the new weights, not a gradient
+
+
+@dataclass(frozen=True)
+class ClientRecipe:
+    """The client's local work as the attacker assumes it from the public run config and the reply's metadata."""
+
+    examples: int  # distinct images the client trained on (the reply's num-examples)
+    batch: int  # images per local step
+    epochs: int  # passes over them (FedAvg local epochs; 1 for FedSGD)
+    lr: float  # the client's learning rate (FedAvg/FedProx)
+    momentum: float  # its SGD momentum
+    proximal_mu: float  # FedProx μ (0 otherwise)
+    adversarial: int  # samples per step replaced by their PGD versions (Madry AT), 0 if off
+    sends_gradient: bool  # FedSGD: the update is the gradient; FedAvg: the update is the new weights
+
+    @property
+    def steps(self) -> int:
+        """Local optimiser steps: ⌈examples / batch⌉ per epoch."""
+        return self.epochs * math.ceil(self.examples / self.batch)
+
+
+def recipe(obs: Observation) -> ClientRecipe:
+    """The client's recipe from the public config and the reply's ``num-examples`` (else the batch size): the
+    learning rate of the captured round after decay; FedSGD is one step on all its examples."""
+    config = obs.config
+    examples = int(obs.meta.get("num-examples") or config.batch_size)
+    sends_gradient = config.strategy in GRADIENT_STRATEGIES
+    batch = examples if sends_gradient else min(config.batch_size, examples)
+    epochs = 1 if sends_gradient else config.local_epochs
+    adversarial = int(np.floor(config.adversarial.ratio * batch)) if config.adversarial.enabled else 0
+    mu = config.fedprox.mu if config.strategy == "fedprox" else 0.0
+    lr = config.lr_at(int(obs.meta.get("round") or 1))
+    return ClientRecipe(examples, batch, epochs, lr, config.momentum, mu, adversarial, sends_gradient)
+
+
+def as_gradient(obs: Observation) -> Observation:
+    """A FedAvg-type update read as a gradient: w_received − w_sent = lr · Σ_t g_t (plain SGD), the summed
+    gradient of every local step up to the learning rate, which the scale-free closed forms ignore."""
+    if obs.config.strategy not in WEIGHT_STRATEGIES:
+        return obs
+    delta = {n: obs.received[n] - u for n, u in obs.update.items()}
+    return dataclasses.replace(obs, update=delta)
 
 
 def dense_update(

@@ -23,7 +23,8 @@ class StepResult:
     num_examples: int
     loss: float
     accuracy: float
-    batch_indices: np.ndarray | None = None  # FedSGD: the images of the batch (for the audit's ground truth)
+    # the images the client trained on (FedSGD: its batch; FedAvg: its partition), for the audit's ground truth
+    batch_indices: np.ndarray | None = None
     steps: int = 1  # local optimiser steps taken (SCAFFOLD's K)
     adversarial: int = 0  # samples replaced by adversarial versions (Madry AT)
 
@@ -140,7 +141,13 @@ def local_epochs(
         (name, p.detach().to("cpu", torch.float32).numpy().copy()) for name, p in model.named_parameters()
     )
     return StepResult(
-        weights, len(train_idx), total_loss / max(seen, 1), correct / max(seen, 1), steps=steps, adversarial=replaced
+        weights,
+        len(train_idx),
+        total_loss / max(seen, 1),
+        correct / max(seen, 1),
+        batch_indices=np.sort(train_idx),
+        steps=steps,
+        adversarial=replaced,
     )
 
 

@@ -142,6 +142,30 @@ class CaptureConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """The attack audit's budget per captured update (attacks/inversion.py; written into every report).
+
+    ``iterations`` Adam steps per restart on the candidate images (step size ``lr`` on pixels in [0, 1], signed
+    gradients, decayed ×0.1 at 3/8, 5/8 and 7/8), ``restarts`` random starts (the best update match wins),
+    ``max-seconds`` a wall-clock cap per update over all restarts; ``tv`` weights the total-variation prior and
+    ``pos-weight`` the extra position-embedding cosine term (APRIL's optimisation variant).
+    """
+
+    iterations: int = 1500
+    restarts: int = 2
+    max_seconds: float = 90.0
+    lr: float = 0.05
+    tv: float = 0.05
+    pos_weight: float = 1.0
+
+    def describe(self) -> str:
+        return (
+            f"{self.iterations} Adam steps × {self.restarts} restart(s), ≤ {self.max_seconds:g} s per update, "
+            f"lr {self.lr:g}, TV {self.tv:g}, position-embedding term {self.pos_weight:g}"
+        )
+
+
+@dataclass(frozen=True)
 class EncryptionConfig:
     """Encrypted-domain aggregation (encrypted-ViT paper); the key itself never enters the run config.
 
@@ -190,6 +214,7 @@ class Config:
     scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
     def lr_at(self, server_round: int) -> float:
         """The clients' learning rate in ``server_round`` (1-based), after the per-round decay."""
@@ -325,6 +350,12 @@ _CHECKS: dict[str, Check] = {
     "robust.restarts": _POSITIVE_INT,
     "robust.max-samples": (lambda v: v >= 0, "an integer >= 0 (0 = the whole test set)"),
     "fedwavg.last-layer": (lambda v: any(n.strip() for n in v.split(",")), "parameter names separated by ','"),
+    "audit.iterations": _POSITIVE_INT,
+    "audit.restarts": _POSITIVE_INT,
+    "audit.max-seconds": _POSITIVE,
+    "audit.lr": _POSITIVE,
+    "audit.tv": (lambda v: v >= 0, "a number >= 0"),
+    "audit.pos-weight": (lambda v: v >= 0, "a number >= 0"),
     "capture.rounds": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
     "capture.partitions": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '0,2-3'"),
 }

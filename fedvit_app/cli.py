@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -95,6 +96,26 @@ def keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_list(text: str, flag: str) -> list[int]:
+    """ "1,4,16" -> [1, 4, 16]; anything else is a ValueError naming the flag."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers >= 1, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} takes comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def final_accuracies(folder: Path) -> dict[str, float]:
+    """Final accuracy per method of a finished ``fedvit experiment`` (its ``summary.json``), for the frontier's
+    accuracy-cost axis; the methods must be named as ``--defences`` spells the defences."""
+    summary = folder / "summary.json"
+    if not summary.is_file():
+        raise ValueError(f"--accuracy-from {folder}: no summary.json (run `fedvit experiment` to completion first)")
+    return {row["method"]: float(row["final"]) for row in json.loads(summary.read_text())}
+
+
 def audit(args: argparse.Namespace) -> int:
     """``fedvit audit``: the attack audit of a captured run, or the no-run benchmark of every defence."""
     if args.benchmark == (args.captures is not None):
@@ -106,12 +127,18 @@ def audit(args: argparse.Namespace) -> int:
             return 2
         if check_config(Path(args.app), args.run_config):
             return 2
-        from attacks.benchmark import run_benchmark
+        from attacks.benchmark import Setting, run_benchmark
 
         config = parse_config(resolved_run_config(Path(args.app), args.run_config))
         defences = [d.strip() for d in args.defences.split(",") if d.strip()] or None
         try:
-            run_benchmark(config, args.images, args.out.resolve(), defences)
+            settings = [
+                Setting(batch, steps)
+                for steps in positive_list(args.local_steps, "--local-steps")
+                for batch in positive_list(args.batch_sizes, "--batch-sizes")
+            ]
+            accuracy = final_accuracies(args.accuracy_from) if args.accuracy_from else None
+            run_benchmark(config, args.images, args.out.resolve(), defences, settings, accuracy)
         except ValueError as err:
             print(f"fedvit audit: {err}", file=sys.stderr)
             return 2
@@ -165,6 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     p_audit.add_argument("-c", "--run-config", action="append", default=[], help="--benchmark: model/data config")
     p_audit.add_argument("--images", type=int, default=16, help="--benchmark: images per defence (default 16)")
     p_audit.add_argument("--defences", default="", help="--benchmark: comma-separated subset (default: all)")
+    p_audit.add_argument(
+        "--batch-sizes", default="1", help="--benchmark: comma-separated client batch sizes (default 1)"
+    )
+    p_audit.add_argument(
+        "--local-steps",
+        default="1",
+        help="--benchmark: comma-separated local steps; 1 = FedSGD, E > 1 = FedAvg with E steps (default 1)",
+    )
+    p_audit.add_argument(
+        "--accuracy-from",
+        type=Path,
+        help="--benchmark: a finished `fedvit experiment` folder (e.g. conf/experiments/frontier-cpu.toml) whose "
+        "final accuracies give the frontier's accuracy cost",
+    )
 
     deployment_cli.add_parser(sub)
 

@@ -1,0 +1,239 @@
+"""Optimisation-based gradient inversion of a captured update, for any batch size, FedSGD and FedAvg/FedProx.
+
+A candidate batch x (pixels in [0, 1]) goes through the client's known local work on the model it received,
+and x is moved until the simulated update matches the observed one (Inverting Gradients, Geiping et al. 2020:
+1 − cosine over the shared entries, total-variation prior, Adam on the signed gradient, box projection, restarts,
+and the unrolled local steps of FedAvg). The position-embedding gradient gets an extra cosine term
+(APRIL's optimisation variant: it is the attention model's most revealing gradient). Labels come from the
+head-bias gradient (attacks.labels); where that is hidden, soft labels are optimised with the images (DLG).
+
+Defence-aware by construction: entries a mask dropped (fresh or locked masks, the fixed-position method) are
+left out of the match; the client's Madry PGD recipe is re-run on the candidates; an encrypted model is attacked
+as received (without the key it yields the encrypted-domain image, which is scored as it is).
+
+Double backward through timm's fused attention is not implemented on CPU, so the attack's model copy uses the
+explicit attention path (the function is the same).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from attacks.april import embedding_route
+from attacks.labels import recover_labels
+from attacks.observation import (
+    GRADIENT_STRATEGIES,
+    WEIGHT_STRATEGIES,
+    ClientRecipe,
+    Observation,
+    Reconstruction,
+    image_geometry,
+    public_model,
+    recipe,
+)
+from core.config import AuditConfig
+from core.model import normalize, set_weights
+from core.params import POS_EMBED
+
+
+def attack_model(obs: Observation) -> nn.Module:
+    """A float32 copy of the received model on the explicit attention path (double backward works on CPU)."""
+    model = copy.deepcopy(public_model(obs))
+    set_weights(model, obs.received)
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    return model.train()
+
+
+def observed_target(obs: Observation, rec: ClientRecipe) -> dict[str, torch.Tensor]:
+    """What the simulation must reproduce: the gradient (FedSGD) or the weight change w_received − w_sent."""
+    if rec.sends_gradient:
+        return {n: torch.as_tensor(u, dtype=torch.float32) for n, u in obs.update.items()}
+    return {n: torch.as_tensor(obs.received[n] - u, dtype=torch.float32) for n, u in obs.update.items()}
+
+
+def kept_entries(obs: Observation) -> dict[str, torch.Tensor] | None:
+    """Which entries the attacker can match: the payload's keep-masks (the mask is on the wire), else all."""
+    if obs.masks is None:
+        return None
+    return {n: torch.as_tensor(m.astype(bool)) for n, m in obs.masks.items()}
+
+
+def simulate(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    label_logits: torch.Tensor,
+    rec: ClientRecipe,
+    adversary: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    """The client's update for candidate pixels ``x`` [examples, C, H, W], differentiable in x.
+
+    FedSGD: ∇ of the mean cross-entropy. FedAvg/FedProx: w₀ − w_end after the unrolled local SGD (momentum as
+    torch's SGD), each epoch in consecutive chunks of B candidates: the client's shuffled order is unknown, and
+    the candidates are a set, so the attacker fixes one (an approximation for E > 1 or mismatched label chunks).
+    ``label_logits`` [examples, K] are near-one-hot (recovered labels) or learned soft labels.
+    """
+    names = list(params)
+    weights = dict(params)
+    velocity: dict[str, torch.Tensor] = {}
+    for _ in range(rec.epochs):
+        for start in range(0, rec.examples, rec.batch):
+            xb, yb = x[start : start + rec.batch], label_logits[start : start + rec.batch]
+            if adversary is not None:
+                xb = adversary(xb, yb)
+            logits = functional_call(model, weights, (normalize(model, xb),))
+            loss = -(torch.softmax(yb, 1) * torch.log_softmax(logits, 1)).sum(1).mean()
+            if rec.proximal_mu > 0:
+                loss = loss + rec.proximal_mu / 2 * sum(((weights[n] - params[n]) ** 2).sum() for n in names)
+            grads = torch.autograd.grad(loss, [weights[n] for n in names], create_graph=True, allow_unused=True)
+            grads = [torch.zeros_like(weights[n]) if g is None else g for n, g in zip(names, grads, strict=True)]
+            if rec.sends_gradient:
+                return dict(zip(names, grads, strict=True))
+            for n, g in zip(names, grads, strict=True):
+                velocity[n] = g if n not in velocity else rec.momentum * velocity[n] + g
+            weights = {n: weights[n] - rec.lr * velocity[n] for n in names}
+    return {n: params[n] - weights[n] for n in names}
+
+
+def match_loss(
+    sim: dict[str, torch.Tensor],
+    target: dict[str, torch.Tensor],
+    kept: dict[str, torch.Tensor] | None,
+    pos_weight: float,
+) -> torch.Tensor:
+    """1 − cosine between the simulated and observed updates over the entries the attacker sees, plus
+    ``pos_weight`` · (1 − cosine) on the position-embedding gradient alone (when any of it was sent)."""
+    dot = torch.zeros(())
+    sim_sq = torch.zeros(())
+    tgt_sq = torch.zeros(())
+    pos_term = torch.zeros(())
+    for name, t in target.items():
+        s = sim[name]
+        if kept is not None:
+            s, t = s[kept[name]], t[kept[name]]
+        if t.numel() == 0:
+            continue
+        dot = dot + (s * t).sum()
+        sim_sq = sim_sq + (s * s).sum()
+        tgt_sq = tgt_sq + (t * t).sum()
+        if name == POS_EMBED and pos_weight > 0 and bool(t.any()):
+            pos_term = pos_term + pos_weight * (1 - F.cosine_similarity(s.flatten(), t.flatten(), dim=0))
+    return 1 - dot / (sim_sq.sqrt() * tgt_sq.sqrt() + 1e-12) + pos_term
+
+
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Mean absolute difference of neighbouring pixels (anisotropic TV)."""
+    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+
+
+def madry_simulator(obs: Observation, model: nn.Module, count: int) -> Callable | None:
+    """The client's Madry AT as the attacker re-runs it: the first ``count`` samples of each step replaced by
+    their PGD versions (which samples the client picked is unknown; slots are interchangeable). The PGD
+    perturbation is treated as a constant of x (its own dependence on x is not differentiated)."""
+    if count == 0:
+        return None
+    from clients.adversarial import attack_from, pgd
+
+    attack = attack_from(obs.config.adversarial)
+    generator = torch.Generator().manual_seed(obs.config.seed)
+
+    def adversary(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        hard = yb.argmax(1)
+        delta = pgd(model, xb[:count].detach(), hard[:count], attack, generator) - xb[:count].detach()
+        return torch.cat([xb[:count] + delta, xb[count:]])
+
+    return adversary
+
+
+def initial_images(obs: Observation, rec: ClientRecipe, restart: int) -> tuple[torch.Tensor, str]:
+    """Restart 0 starts from APRIL-E's closed form where it applies (one image, FedSGD, position-embedding
+    gradient sent); every other start is seeded uniform noise."""
+    c, h, w, _ = image_geometry(obs)
+    if restart == 0 and rec.examples == 1 and rec.sends_gradient and obs.masks is None and obs.update[POS_EMBED].any():
+        closed = embedding_route(obs)
+        if closed.image is not None:
+            return torch.as_tensor(closed.image, dtype=torch.float32)[None], "closed-form start"
+    generator = torch.Generator().manual_seed(obs.config.seed * 1000 + restart)
+    return torch.rand(rec.examples, c, h, w, generator=generator), "random start"
+
+
+def labels_for(obs: Observation, rec: ClientRecipe, num_classes: int) -> tuple[torch.Tensor, bool, str]:
+    """Label logits per candidate: the recovered counts as near-one-hot rows (fixed), or learnable zeros."""
+    counts, reason = recover_labels(obs)
+    if counts is None or int(counts.sum()) != rec.examples:
+        return torch.zeros(rec.examples, num_classes), True, f"labels learned (not recoverable: {reason or 'count'})"
+    labels = np.repeat(np.arange(len(counts)), counts)
+    logits = torch.full((rec.examples, num_classes), -30.0)
+    logits[torch.arange(rec.examples), torch.as_tensor(labels)] = 30.0
+    return logits, False, "labels from the head-bias gradient"
+
+
+def invert(
+    obs: Observation,
+    budget: AuditConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Reconstruction:
+    """Reconstruct the client's images from one observed update (see the module docstring).
+
+    Returns all candidates as ``Reconstruction.images``; ``progress(done, total)`` is called per Adam step.
+    """
+    if obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
+        return Reconstruction(None, f"strategy {obs.config.strategy!r} is not simulated by this attack")
+    budget = budget or obs.config.audit
+    rec = recipe(obs)
+    model = attack_model(obs)
+    params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
+    target = observed_target(obs, rec)
+    kept = kept_entries(obs)
+    adversary = madry_simulator(obs, model, rec.adversarial)
+    num_classes = obs.num_classes
+    deadline = time.monotonic() + budget.max_seconds
+    total = budget.iterations * budget.restarts
+    best: tuple[float, torch.Tensor, str] | None = None
+    done = 0
+    for restart in range(budget.restarts):
+        x0, start_note = initial_images(obs, rec, restart)
+        x = x0.clone().requires_grad_(True)
+        label_logits, learn_labels, label_note = labels_for(obs, rec, num_classes)
+        label_logits.requires_grad_(learn_labels)
+        variables = [x] + ([label_logits] if learn_labels else [])
+        optimizer = torch.optim.Adam(variables, lr=budget.lr)
+        milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
+        for step in range(budget.iterations + 1):
+            optimizer.zero_grad(set_to_none=True)
+            sim = simulate(model, params, x, label_logits, rec, adversary)
+            match = match_loss(sim, target, kept, budget.pos_weight)
+            if best is None or float(match.detach()) < best[0]:  # the candidate just evaluated (before its step)
+                best = (float(match.detach()), x.detach().clone(), f"{start_note}; {label_note}")
+            if step == budget.iterations or time.monotonic() > deadline:
+                break
+            loss = match + budget.tv * total_variation(x)
+            loss.backward()
+            x.grad.sign_()
+            optimizer.step()
+            scheduler.step()
+            with torch.no_grad():
+                x.clamp_(0, 1)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        if time.monotonic() > deadline:
+            break
+    assert best is not None
+    loss_value, images, note = best
+    note += f"; gradient match 1−cos {loss_value:.2e}; {rec.examples} image(s), {rec.steps} local step(s)"
+    if not obs.update[POS_EMBED].any() or (kept is not None and not kept[POS_EMBED].any()):
+        note += "; no position-embedding gradient"
+    batch = images.numpy().astype(np.float64)
+    return Reconstruction(batch[0], note, images=tuple(batch))

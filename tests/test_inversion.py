@@ -1,0 +1,202 @@
+"""The batch audit: the optimisation attack's client simulation (FedSGD, FedAvg, masks, PGD), the batch ICA attack
+on the patch embedding, batch scoring, FedAvg label recovery, and the leakage-vs-utility frontier."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attacks.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
+from attacks.observation import Reconstruction, recipe
+from core.config import parse_config
+
+SMALL_BUDGET = {"audit.iterations": 30, "audit.restarts": 1}
+
+
+def benchmark_update(tmp_path, defence="plain", setting=Setting(1), **overrides):
+    base = parse_config(SMALL_BUDGET | overrides)
+    config = defence_config(base, DEFENCES[defence], 2, tmp_path, setting)
+    return client_update_and_labels(config, 0, partitions(config, setting, 2), seed_key=1000)
+
+
+def simulated_match(obs, images, labels):
+    """1 − cos between the attacker's simulation of the client on the TRUE batch and the observed update."""
+    from attacks.inversion import attack_model, kept_entries, match_loss, observed_target, simulate
+
+    rec = recipe(obs)
+    model = attack_model(obs)
+    params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
+    logits = torch.full((len(labels), obs.num_classes), -30.0)
+    logits[torch.arange(len(labels)), torch.as_tensor(labels)] = 30.0
+    sim = simulate(model, params, torch.as_tensor(images), logits, rec, None)
+    return float(match_loss(sim, observed_target(obs, rec), kept_entries(obs), 0.0).detach())
+
+
+def test_the_simulated_client_reproduces_a_fedsgd_batch_update(tmp_path):
+    obs, images, labels = benchmark_update(tmp_path, setting=Setting(4))
+    assert recipe(obs).batch == 4 and len(images) == 4
+    assert simulated_match(obs, images, labels) < 1e-5
+    shuffled = np.roll(labels, 1)  # wrong labels: the simulation no longer fits
+    assert simulated_match(obs, images, shuffled) > 1e-3
+
+
+def test_the_simulated_client_unrolls_fedavg_local_steps(tmp_path):
+    obs, images, labels = benchmark_update(tmp_path, setting=Setting(2, steps=2))
+    rec = recipe(obs)
+    assert (rec.sends_gradient, rec.batch, rec.steps, rec.examples) == (False, 2, 2, 4)
+    client_order = np.random.default_rng([0, 1, 0]).permutation(4)  # the client's shuffle (training.batch_rng)
+    assert simulated_match(obs, images[client_order], labels[client_order]) < 1e-5
+    swapped = client_order[[2, 3, 0, 1]]  # the same images, the other step first: a different update
+    assert simulated_match(obs, images[swapped], labels[swapped]) > simulated_match(
+        obs, images[client_order], labels[client_order]
+    )
+
+
+def test_masked_entries_are_left_out_of_the_match(tmp_path):
+    obs, images, labels = benchmark_update(tmp_path, "mask-fresh-r0.5", setting=Setting(2))
+    assert simulated_match(obs, images, labels) < 1e-5  # dropped entries (zeros on the wire) are not compared
+    unaware = dataclasses.replace(obs, masks=None)
+    assert simulated_match(unaware, images, labels) > 0.1  # the zeros would be matched as if they were gradients
+
+
+def test_pgd_training_changes_the_update_and_the_attacker_re_runs_the_recipe(tmp_path):
+    obs, images, labels = benchmark_update(tmp_path, "pgd-at", setting=Setting(4))
+    assert recipe(obs).adversarial == 2
+    plain_fit = simulated_match(obs, images, labels)  # simulating clean training on the true batch
+    assert plain_fit > 1e-4  # the adversarial half changed the update
+
+
+def test_optimisation_keeps_an_exact_closed_form_start(tmp_path):
+    from attacks.inversion import invert
+    from attacks.metrics import psnr
+
+    obs, images, _ = benchmark_update(tmp_path)
+    rec = invert(obs)
+    assert "closed-form start" in rec.note
+    assert psnr(rec.image, images[0]) > 60
+
+
+def test_optimisation_reconstructs_every_image_of_a_batch_with_progress(tmp_path):
+    from attacks.inversion import invert
+
+    obs, images, _ = benchmark_update(tmp_path, setting=Setting(4))
+    calls = []
+    rec = invert(obs, progress=lambda done, total: calls.append((done, total)))
+    assert len(rec.all_images) == 4 and all(img.shape == images[0].shape for img in rec.all_images)
+    assert all(0 <= img.min() and img.max() <= 1 for img in rec.all_images)
+    assert calls[-1] == (30, 30) and "random start" in rec.note and "labels from the head-bias" in rec.note
+
+
+def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
+    from attacks.labels import label_accuracy, recover_labels
+
+    obs, _, labels = benchmark_update(tmp_path, setting=Setting(4, steps=2))
+    counts, reason = recover_labels(obs)
+    assert reason == "" and counts.sum() == 8
+    assert label_accuracy(counts, labels) >= 0.75
+
+
+def test_batch_scores_count_unmatched_images_as_the_flat_guess():
+    from attacks.audit import score
+    from attacks.metrics import best_flat_image, psnr
+
+    rng = np.random.default_rng(0)
+    truths = rng.random((3, 3, 8, 8))
+    exact = score(Reconstruction(truths[1]), truths)
+    flat = [psnr(best_flat_image(t), t) for t in truths]
+    assert exact["matched"] == "1/3"
+    assert exact["per-image-psnr"] == [flat[0], 200.0, flat[2]]
+    assert exact["psnr"] == pytest.approx(np.mean([flat[0], 200.0, flat[2]]))
+    everything = score(Reconstruction(truths[0], images=tuple(truths[::-1])), truths)
+    assert everything["matched"] == "3/3" and everything["psnr"] == 200.0
+
+
+def independent_patch_observation(tmp_path, batch: int):
+    """An update whose patch-embedding gradient mixes independent (Laplacian) patches: ICA's own assumption."""
+    from attacks.april import image_to_patches, patches_to_image
+    from attacks.observation import Observation
+    from core.model import build_model, get_weights
+    from core.params import PATCH_EMBED_WEIGHT, POS_EMBED
+
+    config = parse_config({"model.name": "vit_small_patch16_224", "model.patch-size": 16, "model.embed-dim": 96,
+                           "model.num-heads": 2, "batch-size": batch})  # fmt: skip
+    model = build_model(config.model, 10, 0)
+    weights = get_weights(model)
+    rng = np.random.default_rng(0)
+    n, d, length = 4, 96, 768
+    obs = Observation(update={}, received=weights, config=config, num_classes=10, meta={"num-examples": batch})
+    truths = [np.clip(0.5 + 0.12 * rng.laplace(size=(3, 32, 32)), 0, 1) for _ in range(batch)]
+    patches = np.stack([image_to_patches(t, obs) for t in truths])  # [B, N, L]
+    grads = rng.normal(size=(batch, n, d))
+    grads -= grads.mean(-1, keepdims=True)  # pre-LN: every token gradient sums to 0
+    update = {name: np.zeros_like(w) for name, w in weights.items()}
+    update[PATCH_EMBED_WEIGHT] = np.einsum("bnd,bnl->dl", grads, patches).reshape(weights[PATCH_EMBED_WEIGHT].shape)
+    update[POS_EMBED][0, 1:] = grads.sum(0)
+    truths = [patches_to_image(p, obs) for p in patches]
+    return dataclasses.replace(obs, update=update), patches, truths
+
+
+def test_cocktail_party_unmixes_and_places_independent_patches(tmp_path):
+    from attacks.cocktail import cocktail_party, unmix_patches
+    from attacks.metrics import psnr
+
+    obs, _, truths = independent_patch_observation(tmp_path, batch=1)
+    rec = cocktail_party(obs)
+    assert psnr(rec.image, truths[0]) > 30, rec.note
+    obs, patches, _ = independent_patch_observation(tmp_path, batch=3)
+    found, position, _ = unmix_patches(obs, 3)
+    for s in range(4):  # every position holds its own three patches (which image each came from is unknown)
+        want, got = patches[:, s], found[position == s]
+        corr = np.corrcoef(np.concatenate([got, want]))[:3, 3:]
+        assert corr.max(1).min() > 0.95  # each unmixed patch is one of this position's patches, sign and scale right
+        scale = np.linalg.norm(got, axis=1) / np.linalg.norm(want[corr.argmax(1)], axis=1)
+        assert np.allclose(scale, 1, atol=0.2)  # ICA with 768 samples for 12 sources: estimates, not exact
+
+
+def test_cocktail_party_states_the_rank_bound(tmp_path):
+    from attacks.cocktail import batch_bound, cocktail_party
+
+    assert batch_bound(64, 192, 16, pre_ln=True) == 3  # tiny 32 px / patch 8 / D=64: G·1 = 0 costs one
+    assert batch_bound(384, 768, 4, pre_ln=True) == 95  # ViT-S/16 at 32 px
+    assert batch_bound(384, 768, 196, pre_ln=True) == 1  # ViT-S/16 at 224 px
+    obs, _, _ = benchmark_update(tmp_path, setting=Setting(4))
+    rec = cocktail_party(obs)
+    assert rec.image is None and "B ≤ 3" in rec.note
+
+
+def test_frontier_rows_pick_the_best_attack_and_the_accuracy_cost(tmp_path):
+    from attacks.frontier import write_frontier
+
+    rows = [
+        {"defence-name": "plain", "defence": "none", "setting": "B=1, FedSGD", "batch-size": 1, "local-steps": 1,
+         "attack": a, "psnr": p, "ssim": 0.5, "seconds": 1.0, "note": "", "label-accuracy": la}
+        for a, p, la in [("labels (head-bias gradient)", None, 1.0), ("A", 30.0, None), ("B", 40.0, None),
+                         ("best flat image (reference: no information)", 12.0, None)]
+    ] + [
+        {"defence-name": "mask-fresh-r0.5", "defence": "mask-fresh-r0.5", "setting": "B=1, FedSGD", "batch-size": 1,
+         "local-steps": 1, "attack": a, "psnr": p, "ssim": 0.1, "seconds": 1.0, "note": "n", "label-accuracy": None}
+        for a, p in [("A", 11.0), ("C", None), ("best flat image (reference: no information)", 12.0)]
+    ]  # fmt: skip
+    written = write_frontier(rows, tmp_path, {"plain": 0.9, "mask-fresh-r0.5": 0.8})
+    report = json.loads((tmp_path / "frontier.json").read_text())
+    best = {r["defence"]: r for r in report["best"]}
+    assert best["plain"]["attack"] == "B" and best["plain"]["psnr"] == 40.0 and best["plain"]["label-accuracy"] == 1
+    assert best["plain"]["accuracy-cost"] == 0.0
+    assert best["mask-fresh-r0.5"]["accuracy-cost"] == pytest.approx(0.1)
+    assert best["mask-fresh-r0.5"]["baseline-psnr"] == 12.0
+    assert {r["attack"] for r in written if r["defence"] == "mask-fresh-r0.5"} == {"A", "C"}
+    assert "| mask-fresh-r0.5 | B=1, FedSGD | A | 11.0 |" in (tmp_path / "frontier.md").read_text()
+    assert (tmp_path / "frontier.png").stat().st_size > 0
+
+
+def test_benchmark_cli_rejects_bad_lists(tmp_path, capsys):
+    from fedvit_app.cli import main
+
+    assert main(["audit", "--benchmark", "--out", str(tmp_path), "--batch-sizes", "1,x"]) == 2
+    assert "--batch-sizes takes comma-separated integers" in capsys.readouterr().err
+    assert main(["audit", "--benchmark", "--out", str(tmp_path), "--local-steps", "0"]) == 2
+    assert "--local-steps" in capsys.readouterr().err
