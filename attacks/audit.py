@@ -27,7 +27,7 @@ from attacks.inversion import invert
 from attacks.labels import label_accuracy, recover_labels
 from attacks.metrics import SETTINGS, best_flat_image, match_batch, minimum_norm_limit, psnr, ssim
 from attacks.observation import Observation, Reconstruction, as_gradient, dense_update, model_skeleton, recipe
-from core.config import Config, parse_config
+from core.config import AuditConfig, Config, parse_config
 from core.params import HEAD_BIAS
 from core.results import atomic_write
 
@@ -45,14 +45,24 @@ def defence_of(config: Config) -> str:
     return "+".join(parts) or "none"
 
 
+def naive_embedding_route(obs: Observation) -> Reconstruction:
+    """APRIL-E on the update read as a gradient (a FedAvg update's weight change is lr times a summed gradient)."""
+    return april.embedding_route(as_gradient(obs))
+
+
+def naive_attention_route(obs: Observation) -> Reconstruction:
+    """APRIL's attention closed form on the update read as a gradient."""
+    return april.attention_route(as_gradient(obs))
+
+
 def attacks_for(obs: Observation) -> dict[str, Attack]:
     """The attacks worth running on this observation: the closed forms and the optimisation attack always (the
     closed forms read a FedAvg update's weight change as a summed gradient), the batch ICA attack on FedSGD
     batches, and the defence-aware closed forms per defence."""
     config = obs.config
     chosen: dict[str, Attack] = {
-        "APRIL-E (naive)": lambda o: april.embedding_route(as_gradient(o)),
-        "APRIL attention (naive)": lambda o: april.attention_route(as_gradient(o)),
+        "APRIL-E (naive)": naive_embedding_route,
+        "APRIL attention (naive)": naive_attention_route,
     }
     batch = recipe(obs)
     if batch.sends_gradient and batch.batch > 1:
@@ -371,8 +381,9 @@ def observation_from_capture(stem: Path, handshake: tuple[dict, dict] | None) ->
     )
 
 
-def audit_captures(capture_dir: Path, out: Path) -> list[dict[str, Any]]:
-    """Audit every captured train update under ``capture_dir`` (a run's ``captures/`` or the run folder)."""
+def audit_captures(capture_dir: Path, out: Path, budget: AuditConfig | None = None) -> list[dict[str, Any]]:
+    """Audit every captured train update under ``capture_dir`` (a run's ``captures/`` or the run folder) with the
+    optimisation budget ``budget`` (default: the captured run's own ``audit.*`` settings)."""
     capture_dir = capture_dir / CAPTURES if (capture_dir / CAPTURES).is_dir() else capture_dir
     if not capture_dir.is_dir():
         raise FileNotFoundError(f"no captures in {capture_dir}")
@@ -390,6 +401,8 @@ def audit_captures(capture_dir: Path, out: Path) -> list[dict[str, Any]]:
     items, labels = [], []
     for stem in stems:
         obs = observation_from_capture(stem, handshake)
+        if budget is not None:
+            obs = dataclasses.replace(obs, config=dataclasses.replace(obs.config, audit=budget))
         if obs.config.encryption.mode == "private-init":
             obs = dataclasses.replace(obs, known_plaintext=None, known_ciphertext=None)  # the pair is not a pair
         truth_path = run / GROUND_TRUTH / stem.parent.name / f"{stem.name}.safetensors"

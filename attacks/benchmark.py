@@ -193,8 +193,10 @@ def run_benchmark(
         labels.extend(true_labels for _, _, true_labels in made)
         updates = [(obs, truth) for obs, truth, _ in made]
         if config.encryption.enabled:  # collusion: the attacker knows other images and their single-image updates
+            colluders = _colluders(base, name, images, out)
             updates = [
-                (_with_colluders(obs, base, name, images, out, k), truth) for k, (obs, truth) in enumerate(updates)
+                (dataclasses.replace(obs, known_images=[c for j, c in enumerate(colluders) if j != k]), truth)
+                for k, (obs, truth) in enumerate(updates)
             ]
         items.extend(updates)
     for note in skipped:
@@ -209,13 +211,13 @@ def run_benchmark(
     return rows
 
 
-def _with_colluders(obs: Observation, base: Config, name: str, images: int, out: Path, k: int) -> Observation:
-    """The encrypted observation plus what colluding clients give the attacker: their own images and the
-    single-image (B = 1, FedSGD) updates they sent under the same key."""
+def _colluders(base: Config, name: str, images: int, out: Path) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """What colluding clients give the attacker under an encryption defence: their own image and the
+    single-image (B = 1, FedSGD) update each sent under the same key, for clients 0..images−1."""
     config = defence_config(base, DEFENCES[name], images, out, Setting(1))
     count = partitions(config, Setting(1), images)
-    colluders = [client_update(config, j, count, seed_key=1000) for j in range(images) if j != k]
-    return dataclasses.replace(obs, known_images=[(truth, o.update) for o, truth in colluders])
+    made = [client_update(config, j, count, seed_key=1000) for j in range(images)]
+    return [(truth, obs.update) for obs, truth in made]
 
 
 def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:

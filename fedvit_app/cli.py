@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core.config import parse_config
+from core.config import AuditConfig, parse_config
 from fedvit_app.deployment import cli as deployment_cli
 from fedvit_app.flower_processes import (
     flower_env,
@@ -116,6 +116,19 @@ def final_accuracies(folder: Path) -> dict[str, float]:
     return {row["method"]: float(row["final"]) for row in json.loads(summary.read_text())}
 
 
+def audit_budget(app: Path, overrides: list[str]) -> AuditConfig | None:
+    """The ``audit.*`` settings of ``-c`` for auditing a captured run (its other keys are the run's own)."""
+    if not overrides:
+        return None
+    values = merge_overrides(overrides)
+    foreign = sorted(k for k in values if not k.startswith("audit."))
+    if foreign:
+        raise ValueError(
+            f"auditing a captured run takes only audit.* settings in -c (the run's config is fixed): {foreign}"
+        )
+    return parse_config(resolved_run_config(app, overrides)).audit
+
+
 def audit(args: argparse.Namespace) -> int:
     """``fedvit audit``: the attack audit of a captured run, or the no-run benchmark of every defence."""
     if args.benchmark == (args.captures is not None):
@@ -146,7 +159,7 @@ def audit(args: argparse.Namespace) -> int:
         from attacks.audit import audit_captures
 
         try:
-            audit_captures(args.captures, args.out)
+            audit_captures(args.captures, args.out, audit_budget(Path(args.app), args.run_config))
         except (FileNotFoundError, ValueError) as err:
             print(f"fedvit audit: {err}", file=sys.stderr)
             return 2
@@ -189,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     p_audit.add_argument("--out", type=Path, required=True, help="where audit.md, audit.json and the grids go")
     p_audit.add_argument("--benchmark", action="store_true", help="no capture needed: make single-image updates")
     p_audit.add_argument("--app", default=".")
-    p_audit.add_argument("-c", "--run-config", action="append", default=[], help="--benchmark: model/data config")
+    p_audit.add_argument(
+        "-c",
+        "--run-config",
+        action="append",
+        default=[],
+        help="--benchmark: model/data config; a captured run: audit.* budget only",
+    )
     p_audit.add_argument("--images", type=int, default=16, help="--benchmark: images per defence (default 16)")
     p_audit.add_argument("--defences", default="", help="--benchmark: comma-separated subset (default: all)")
     p_audit.add_argument(

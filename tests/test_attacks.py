@@ -165,11 +165,14 @@ def test_capture_selection_by_round_and_partition(tmp_path):
     assert not (run_dir / "captures" / "round-0001").exists()
 
 
+SMALL_BUDGET = ["-c", "audit.iterations=20", "-c", "audit.restarts=1"]  # the optimisation attack, briefly
+
+
 def test_audit_cli_end_to_end_on_a_captured_run(tmp_path, capsys):
     from fedvit_app.cli import main
 
     run_dir, _ = run_in_process(CAPTURE | {"out-dir": str(tmp_path), "run-name": "audited"})
-    assert main(["audit", str(run_dir), "--out", str(tmp_path / "audit")]) == 0
+    assert main(["audit", str(run_dir), "--out", str(tmp_path / "audit"), *SMALL_BUDGET]) == 0
     report = json.loads((tmp_path / "audit" / "audit.json").read_text())
     naive = [r for r in report["rows"] if r["attack"] == "APRIL-E (naive)"]
     assert len(naive) == 6 and all(r["psnr"] >= 60 for r in naive)  # 3 clients x 2 rounds, batch size 1
@@ -195,7 +198,20 @@ def test_audit_benchmark_writes_the_table_and_the_figure4_grid(tmp_path):
 
     out = tmp_path / "bench"
     assert (
-        main(["audit", "--benchmark", "--images", "2", "--defences", "plain,encryption-paper", "--out", str(out)]) == 0
+        main(
+            [
+                "audit",
+                "--benchmark",
+                "--images",
+                "2",
+                "--defences",
+                "plain,encryption-paper",
+                "--out",
+                str(out),
+                *SMALL_BUDGET,
+            ]
+        )
+        == 0  # fmt: skip
     )
     report = json.loads((out / "audit.json").read_text())
     summary = {(r["defence"], r["attack"]): r for r in report["summary"]}
@@ -208,7 +224,8 @@ def test_collusion_known_images_break_both_encryption_modes(tmp_path):
     """13 known images (208 patches >= L = 192) and their updates: E_b from the patch Gram matrices, E_a exactly."""
     from attacks.benchmark import run_benchmark
 
-    rows = run_benchmark(parse_config({}), 14, tmp_path / "bench", ["encryption-private-init"])
+    budget = {"audit.iterations": 5, "audit.restarts": 1}
+    rows = run_benchmark(parse_config(budget), 14, tmp_path / "bench", ["encryption-private-init"])
     collusion = [r for r in rows if r["attack"] == "known images (collusion)"]
     assert len(collusion) == 14 and all(r["psnr"] >= 60 for r in collusion)
     assert all(r["psnr"] < 15 for r in rows if r["attack"] == "APRIL-E (naive)")

@@ -81,7 +81,8 @@ def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
     from attacks.labels import recover_labels
     from core.config import parse_config
 
-    base = {"out-dir": str(tmp_path), "run-name": "labels", "capture.enabled": True, "capture.ground-truth": True}
+    base = {"out-dir": str(tmp_path), "run-name": "labels", "capture.enabled": True, "capture.ground-truth": True,
+            "audit.iterations": 10, "audit.restarts": 1}  # fmt: skip
     config = parse_config(base | {"batch-size": 8, "data.synthetic-train-size": 64})
     obs, truth, labels = client_update_and_labels(config, 0, 2, seed_key=1)
     counts, reason = recover_labels(obs)
@@ -104,7 +105,8 @@ def test_every_scored_update_has_the_no_information_baseline_beside_it(tmp_path)
     from attacks.metrics import best_flat_image, psnr
     from core.config import parse_config
 
-    obs, truth = client_update(defence_config(parse_config({}), DEFENCES["plain"], 2, tmp_path), 0, 2, seed_key=1)
+    budget = parse_config({"audit.iterations": 10, "audit.restarts": 1})
+    obs, truth = client_update(defence_config(budget, DEFENCES["plain"], 2, tmp_path), 0, 2, seed_key=1)
     rows, _ = audit_observations([(obs, truth)], tmp_path / "audit", "t")
     baseline = next(r for r in rows if r["attack"] == BASELINE)
     assert baseline["psnr"] == psnr(best_flat_image(truth), truth)

@@ -17,7 +17,8 @@ from core.config import parse_config
 SMALL_BUDGET = {"audit.iterations": 30, "audit.restarts": 1}
 
 
-def benchmark_update(tmp_path, defence="plain", setting=Setting(1), **overrides):
+def benchmark_update(tmp_path, defence="plain", setting=None, **overrides):
+    setting = setting or Setting(1)
     base = parse_config(SMALL_BUDGET | overrides)
     config = defence_config(base, DEFENCES[defence], 2, tmp_path, setting)
     return client_update_and_labels(config, 0, partitions(config, setting, 2), seed_key=1000)
@@ -127,7 +128,7 @@ def independent_patch_observation(tmp_path, batch: int):
     model = build_model(config.model, 10, 0)
     weights = get_weights(model)
     rng = np.random.default_rng(0)
-    n, d, length = 4, 96, 768
+    n, d = 4, 96
     obs = Observation(update={}, received=weights, config=config, num_classes=10, meta={"num-examples": batch})
     truths = [np.clip(0.5 + 0.12 * rng.laplace(size=(3, 32, 32)), 0, 1) for _ in range(batch)]
     patches = np.stack([image_to_patches(t, obs) for t in truths])  # [B, N, L]
