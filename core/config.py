@@ -22,6 +22,8 @@ DEVICES = ("auto", "cpu", "cuda")
 FIRST_BLOCKS = ("pre-ln", "no-ln")
 CLIENT_EVAL = ("split", "test-shard")
 ENCRYPTION_MODES = ("off", "paper", "private-init")
+DP_MODES = ("off", "central", "local")
+DP_STRATEGIES = ("fedsgd", "fedavg", "fedprox")  # one plain update per client: clipping bounds its contribution
 HEADS = ("cls", "vis", "cls+vis")
 AUGMENTATIONS = ("none", "crop-flip")
 
@@ -142,6 +144,26 @@ class CaptureConfig:
 
 
 @dataclass(frozen=True)
+class DPConfig:
+    """Differential privacy of the client updates (Gaussian mechanism, per-client fixed clipping).
+
+    Each client clips its model update to L2 norm ``clipping-norm`` (FedSGD: the step lr·g it asks the server to
+    take; FedAvg: w_new − w_received). "central": the server adds N(0, (noise-multiplier · C / n)²) to the
+    aggregate of the n sampled clients (the wire carries clipped updates only). "local": each client adds
+    N(0, (noise-multiplier · C)²) itself before sending; ε at ``delta`` is reported for one release.
+    """
+
+    mode: str = "off"
+    clipping_norm: float = 0.1
+    noise_multiplier: float = 1.0
+    delta: float = 1e-5
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True)
 class AuditConfig:
     """The attack audit's budget per captured update (attacks/inversion.py; written into every report).
 
@@ -214,6 +236,7 @@ class Config:
     scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
+    dp: DPConfig = field(default_factory=DPConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
 
     def lr_at(self, server_round: int) -> float:
@@ -350,6 +373,10 @@ _CHECKS: dict[str, Check] = {
     "robust.restarts": _POSITIVE_INT,
     "robust.max-samples": (lambda v: v >= 0, "an integer >= 0 (0 = the whole test set)"),
     "fedwavg.last-layer": (lambda v: any(n.strip() for n in v.split(",")), "parameter names separated by ','"),
+    "dp.mode": _one_of(DP_MODES),
+    "dp.clipping-norm": _POSITIVE,
+    "dp.noise-multiplier": (lambda v: v >= 0, "a number >= 0"),
+    "dp.delta": _OPEN_FRACTION,
     "audit.iterations": _POSITIVE_INT,
     "audit.restarts": _POSITIVE_INT,
     "audit.max-seconds": _POSITIVE,
@@ -466,6 +493,12 @@ def _check_cross_field(config: Config) -> None:
     _only_with_strategy(config, "scaffold", "scaffold")
     _only_when_enabled(config, "adversarial")
     _only_when_enabled(config, "robust")
+    if config.dp.enabled and config.strategy not in DP_STRATEGIES:
+        raise ConfigError("dp.mode", config.dp.mode, f"'off' with strategy={config.strategy!r} (DP supports "
+                          f"{', '.join(DP_STRATEGIES)}: one plain update per client)")  # fmt: skip
+    if not config.dp.enabled and config.dp != DPConfig():
+        changed = next(f.name for f in dataclasses.fields(DPConfig) if getattr(config.dp, f.name) != f.default)
+        raise ConfigError(f"dp.{_hyphen(changed)}", getattr(config.dp, changed), "its default unless dp.mode is set")
     if config.lr_decay > 0 and config.strategy in SERVER_LR_STRATEGIES:
         raise ConfigError("lr-decay", config.lr_decay, f"0 with strategy={config.strategy!r} (its lr is the server's)")
     if config.encryption.enabled:

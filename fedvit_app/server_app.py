@@ -50,6 +50,7 @@ def make_strategy(config: Config) -> FedVitStrategy:
         wait_timeout=config.round_timeout,
         evaluate_round=lambda rnd: evaluates_in(config, rnd),
         lr_decay=config.lr_decay,
+        central_dp=(config.dp.noise_multiplier, config.dp.clipping_norm) if config.dp.mode == "central" else None,
     )
     if config.encryption.enabled:
         strategies, common = ENCRYPTED_STRATEGIES, common | {"encryption_mode": config.encryption.mode}

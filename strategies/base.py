@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_stdv
 
 WAIT_POLL_S = 1.0
 
@@ -144,6 +145,7 @@ class FedVitStrategy(FedAvg):
         wait_timeout: float = 600.0,
         evaluate_round: Callable[[int], bool] = lambda _round: True,
         lr_decay: float = 0.0,
+        central_dp: tuple[float, float] | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -168,6 +170,7 @@ class FedVitStrategy(FedAvg):
         self._outbox: list[Message] = []  # this round's instructions (Flower sets their ids when pushing them)
         self._t_train = self._t_eval = 0.0
         self.last_round = 0  # the run's final round, set by start()
+        self.central_dp = central_dp  # (noise multiplier σ, clipping norm C): Gaussian noise on every aggregate
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
         """Flower's ``Strategy.start``; remembers the final round (merged evaluation needs to know it)."""
@@ -357,6 +360,8 @@ class FedVitStrategy(FedAvg):
         if valid:
             result = self.aggregate_arrays(rnd, valid), weighted_metrics(valid)
             self.stats[rnd].train = dict(result[1])
+            if self.central_dp is not None:
+                result = self.add_central_noise(rnd, result[0], len(self.stats[rnd].sampled)), result[1]
         else:
             rejected = self.stats[rnd].rejected
             if rejected and all(reason.startswith("error") for reason in rejected.values()):
@@ -368,6 +373,18 @@ class FedVitStrategy(FedAvg):
             log(WARNING, "round %d: no valid train replies; the global model is unchanged", rnd)
         self.stats[rnd].train_s = time.perf_counter() - self._t_train
         return result
+
+    def add_central_noise(self, server_round: int, arrays: ArrayRecord, sampled: int) -> ArrayRecord:
+        """Central DP: N(0, (σ·C/n)²) on every entry of the new global model, n the clients sampled this round
+        (Flower's ``compute_stdv`` and ``add_gaussian_noise_inplace``, as in its DP strategy wrappers; the clients
+        clipped their updates to C, so the noise calibrates to one client's largest contribution)."""
+        sigma, clip = self.central_dp
+        std = compute_stdv(sigma, clip, max(sampled, 1))
+        names = list(arrays)
+        values = [np.array(arrays[n].numpy(), copy=True) for n in names]
+        add_gaussian_noise_inplace(values, std)
+        self.stats[server_round].train["dp-central-noise-std"] = std
+        return ArrayRecord({n: Array(v) for n, v in zip(names, values, strict=True)})
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
         """Combine valid replies (sorted by partition id) into the new global model."""
