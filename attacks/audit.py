@@ -42,6 +42,10 @@ def defence_of(config: Config) -> str:
         parts.append("fixed-position" if m.mode == "fixed-position" else f"mask-{m.mode}-r{m.r:g}")
     if config.encryption.enabled:
         parts.append(f"encryption-{config.encryption.mode}")
+    if config.dp.enabled:
+        parts.append(f"dp-{config.dp.mode}-σ{config.dp.noise_multiplier:g}-C{config.dp.clipping_norm:g}")
+    if config.adversarial.enabled:
+        parts.append("pgd-at")
     return "+".join(parts) or "none"
 
 
@@ -134,7 +138,7 @@ def label_row(obs: Observation, true_labels: np.ndarray | None) -> dict[str, Any
         "psnr": None,
         "ssim": None,
         "seconds": time.perf_counter() - start,
-        "note": reason or f"class×count: {found}",
+        "note": reason if counts is None else f"class×count: {found}" + (f" ({reason})" if reason else ""),
         "label-accuracy": None if counts is None or true_labels is None else label_accuracy(counts, true_labels),
     }
 

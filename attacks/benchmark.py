@@ -39,6 +39,11 @@ DEFENCES: dict[str, dict[str, Any]] = {
     "encryption-paper": {"strategy": "fedsgd", "encryption.mode": "paper"},
     "encryption-private-init": {"strategy": "fedsgd", "encryption.mode": "private-init"},
     "pgd-at": {"strategy": "fedsgd", "adversarial.enabled": True},
+    "dp-central": {"strategy": "fedsgd", "dp.mode": "central", "dp.noise-multiplier": 1.0},
+    **{
+        f"dp-local-{sigma:g}": {"strategy": "fedsgd", "dp.mode": "local", "dp.noise-multiplier": sigma}
+        for sigma in (0.001, 0.01)
+    },
 }
 GRADIENT_ONLY = ("masked-fedsgd",)  # strategies that exist only as FedSGD (no FedAvg form)
 
@@ -73,7 +78,7 @@ def defence_config(
         "data.client-eval": "test-shard",
     }
     defaults = Config().to_dict()
-    values |= {k: v for k, v in defaults.items() if k.startswith(("mask.", "encryption.", "adversarial."))}
+    values |= {k: v for k, v in defaults.items() if k.startswith(("mask.", "encryption.", "adversarial.", "dp."))}
     values |= overrides
     if setting.steps > 1:
         if values["strategy"] in GRADIENT_ONLY:

@@ -35,6 +35,18 @@ def label_counts(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.nda
     return counts
 
 
+def label_counts_unknown_scale(scaled_grad: np.ndarray, batch_size: int, mean_probs: np.ndarray) -> np.ndarray:
+    """:func:`label_counts` when the update was scaled by an unknown factor s ∈ (0, 1] (DP clipping): the s whose
+    raw counts B·(p̄ − g/s) lie closest to non-negative integers (a log grid of 200 values)."""
+    best_s, best_cost = 1.0, np.inf
+    for s in np.geomspace(1e-4, 1.0, 200):
+        raw = batch_size * (np.asarray(mean_probs, np.float64) - np.asarray(scaled_grad, np.float64) / s)
+        cost = float(((raw - np.clip(np.round(raw), 0, None)) ** 2).sum())
+        if cost < best_cost:
+            best_s, best_cost = float(s), cost
+    return label_counts(np.asarray(scaled_grad, np.float64) / best_s, batch_size, mean_probs)
+
+
 @torch.no_grad()
 def mean_softmax(model: nn.Module, img_size: int, samples: int = 64, seed: int = 0) -> np.ndarray:
     """p̄ as the attacker estimates it: the model's mean softmax on uniform-noise images in [0, 1]."""
@@ -56,6 +68,7 @@ def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     recipe (:func:`attacks.observation.recipe`). FedSGD: g is the gradient itself. FedAvg/FedProx: the bias moved
     by lr·Σ_t g_t over the ``steps`` local steps (plain SGD assumed; momentum β approximated by lr/(1 − β), the
     proximal pull ignored), so g = Δb / (lr·steps) is the mean step gradient and the counts are per local epoch.
+    Under DP clipping the unknown scale is estimated (:func:`label_counts_unknown_scale`).
     """
     if obs.masks is not None and not obs.masks[HEAD_BIAS].all():
         return None, "the mask hides part of the head-bias gradient"
@@ -67,7 +80,11 @@ def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     img_size = int(model.patch_embed.img_size[0])
     mean_probs = mean_softmax(model, img_size, seed=obs.config.seed)
     if client.sends_gradient:
-        return label_counts(obs.update[HEAD_BIAS], client.batch, mean_probs), ""
-    step_lr = client.lr / (1.0 - client.momentum)
-    mean_step = (obs.received[HEAD_BIAS] - obs.update[HEAD_BIAS]) / (step_lr * client.steps)
-    return label_counts(mean_step, client.examples, mean_probs), ""
+        grad, examples = obs.update[HEAD_BIAS], client.batch
+    else:
+        step_lr = client.lr / (1.0 - client.momentum)
+        grad = (obs.received[HEAD_BIAS] - obs.update[HEAD_BIAS]) / (step_lr * client.steps)
+        examples = client.examples
+    if obs.config.dp.enabled:  # clipping scaled the update by an unknown factor
+        return label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated"
+    return label_counts(grad, examples, mean_probs), ""
