@@ -155,11 +155,14 @@ def madry_simulator(obs: Observation, model: nn.Module, count: int) -> Callable 
     return adversary
 
 
-def initial_images(obs: Observation, rec: ClientRecipe, restart: int) -> tuple[torch.Tensor, str]:
+def initial_images(
+    obs: Observation, rec: ClientRecipe, restart: int, closed_form_start: bool = True
+) -> tuple[torch.Tensor, str]:
     """Restart 0 starts from APRIL-E's closed form where it applies (one image, FedSGD, position-embedding
     gradient sent); every other start is seeded uniform noise."""
     c, h, w, _ = image_geometry(obs)
-    if restart == 0 and rec.examples == 1 and rec.sends_gradient and obs.masks is None and obs.update[POS_EMBED].any():
+    closed_form = closed_form_start and rec.examples == 1 and rec.sends_gradient
+    if restart == 0 and closed_form and obs.masks is None and obs.update[POS_EMBED].any():
         closed = embedding_route(obs)
         if closed.image is not None:
             return torch.as_tensor(closed.image, dtype=torch.float32)[None], "closed-form start"
@@ -202,7 +205,7 @@ def invert(
     best: tuple[float, torch.Tensor, str] | None = None
     done = 0
     for restart in range(budget.restarts):
-        x0, start_note = initial_images(obs, rec, restart)
+        x0, start_note = initial_images(obs, rec, restart, budget.closed_form_start)
         x = x0.clone().requires_grad_(True)
         label_logits, learn_labels, label_note = labels_for(obs, rec, num_classes)
         label_logits.requires_grad_(learn_labels)

@@ -170,7 +170,8 @@ class AuditConfig:
     ``iterations`` Adam steps per restart on the candidate images (step size ``lr`` on pixels in [0, 1], signed
     gradients, decayed ×0.1 at 3/8, 5/8 and 7/8), ``restarts`` random starts (the best update match wins),
     ``max-seconds`` a wall-clock cap per update over all restarts; ``tv`` weights the total-variation prior and
-    ``pos-weight`` the extra position-embedding cosine term (APRIL's optimisation variant).
+    ``pos-weight`` the extra position-embedding cosine term (APRIL's optimisation variant); ``closed-form-start``
+    starts the first restart from APRIL-E's closed form where it applies (one image, FedSGD, position gradient).
     """
 
     iterations: int = 1500
@@ -179,11 +180,13 @@ class AuditConfig:
     lr: float = 0.05
     tv: float = 0.05
     pos_weight: float = 1.0
+    closed_form_start: bool = True
 
     def describe(self) -> str:
+        start = "closed-form start where it applies" if self.closed_form_start else "random starts only"
         return (
             f"{self.iterations} Adam steps × {self.restarts} restart(s), ≤ {self.max_seconds:g} s per update, "
-            f"lr {self.lr:g}, TV {self.tv:g}, position-embedding term {self.pos_weight:g}"
+            f"lr {self.lr:g}, TV {self.tv:g}, position-embedding term {self.pos_weight:g}, {start}"
         )
 
 
