@@ -266,12 +266,12 @@ def masked_joint_route(obs: Observation, max_evaluations: int = 60, max_unknowns
     return Reconstruction(patches_to_image(x, obs), note)
 
 
-def known_images_route(obs: Observation) -> Reconstruction:
-    """Break embedding encryption with known images (collusion: the attacker knows some clients' images and sees
-    their encrypted single-image updates under the same key).
+def collusion_key(obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """The encryption key estimated from known images (collusion): (E_aᵀ estimate [L, L], the encrypted patch row
+    of each plaintext patch [N], a note), or None without known images.
 
-    Each known update gives Y_i = Π X_i E_aᵀ through the embedding route. fedvit's E_a is orthogonal, so
-    Y_i Y_iᵀ = Π X_i X_iᵀ Πᵀ: the Gram matrices of the patches survive encryption, and matching their rows
+    Each known single-image update gives Y_i = Π X_i E_aᵀ through the embedding route. fedvit's E_a is orthogonal,
+    so Y_i Y_iᵀ = Π X_i X_iᵀ Πᵀ: the Gram matrices of the patches survive encryption, and matching their rows
     (sorted, over all known images; Hungarian assignment) recovers Π. Then E_aᵀ = (X_stack)⁺ Πᵀ Y_stack, exact
     once the known images hold L independent patches (⌈L/N⌉ images: 12 for the tiny model, 4 for ViT-S/16).
     """
@@ -279,7 +279,7 @@ def known_images_route(obs: Observation) -> Reconstruction:
 
     known = obs.known_images or []
     if not known:
-        return Reconstruction(None, "no known images")
+        return None
     xs, ys = [], []
     for image, update in known:
         xs.append(image_to_patches(image, obs))
@@ -287,13 +287,47 @@ def known_images_route(obs: Observation) -> Reconstruction:
     sig_x = np.concatenate([np.sort(x @ x.T, axis=1) for x in xs], axis=1)
     sig_y = np.concatenate([np.sort(y @ y.T, axis=1) for y in ys], axis=1)
     cost = ((sig_y[:, None, :] - sig_x[None, :, :]) ** 2).sum(-1)
-    rows, perm = linear_sum_assignment(cost)  # encrypted row s holds plaintext patch perm[s]
+    _, perm = linear_sum_assignment(cost)  # encrypted row s holds plaintext patch perm[s]
     inverse = np.argsort(perm)
     x_stack = np.concatenate(xs)
     y_stack = np.concatenate([y[inverse] for y in ys])
-    e_a_t = lstsq(x_stack, y_stack)
-    y = embedding_route_patches(obs)
-    x = (y @ np.linalg.pinv(e_a_t, rcond=EPS_RANK))[inverse]
     rank = np.linalg.matrix_rank(x_stack)
     note = f"{len(known)} known images, {x_stack.shape[0]} patches, rank {rank} of L = {x_stack.shape[1]}"
+    return lstsq(x_stack, y_stack), inverse, note
+
+
+def decrypt_observation(obs: Observation, e_a_t: np.ndarray, inverse: np.ndarray) -> Observation:
+    """The observation in plaintext under an estimated key: W_E = Ŵ_E (E_aᵀ)⁻¹ and the position rows put back
+    (update and received model alike; both are encrypted the same way), with encryption off in its config."""
+    e_a_t_inv = np.linalg.pinv(e_a_t, rcond=EPS_RANK)
+    rows = np.concatenate([[0], 1 + inverse])  # the class row stays first
+
+    def plain(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = dict(arrays)
+        w = out[PATCH_EMBED_WEIGHT]
+        flat = w.reshape(w.shape[0], -1).astype(np.float64)
+        out[PATCH_EMBED_WEIGHT] = (flat @ e_a_t_inv).astype(w.dtype).reshape(w.shape)
+        out[POS_EMBED] = np.ascontiguousarray(out[POS_EMBED][:, rows])
+        return out
+
+    masks = None
+    if obs.masks is not None:  # E_a forbids masking the patch embedding (all kept); the position rows move back
+        masks = dict(obs.masks) | {POS_EMBED: np.ascontiguousarray(obs.masks[POS_EMBED][:, rows])}
+    config = dataclasses.replace(obs.config, encryption=dataclasses.replace(obs.config.encryption, mode="off"))
+    return dataclasses.replace(
+        obs, update=plain(obs.update), received=plain(obs.received), config=config, masks=masks,
+        known_images=None, known_plaintext=None, known_ciphertext=None,
+    )  # fmt: skip
+
+
+def known_images_route(obs: Observation) -> Reconstruction:
+    """Break embedding encryption with known images (collusion: the attacker knows some clients' images and sees
+    their encrypted single-image updates under the same key): the key from :func:`collusion_key`, then the
+    embedding route on the decrypted update."""
+    key = collusion_key(obs)
+    if key is None:
+        return Reconstruction(None, "no known images")
+    e_a_t, inverse, note = key
+    y = embedding_route_patches(obs)
+    x = (y @ np.linalg.pinv(e_a_t, rcond=EPS_RANK))[inverse]
     return Reconstruction(patches_to_image(x, obs), note)

@@ -23,7 +23,7 @@ from attacks import april
 from attacks.cocktail import cocktail_party
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
 from attacks.frontier import write_frontier
-from attacks.inversion import invert
+from attacks.inversion import collusion_inversion, invert
 from attacks.labels import label_accuracy, recover_labels
 from attacks.metrics import SETTINGS, best_flat_image, match_batch, minimum_norm_limit, psnr, ssim
 from attacks.observation import Observation, Reconstruction, as_gradient, dense_update, model_skeleton, recipe
@@ -80,11 +80,13 @@ def attacks_for(obs: Observation) -> dict[str, Attack]:
         chosen["known-plaintext"] = april.known_plaintext_route
         if obs.known_images:
             chosen["known images (collusion)"] = april.known_images_route
+            chosen[COLLUSION_OPTIMISATION] = collusion_inversion
     chosen[OPTIMISATION] = invert
     return chosen
 
 
 OPTIMISATION = "gradient matching (optimisation, defence-aware)"
+COLLUSION_OPTIMISATION = "collusion key, then gradient matching"
 BATCH_ICA = "patch-embedding ICA (batch)"
 LABEL_ATTACK = "labels (head-bias gradient)"
 BASELINE = "best flat image (reference: no information)"  # "reference" rows are not attacks
@@ -171,8 +173,8 @@ def reference_rows(obs: Observation, truth: np.ndarray, dataset_mean: np.ndarray
 
 
 def run_attack(name: str, attack: Attack, obs: Observation, position: str) -> Reconstruction:
-    """One attack on one update; the optimisation attack shows a progress bar of its Adam steps."""
-    if attack is not invert:
+    """One attack on one update; the optimisation attacks show a progress bar of their Adam steps."""
+    if attack not in (invert, collusion_inversion):
         return attack(obs)
     with tqdm(total=None, desc=f"{position} {name}", unit="step", leave=False) as bar:
 
@@ -180,7 +182,7 @@ def run_attack(name: str, attack: Attack, obs: Observation, position: str) -> Re
             bar.total = total
             bar.update(done - bar.n)
 
-        return invert(obs, progress=progress)
+        return attack(obs, progress=progress)
 
 
 def audit_observations(

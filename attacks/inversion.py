@@ -18,6 +18,7 @@ explicit attention path (the function is the same).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from attacks.april import embedding_route
+from attacks.april import collusion_key, decrypt_observation, embedding_route
 from attacks.labels import recover_labels
 from attacks.observation import (
     GRADIENT_STRATEGIES,
@@ -240,3 +241,14 @@ def invert(
         note += "; no position-embedding gradient"
     batch = images.numpy().astype(np.float64)
     return Reconstruction(batch[0], note, images=tuple(batch))
+
+
+def collusion_inversion(obs: Observation, progress: Callable[[int, int], None] | None = None) -> Reconstruction:
+    """Encryption, attacker with colluders: estimate the key from their images and updates
+    (:func:`attacks.april.collusion_key`), decrypt the observation, then run :func:`invert` in plaintext."""
+    key = collusion_key(obs)
+    if key is None:
+        return Reconstruction(None, "no known images: the key cannot be estimated")
+    e_a_t, inverse, note = key
+    rec = invert(decrypt_observation(obs, e_a_t, inverse), progress=progress)
+    return dataclasses.replace(rec, note=f"key from {note}; {rec.note}")

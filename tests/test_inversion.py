@@ -201,3 +201,30 @@ def test_benchmark_cli_rejects_bad_lists(tmp_path, capsys):
     assert "--batch-sizes takes comma-separated integers" in capsys.readouterr().err
     assert main(["audit", "--benchmark", "--out", str(tmp_path), "--local-steps", "0"]) == 2
     assert "--local-steps" in capsys.readouterr().err
+
+
+def test_the_frontier_experiment_trains_every_benchmark_defence_as_the_benchmark_configures_it():
+    from pathlib import Path
+
+    from fedvit_app.experiments import load_experiment
+    from fedvit_app.run_config import merge_overrides
+
+    root = Path(__file__).resolve().parents[1]
+    experiment = load_experiment(root / "conf" / "experiments" / "frontier-cpu.toml")
+    assert list(experiment.methods) == list(DEFENCES)
+    for name, overrides in experiment.methods.items():
+        assert merge_overrides([overrides]) == DEFENCES[name], name
+
+
+def test_collusion_key_decrypts_an_encrypted_batch_update_for_the_optimisation_attack(tmp_path):
+    from attacks.april import collusion_key, decrypt_observation
+    from attacks.benchmark import _colluders
+
+    base = parse_config(SMALL_BUDGET)
+    obs, images, labels = benchmark_update(tmp_path, "encryption-private-init", setting=Setting(4))
+    assert simulated_match(obs, images, labels) > 1e-2  # plaintext images do not explain the encrypted update
+    known = _colluders(base, "encryption-private-init", 14, tmp_path)[1:]  # 13 colluders, 208 patches >= L
+    e_a_t, inverse, _ = collusion_key(dataclasses.replace(obs, known_images=known))
+    plain = decrypt_observation(obs, e_a_t, inverse)
+    assert not plain.config.encryption.enabled
+    assert simulated_match(plain, images, labels) < 1e-4  # decrypted: the client's plaintext work explains it
