@@ -140,6 +140,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def final_accuracies(folder: Path) -> dict[str, float]:
+    """Final accuracy per method of a finished ``fedvit experiment`` (its ``summary.json``), for the accuracy-cost
+    axis; the methods must be named as ``--defences`` spells the defences (``conf/experiments/frontier-cpu.toml``)."""
+    summary = folder / "summary.json"
+    if not summary.is_file():
+        raise ValueError(f"--accuracy-from {folder}: no summary.json (run `fedvit experiment` to completion first)")
+    return {row["method"]: float(row["final"]) for row in json.loads(summary.read_text())}
+
+
 def write_frontier(
     audit_rows: list[dict[str, Any]], out: Path, accuracy: dict[str, float], skipped: list[str] | None = None
 ) -> list[dict[str, Any]]:
@@ -150,3 +159,26 @@ def write_frontier(
     atomic_write(out / "frontier.md", markdown(rows, skipped or []).encode())
     plot(rows, out / "frontier.png")
     return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite an audit's frontier from its ``audit.json`` (e.g. with accuracies that arrived later)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m attacks.frontier", description=main.__doc__)
+    parser.add_argument("audit", type=Path, help="a folder with audit.json (fedvit audit --benchmark or <run>)")
+    parser.add_argument("--accuracy-from", type=Path, help="a finished `fedvit experiment` folder")
+    args = parser.parse_args(argv)
+    try:
+        rows = json.loads((args.audit / "audit.json").read_text())["rows"]
+        accuracy = final_accuracies(args.accuracy_from) if args.accuracy_from else {}
+    except (OSError, ValueError, KeyError) as err:
+        print(f"frontier: {err}")
+        return 2
+    write_frontier(rows, args.audit, accuracy)
+    print((args.audit / "frontier.md").read_text().split("\n## Every attack")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -107,15 +106,6 @@ def positive_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def final_accuracies(folder: Path) -> dict[str, float]:
-    """Final accuracy per method of a finished ``fedvit experiment`` (its ``summary.json``), for the frontier's
-    accuracy-cost axis; the methods must be named as ``--defences`` spells the defences."""
-    summary = folder / "summary.json"
-    if not summary.is_file():
-        raise ValueError(f"--accuracy-from {folder}: no summary.json (run `fedvit experiment` to completion first)")
-    return {row["method"]: float(row["final"]) for row in json.loads(summary.read_text())}
-
-
 def audit_budget(app: Path, overrides: list[str]) -> AuditConfig | None:
     """The ``audit.*`` settings of ``-c`` for auditing a captured run (its other keys are the run's own)."""
     if not overrides:
@@ -141,6 +131,7 @@ def audit(args: argparse.Namespace) -> int:
         if check_config(Path(args.app), args.run_config):
             return 2
         from attacks.benchmark import Setting, run_benchmark
+        from attacks.frontier import final_accuracies
 
         config = parse_config(resolved_run_config(Path(args.app), args.run_config))
         defences = [d.strip() for d in args.defences.split(",") if d.strip()] or None
