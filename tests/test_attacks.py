@@ -177,6 +177,9 @@ def test_audit_cli_end_to_end_on_a_captured_run(tmp_path, capsys):
     naive = [r for r in report["rows"] if r["attack"] == "APRIL-E (naive)"]
     assert len(naive) == 6 and all(r["psnr"] >= 60 for r in naive)  # 3 clients x 2 rounds, batch size 1
     assert "CW-SSIM" in report["metrics"]["ssim"] and (tmp_path / "audit" / "grid.png").is_file()
+    frontier = json.loads((tmp_path / "audit" / "frontier.json").read_text())["best"]
+    assert {r["setting"] for r in frontier} == {"round 1, B=1, FedSGD", "round 2, B=1, FedSGD"}
+    assert "Leakage vs utility frontier" in capsys.readouterr().out  # printed for the run's rounds
     assert main(["audit", str(tmp_path / "nothing"), "--out", str(tmp_path / "a2")]) == 2
     assert "no captures" in capsys.readouterr().err
 

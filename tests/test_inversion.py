@@ -228,3 +228,40 @@ def test_collusion_key_decrypts_an_encrypted_batch_update_for_the_optimisation_a
     plain = decrypt_observation(obs, e_a_t, inverse)
     assert not plain.config.encryption.enabled
     assert simulated_match(plain, images, labels) < 1e-4  # decrypted: the client's plaintext work explains it
+
+
+def test_frontier_can_be_rewritten_with_accuracies_that_arrived_later(tmp_path, capsys):
+    from attacks.frontier import main
+
+    rows = [
+        {"defence-name": d, "defence": d, "setting": "B=1, FedSGD", "attack": "A", "psnr": p, "ssim": 0.1,
+         "seconds": 1.0, "note": ""}
+        for d, p in (("plain", 50.0), ("pgd-at", 40.0))
+    ]  # fmt: skip
+    (tmp_path / "audit.json").write_text(json.dumps({"rows": rows}))
+    experiment = tmp_path / "exp"
+    experiment.mkdir()
+    (experiment / "summary.json").write_text(
+        json.dumps([{"method": "plain", "final": 0.9}, {"method": "pgd-at", "final": 0.7}])
+    )
+    assert main([str(tmp_path), "--accuracy-from", str(experiment)]) == 0
+    best = {r["defence"]: r for r in json.loads((tmp_path / "frontier.json").read_text())["best"]}
+    assert best["pgd-at"]["accuracy-cost"] == pytest.approx(0.2)
+    assert "| pgd-at | B=1, FedSGD | A | 40.0 |" in capsys.readouterr().out
+    assert main([str(tmp_path), "--accuracy-from", str(tmp_path / "missing")]) == 2
+
+
+def test_benchmark_audits_an_image_folder_of_natural_photographs(tmp_path):
+    from attacks.benchmark import run_benchmark
+    from benchmarks.natural_images import PHOTOS, write_natural_images
+
+    folder = write_natural_images(tmp_path / "photos", per_class=3, size=32)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(PHOTOS)
+    base = parse_config(SMALL_BUDGET | {"data.name": f"imagefolder:{folder}"})
+    rows = run_benchmark(base, 2, tmp_path / "audit", ["plain"], [Setting(1), Setting(2)])
+    april = [r for r in rows if r["attack"] == "APRIL-E (naive)" and r["setting"] == "B=1, FedSGD"]
+    assert len(april) == 2 and all(r["psnr"] > 60 for r in april)
+    labels = [r for r in rows if r["attack"] == "labels (head-bias gradient)"]
+    assert len(labels) == 4 and all(r["label-accuracy"] is not None for r in labels)
+    assert {r["setting"] for r in json.loads((tmp_path / "audit" / "frontier.json").read_text())["rows"]} == {
+        "B=1, FedSGD", "B=2, FedSGD"}  # fmt: skip
