@@ -355,12 +355,18 @@ def save_grid(images: list[tuple[Observation, np.ndarray | None, dict[str, Recon
 # ---------------------------------------------------------------------------- captured runs
 
 
-def observation_from_capture(stem: Path, handshake: tuple[dict, dict] | None) -> Observation:
-    """Rebuild what the wire observer saw for one train message (``<stem>.json`` + its two safetensors)."""
+def observation_from_capture(
+    stem: Path, handshake: tuple[dict, dict] | None, client_control: dict[str, np.ndarray] | None = None
+) -> Observation:
+    """Rebuild what the wire observer saw for one train message (``<stem>.json`` + its two safetensors).
+
+    SCAFFOLD: the correction c − c_i uses the server control c of the message and ``client_control`` (c_i as
+    the observer summed it from the client's earlier control-deltas; zeros before its first round)."""
     manifest = json.loads(stem.with_name(f"{stem.name}.json").read_text())
     config = parse_config(manifest["run_config"])
     sent = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors")))
-    received = unflatten(load_file(stem.with_name(f"{stem.name}.received.safetensors")))["arrays"]
+    received_records = unflatten(load_file(stem.with_name(f"{stem.name}.received.safetensors")))
+    received = received_records["arrays"]
     num_classes = int(received[HEAD_BIAS].shape[0])
     expected = {n: tuple(p.shape) for n, p in model_skeleton(config, num_classes).named_parameters()}
     got = {n: tuple(a.shape) for n, a in received.items()}
@@ -368,6 +374,11 @@ def observation_from_capture(stem: Path, handshake: tuple[dict, dict] | None) ->
         bad = sorted(set(got.items()) ^ set(expected.items()))[:3]
         raise ValueError(f"{stem}: the capture does not match the model of its run config (e.g. {bad})")
     update, masks = dense_update(sent, expected)
+    correction = None
+    if config.strategy == "scaffold":
+        control = received_records["control"]
+        mine = client_control or {}
+        correction = {n: control[n] - mine.get(n, np.zeros_like(control[n])) for n in control}
     plain, cipher = handshake if handshake is not None else (None, None)
     meta = {
         "partition": manifest.get("partition"),
@@ -383,6 +394,7 @@ def observation_from_capture(stem: Path, handshake: tuple[dict, dict] | None) ->
         masks=masks,
         known_plaintext=plain,
         known_ciphertext=cipher,
+        correction=correction,
         meta=meta,
     )
 
@@ -405,8 +417,16 @@ def audit_captures(capture_dir: Path, out: Path, budget: AuditConfig | None = No
         cipher = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors")))["arrays"]
         handshake = (plain, cipher)
     items, labels = [], []
+    controls: dict[int, dict[str, np.ndarray]] = {}  # SCAFFOLD: c_i per partition, summed from its control-deltas
     for stem in stems:
-        obs = observation_from_capture(stem, handshake)
+        partition = int(json.loads(stem.with_name(f"{stem.name}.json").read_text()).get("partition", -1))
+        obs = observation_from_capture(stem, handshake, controls.get(partition))
+        if obs.correction is not None:
+            delta = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors"))).get("control-delta", {})
+            previous = controls.get(partition, {})
+            controls[partition] = {n: previous.get(n, 0) + d for n, d in delta.items()}
+            if obs.config.capture.rounds or obs.config.capture.partitions:
+                obs.meta["note"] = "c_i summed from the captured rounds only (a capture selection was set)"
         if budget is not None:
             obs = dataclasses.replace(obs, config=dataclasses.replace(obs.config, audit=budget))
         if obs.config.encryption.mode == "private-init":

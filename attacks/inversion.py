@@ -76,13 +76,15 @@ def simulate(
     label_logits: torch.Tensor,
     rec: ClientRecipe,
     adversary: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    correction: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The client's update for candidate pixels ``x`` [examples, C, H, W], differentiable in x.
 
     FedSGD: ∇ of the mean cross-entropy. FedAvg/FedProx: w₀ − w_end after the unrolled local SGD (momentum as
     torch's SGD), each epoch in consecutive chunks of B candidates: the client's shuffled order is unknown, and
     the candidates are a set, so the attacker fixes one (an approximation for E > 1 or mismatched label chunks).
-    ``label_logits`` [examples, K] are near-one-hot (recovered labels) or learned soft labels.
+    ``label_logits`` [examples, K] are near-one-hot (recovered labels) or learned soft labels; ``correction``
+    (SCAFFOLD's c − c_i) is added to every local gradient.
     """
     names = list(params)
     weights = dict(params)
@@ -100,6 +102,8 @@ def simulate(
             grads = [torch.zeros_like(weights[n]) if g is None else g for n, g in zip(names, grads, strict=True)]
             if rec.sends_gradient:
                 return dict(zip(names, grads, strict=True))
+            if correction is not None:
+                grads = [g + correction[n] for n, g in zip(names, grads, strict=True)]
             for n, g in zip(names, grads, strict=True):
                 velocity[n] = g if n not in velocity else rec.momentum * velocity[n] + g
             weights = {n: weights[n] - rec.lr * velocity[n] for n in names}
@@ -200,6 +204,9 @@ def invert(
     target = observed_target(obs, rec)
     kept = kept_entries(obs)
     adversary = madry_simulator(obs, model, rec.adversarial)
+    correction = None
+    if obs.correction is not None:
+        correction = {n: torch.as_tensor(c, dtype=torch.float32) for n, c in obs.correction.items()}
     num_classes = obs.num_classes
     deadline = time.monotonic() + budget.max_seconds
     total = budget.iterations * budget.restarts
@@ -216,7 +223,7 @@ def invert(
         scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
         for step in range(budget.iterations + 1):
             optimizer.zero_grad(set_to_none=True)
-            sim = simulate(model, params, x, label_logits, rec, adversary)
+            sim = simulate(model, params, x, label_logits, rec, adversary, correction)
             match = match_loss(sim, target, kept, budget.pos_weight)
             if best is None or float(match.detach()) < best[0]:  # the candidate just evaluated (before its step)
                 best = (float(match.detach()), x.detach().clone(), f"{start_note}; {label_note}")

@@ -84,6 +84,8 @@ def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     else:
         step_lr = client.lr / (1.0 - client.momentum)
         grad = (obs.received[HEAD_BIAS] - obs.update[HEAD_BIAS]) / (step_lr * client.steps)
+        if obs.correction is not None:  # SCAFFOLD moved every step by c − c_i as well
+            grad = grad - obs.correction[HEAD_BIAS]
         examples = client.examples
     if obs.config.dp.enabled:  # clipping scaled the update by an unknown factor
         return label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated"

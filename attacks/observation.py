@@ -39,6 +39,9 @@ class Observation:
     known_ciphertext: dict[str, np.ndarray] | None = None  # the same layers as the server adopted them
     # images the attacker knows (e.g. a colluding client's) with their updates under the same defence
     known_images: list[tuple[np.ndarray, dict[str, np.ndarray]]] | None = None
+    # SCAFFOLD: c − c_i, added to every local gradient; c is in the train message, c_i the sum of the client's
+    # earlier control-deltas on the wire (zeros before its first round)
+    correction: dict[str, np.ndarray] | None = None
     meta: dict = field(default_factory=dict)  # node, round, ... (for reports only)
 
 
@@ -73,7 +76,7 @@ def public_model(obs: Observation) -> nn.Module:
 
 
 GRADIENT_STRATEGIES = ("fedsgd", "masked-fedsgd")  # replies carry the gradient of one batch
-WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg")  # replies carry the new weights, not a gradient
+WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg", "scaffold")  # replies carry the new weights, not a gradient
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ def simulated_match(obs, images, labels):
     params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
     logits = torch.full((len(labels), obs.num_classes), -30.0)
     logits[torch.arange(len(labels)), torch.as_tensor(labels)] = 30.0
-    sim = simulate(model, params, torch.as_tensor(images), logits, rec, None)
+    correction = None if obs.correction is None else {n: torch.as_tensor(c) for n, c in obs.correction.items()}
+    sim = simulate(model, params, torch.as_tensor(images), logits, rec, None, correction)
     return float(match_loss(sim, observed_target(obs, rec), kept_entries(obs), 0.0).detach())
 
 
@@ -265,3 +266,26 @@ def test_benchmark_audits_an_image_folder_of_natural_photographs(tmp_path):
     assert len(labels) == 4 and all(r["label-accuracy"] is not None for r in labels)
     assert {r["setting"] for r in json.loads((tmp_path / "audit" / "frontier.json").read_text())["rows"]} == {
         "B=1, FedSGD", "B=2, FedSGD"}  # fmt: skip
+
+
+def test_scaffold_updates_are_simulated_with_the_control_variates_seen_on_the_wire(tmp_path):
+    from safetensors.numpy import load_file
+
+    from attacks.audit import observation_from_capture
+    from attacks.eavesdropper import unflatten
+    from tests.helpers import run_in_process
+
+    config = {"out-dir": str(tmp_path), "run-name": "scaffold", "strategy": "scaffold", "num-server-rounds": 2,
+              "batch-size": 8, "data.synthetic-train-size": 60, "capture.enabled": True,
+              "capture.ground-truth": True}  # fmt: skip
+    run_dir, _ = run_in_process(config)
+    stem1, stem2 = (run_dir / "captures" / f"round-000{r}" / "partition-0" for r in (1, 2))
+    c_1 = unflatten(load_file(f"{stem1}.sent.safetensors"))["control-delta"]  # c_i after round 1 (from 0)
+    obs = observation_from_capture(stem2, None, c_1)
+    truth = load_file(str(run_dir / "ground-truth" / "round-0002" / "partition-0.safetensors"))
+    order = np.random.default_rng([0, 2, 0]).permutation(len(truth["labels"]))  # the client's round-2 shuffle
+    images, labels = truth["images"][order], truth["labels"][order]
+    assert recipe(obs).steps == 2 and obs.correction is not None
+    assert simulated_match(obs, images, labels) < 1e-5
+    unaware = dataclasses.replace(obs, correction=None)
+    assert simulated_match(unaware, images, labels) > 10 * simulated_match(obs, images, labels)
