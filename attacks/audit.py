@@ -246,16 +246,18 @@ BATCH_SCORING = (
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean PSNR/SSIM and time per (defence, attack), over the updates that could be attacked."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """Mean PSNR/SSIM, label accuracy and time per (defence, setting, attack), over the updates that could be
+    attacked."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["defence"], row["attack"]), []).append(row)
+        groups.setdefault((row["defence"], row.get("setting", ""), row["attack"]), []).append(row)
     out = []
-    for (defence, attack), members in groups.items():
+    for (defence, setting, attack), members in groups.items():
         scored = [m for m in members if m["psnr"] is not None]
         out.append(
             {
                 "defence": defence,
+                "setting": setting,
                 "attack": attack,
                 "updates": len(members),
                 "scored": len(scored),
@@ -283,27 +285,29 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Summary (mean over updates)",
         "",
-        "| defence | attack | updates | PSNR (dB) | SSIM | label accuracy | seconds | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "| defence | setting | attack | updates | matched PSNR (dB) | SSIM | label accuracy | seconds | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["summary"]:
         lines.append(
-            f"| {r['defence']} | {r['attack']} | {r['updates']} | {fmt(r['psnr'], '.1f')} | "
+            f"| {r['defence']} | {r.get('setting', '')} | {r['attack']} | {r['updates']} | {fmt(r['psnr'], '.1f')} | "
             f"{fmt(r['ssim'], '.3f')} | {fmt(r.get('label-accuracy'), '.0%')} | {r['seconds']:.3f} | {r['note']} |"
         )
     lines += [
         "",
         "## Every update",
         "",
-        "| node | round | image | defence | attack | PSNR (dB) | SSIM | seconds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| node | round | image | setting | defence | attack | matched | PSNR (dB) | SSIM | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         lines.append(
-            f"| {r.get('partition', '')} | {r.get('round', '')} | {r.get('image', '')} | {r['defence']} | "
-            f"{r['attack']} | {fmt(r['psnr'], '.1f')} | {fmt(r['ssim'], '.3f')} | {r['seconds']:.3f} |"
+            f"| {r.get('partition', '')} | {r.get('round', '')} | {r.get('image', '')} | {r.get('setting', '')} | "
+            f"{r['defence']} | {r['attack']} | {r.get('matched') or ''} | {fmt(r['psnr'], '.1f')} | "
+            f"{fmt(r['ssim'], '.3f')} | {r['seconds']:.3f} |"
         )
     lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
+    lines += ["Optimisation budget: " + "; ".join(report.get("budget", [])), ""]
     return "\n".join(lines)
 
 
