@@ -75,7 +75,8 @@ def train(
     model is decrypted before training and the update is encrypted after masking (eqs. 3, 7, 13, 14).
     ``proximal_mu`` (FedProx) and ``server_control`` (SCAFFOLD's c; the client's own c_i is kept under
     ``run_key`` in its private folder) select those local objectives; "control-delta" is then replied too.
-    ``on_batch(images, labels)`` sees the FedSGD batch in [0, 1] pixels: the hook through which an audit's capture
+    ``on_batch(images, labels)`` sees the images the client trained on (FedSGD: its batch; FedAvg-type: its
+    partition) in [0, 1] pixels: the hook through which an audit's capture
     side records ground truth (the client itself writes nothing for attackers).
     """
     crypt_start = time.perf_counter()
