@@ -243,7 +243,11 @@ def invert(
             break
     assert best is not None
     loss_value, images, note = best
-    note += f"; gradient match 1−cos {loss_value:.2e}; {rec.examples} image(s), {rec.steps} local step(s)"
+    capped = " (time cap)" if done < total else ""
+    note += (
+        f"; gradient match 1−cos {loss_value:.2e}; {rec.examples} image(s), {rec.steps} local step(s); "
+        f"{done} of {total} Adam steps{capped}"
+    )
     if not obs.update[POS_EMBED].any() or (kept is not None and not kept[POS_EMBED].any()):
         note += "; no position-embedding gradient"
     batch = images.numpy().astype(np.float64)
