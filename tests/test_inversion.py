@@ -214,7 +214,9 @@ def test_the_frontier_experiment_trains_every_benchmark_defence_as_the_benchmark
     experiment = load_experiment(root / "conf" / "experiments" / "frontier-cpu.toml")
     assert list(experiment.methods) == list(DEFENCES)
     for name, overrides in experiment.methods.items():
-        assert merge_overrides([overrides]) == DEFENCES[name], name
+        values = merge_overrides([overrides])
+        assert {k: values[k] for k in DEFENCES[name]} == DEFENCES[name], name
+        assert set(values) - set(DEFENCES[name]) <= {"centralized-evaluation", "data.client-eval"}, name
 
 
 def test_collusion_key_decrypts_an_encrypted_batch_update_for_the_optimisation_attack(tmp_path):
