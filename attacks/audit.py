@@ -22,7 +22,7 @@ from tqdm import tqdm
 from attacks import april
 from attacks.cocktail import cocktail_party
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
-from attacks.frontier import write_frontier
+from attacks.frontier import mean_or_none, write_frontier
 from attacks.inversion import collusion_inversion, invert
 from attacks.labels import label_accuracy, recover_labels
 from attacks.metrics import SETTINGS, best_flat_image, match_batch, minimum_norm_limit, psnr, ssim
@@ -265,15 +265,10 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ssim": float(np.mean([m["ssim"] for m in scored])) if scored else None,
                 "seconds": float(np.mean([m["seconds"] for m in members])),
                 "note": members[0]["note"],
-                "label-accuracy": _mean_of(members, "label-accuracy"),
+                "label-accuracy": mean_or_none([m.get("label-accuracy") for m in members]),
             }
         )
     return out
-
-
-def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return float(np.mean(values)) if values else None
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -360,12 +355,13 @@ def save_grid(images: list[tuple[Observation, np.ndarray | None, dict[str, Recon
 
 
 def observation_from_capture(
-    stem: Path, handshake: tuple[dict, dict] | None, client_control: dict[str, np.ndarray] | None = None
+    stem: Path, handshake: tuple[dict, dict] | None, controls: dict[int, dict[str, np.ndarray]] | None = None
 ) -> Observation:
     """Rebuild what the wire observer saw for one train message (``<stem>.json`` + its two safetensors).
 
-    SCAFFOLD: the correction c − c_i uses the server control c of the message and ``client_control`` (c_i as
-    the observer summed it from the client's earlier control-deltas; zeros before its first round)."""
+    SCAFFOLD: the correction c − c_i uses the server control c of the message and c_i as the observer summed it
+    from the client's earlier control-deltas: ``controls`` (partition → c_i; zeros before its first round), which
+    this call then advances by the message's own control-delta (captures must come in round order)."""
     manifest = json.loads(stem.with_name(f"{stem.name}.json").read_text())
     config = parse_config(manifest["run_config"])
     sent = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors")))
@@ -380,9 +376,11 @@ def observation_from_capture(
     update, masks = dense_update(sent, expected)
     correction = None
     if config.strategy == "scaffold":
-        control = received_records["control"]
-        mine = client_control or {}
+        controls = {} if controls is None else controls
+        control, partition = received_records["control"], int(manifest.get("partition", -1))
+        mine = controls.get(partition, {})
         correction = {n: control[n] - mine.get(n, np.zeros_like(control[n])) for n in control}
+        controls[partition] = {n: mine.get(n, 0) + d for n, d in sent.get("control-delta", {}).items()}
     plain, cipher = handshake if handshake is not None else (None, None)
     meta = {
         "partition": manifest.get("partition"),
@@ -423,12 +421,8 @@ def audit_captures(capture_dir: Path, out: Path, budget: AuditConfig | None = No
     items, labels = [], []
     controls: dict[int, dict[str, np.ndarray]] = {}  # SCAFFOLD: c_i per partition, summed from its control-deltas
     for stem in stems:
-        partition = int(json.loads(stem.with_name(f"{stem.name}.json").read_text()).get("partition", -1))
-        obs = observation_from_capture(stem, handshake, controls.get(partition))
+        obs = observation_from_capture(stem, handshake, controls)
         if obs.correction is not None:
-            delta = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors"))).get("control-delta", {})
-            previous = controls.get(partition, {})
-            controls[partition] = {n: previous.get(n, 0) + d for n, d in delta.items()}
             if obs.config.capture.rounds or obs.config.capture.partitions:
                 obs.meta["note"] = "c_i summed from the captured rounds only (a capture selection was set)"
         if budget is not None:

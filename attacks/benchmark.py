@@ -153,10 +153,10 @@ def client_update_and_labels(
     return obs, batch["images"], batch["labels"]
 
 
-def dataset_mean_image(config: Config) -> np.ndarray:
-    """The mean training image in [0, 1] (a no-information reference an attacker could compute from public data)."""
+def dataset_mean_image(config: Config, size: int) -> np.ndarray:
+    """The mean training image in [0, 1] at ``size`` px (a no-information reference an attacker could compute from
+    public data)."""
     images = load_dataset(config.data, config.seed, "train")
-    size = config.model.img_size or 224
     total = None
     for start in range(0, len(images), 256):
         x, _ = images.batch(np.arange(start, min(start + 256, len(images))), size)
@@ -207,7 +207,7 @@ def run_benchmark(
     for note in skipped:
         print(f"audit benchmark: skipped {note}", flush=True)
     title = f"fedvit audit benchmark: {images} update(s) per defence and setting, model {base.model.name}"
-    mean_image = dataset_mean_image(base)
+    mean_image = dataset_mean_image(base, int(items[0][1].shape[-1])) if items else None
     rows, attacked = audit_observations(items, out, title, true_labels=labels, dataset_mean=mean_image)
     single = [a for a in attacked if a[0].meta.get("setting") == Setting(1).label]
     if single:

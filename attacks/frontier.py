@@ -21,7 +21,8 @@ LABELS = "labels (head-bias gradient)"
 BASELINE_PREFIX = "best flat image"
 
 
-def _mean(values: list[float | None]) -> float | None:
+def mean_or_none(values: list[float | None]) -> float | None:
+    """The mean of the values that are not None (None when there are none)."""
     values = [v for v in values if v is not None]
     return float(np.mean(values)) if values else None
 
@@ -35,8 +36,8 @@ def frontier_rows(audit_rows: list[dict[str, Any]], accuracy: dict[str, float]) 
     plain_accuracy = accuracy.get(PLAIN)
     out = []
     for (defence, setting), rows in cases.items():
-        baseline = _mean([r["psnr"] for r in rows if r["attack"].startswith(BASELINE_PREFIX)])
-        labels = _mean([r.get("label-accuracy") for r in rows if r["attack"] == LABELS])
+        baseline = mean_or_none([r["psnr"] for r in rows if r["attack"].startswith(BASELINE_PREFIX)])
+        labels = mean_or_none([r.get("label-accuracy") for r in rows if r["attack"] == LABELS])
         cost = None
         if defence in accuracy and plain_accuracy is not None:
             cost = plain_accuracy - accuracy[defence]
@@ -51,14 +52,14 @@ def frontier_rows(audit_rows: list[dict[str, Any]], accuracy: dict[str, float]) 
                     "local-steps": scored[0].get("local-steps"),
                     "attack": attack,
                     "updates": len(scored),
-                    "psnr": _mean([r["psnr"] for r in scored]),
-                    "ssim": _mean([r["ssim"] for r in scored]),
+                    "psnr": mean_or_none([r["psnr"] for r in scored]),
+                    "ssim": mean_or_none([r["ssim"] for r in scored]),
                     "baseline-psnr": baseline,
                     "label-accuracy": labels,
                     "accuracy": accuracy.get(defence),
                     "accuracy-cost": cost,
-                    "seconds": _mean([r["seconds"] for r in scored]),
-                    "note": "" if _mean([r["psnr"] for r in scored]) is not None else scored[0]["note"],
+                    "seconds": mean_or_none([r["seconds"] for r in scored]),
+                    "note": "" if mean_or_none([r["psnr"] for r in scored]) is not None else scored[0]["note"],
                 }
             )
     return out

@@ -17,7 +17,6 @@ explicit attention path (the function is the same).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -36,30 +35,28 @@ from attacks.observation import (
     ClientRecipe,
     Observation,
     Reconstruction,
+    as_gradient,
     image_geometry,
-    public_model,
+    received_model,
     recipe,
 )
 from core.config import AuditConfig
-from core.model import normalize, set_weights
+from core.model import normalize
 from core.params import POS_EMBED
 
 
 def attack_model(obs: Observation) -> nn.Module:
     """A float32 copy of the received model on the explicit attention path (double backward works on CPU)."""
-    model = copy.deepcopy(public_model(obs))
-    set_weights(model, obs.received)
+    model = received_model(obs)
     for module in model.modules():
         if hasattr(module, "fused_attn"):
             module.fused_attn = False
     return model.train()
 
 
-def observed_target(obs: Observation, rec: ClientRecipe) -> dict[str, torch.Tensor]:
+def observed_target(obs: Observation) -> dict[str, torch.Tensor]:
     """What the simulation must reproduce: the gradient (FedSGD) or the weight change w_received − w_sent."""
-    if rec.sends_gradient:
-        return {n: torch.as_tensor(u, dtype=torch.float32) for n, u in obs.update.items()}
-    return {n: torch.as_tensor(obs.received[n] - u, dtype=torch.float32) for n, u in obs.update.items()}
+    return {n: torch.as_tensor(u, dtype=torch.float32) for n, u in as_gradient(obs).update.items()}
 
 
 def kept_entries(obs: Observation) -> dict[str, torch.Tensor] | None:
@@ -201,22 +198,21 @@ def invert(
     rec = recipe(obs)
     model = attack_model(obs)
     params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
-    target = observed_target(obs, rec)
+    target = observed_target(obs)
     kept = kept_entries(obs)
     adversary = madry_simulator(obs, model, rec.adversarial)
     correction = None
     if obs.correction is not None:
         correction = {n: torch.as_tensor(c, dtype=torch.float32) for n, c in obs.correction.items()}
-    num_classes = obs.num_classes
     deadline = time.monotonic() + budget.max_seconds
     total = budget.iterations * budget.restarts
     best: tuple[float, torch.Tensor, str] | None = None
     done = 0
+    labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
     for restart in range(budget.restarts):
         x0, start_note = initial_images(obs, rec, restart, budget.closed_form_start)
         x = x0.clone().requires_grad_(True)
-        label_logits, learn_labels, label_note = labels_for(obs, rec, num_classes)
-        label_logits.requires_grad_(learn_labels)
+        label_logits = labels.clone().requires_grad_(learn_labels)
         variables = [x] + ([label_logits] if learn_labels else [])
         optimizer = torch.optim.Adam(variables, lr=budget.lr)
         milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]

@@ -10,14 +10,19 @@ the label counts of all E·B samples the client processed.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 from torch import nn
 
-from attacks.observation import GRADIENT_STRATEGIES, WEIGHT_STRATEGIES, Observation, public_model, recipe
-from core.model import classify, set_weights
+from attacks.observation import (
+    GRADIENT_STRATEGIES,
+    WEIGHT_STRATEGIES,
+    Observation,
+    as_gradient,
+    received_model,
+    recipe,
+)
+from core.model import classify
 from core.params import HEAD_BIAS
 
 
@@ -75,15 +80,14 @@ def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     if obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
         return None, f"strategy {obs.config.strategy!r} is not modelled by the label attack"
     client = recipe(obs)
-    model = copy.deepcopy(public_model(obs))  # the skeleton is cached and shared: never load weights into it
-    set_weights(model, obs.received)
+    model = received_model(obs)
     img_size = int(model.patch_embed.img_size[0])
     mean_probs = mean_softmax(model, img_size, seed=obs.config.seed)
     if client.sends_gradient:
         grad, examples = obs.update[HEAD_BIAS], client.batch
     else:
         step_lr = client.lr / (1.0 - client.momentum)
-        grad = (obs.received[HEAD_BIAS] - obs.update[HEAD_BIAS]) / (step_lr * client.steps)
+        grad = as_gradient(obs).update[HEAD_BIAS] / (step_lr * client.steps)
         if obs.correction is not None:  # SCAFFOLD moved every step by c − c_i as well
             grad = grad - obs.correction[HEAD_BIAS]
         examples = client.examples

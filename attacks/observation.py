@@ -6,6 +6,7 @@ takes an Observation and returns a :class:`Reconstruction`. Ground truth goes on
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -16,7 +17,7 @@ from torch import nn
 
 from core.config import Config
 from core.masks import decode
-from core.model import build_model
+from core.model import build_model, set_weights
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +74,13 @@ def model_skeleton(config: Config, num_classes: int) -> nn.Module:
 def public_model(obs: Observation) -> nn.Module:
     """The model architecture from the public config (weights are not used; take them from ``obs.received``)."""
     return model_skeleton(obs.config, obs.num_classes)
+
+
+def received_model(obs: Observation) -> nn.Module:
+    """A private copy of the model with the weights the client received (the cached skeleton stays untouched)."""
+    model = copy.deepcopy(public_model(obs))
+    set_weights(model, obs.received)
+    return model
 
 
 GRADIENT_STRATEGIES = ("fedsgd", "masked-fedsgd")  # replies carry the gradient of one batch

@@ -478,15 +478,16 @@ def _only_with_strategy(config: Config, group: str, strategy: str) -> None:
             raise ConfigError(f"{group}.{_hyphen(f.name)}", value, f"its default unless strategy='{strategy}'")
 
 
-def _only_when_enabled(config: Config, group: str) -> None:
-    """Settings of ``group`` must keep their defaults while ``<group>.enabled`` is false (no silent ignore)."""
+def _only_when_enabled(config: Config, group: str, switch: str = "enabled", on: str = "true") -> None:
+    """Settings of ``group`` must keep their defaults while the group is off (no silent ignore); ``switch`` is
+    the field that turns it on (``<group>.enabled = true``, or e.g. ``dp.mode`` set)."""
     settings = getattr(config, group)
     if settings.enabled:
         return
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
-        if f.name != "enabled" and value != f.default:
-            raise ConfigError(f"{group}.{_hyphen(f.name)}", value, f"its default unless {group}.enabled = true")
+        if f.name != switch and value != f.default:
+            raise ConfigError(f"{group}.{_hyphen(f.name)}", value, f"its default unless {group}.{switch} = {on}")
 
 
 def _check_cross_field(config: Config) -> None:
@@ -499,9 +500,7 @@ def _check_cross_field(config: Config) -> None:
     if config.dp.enabled and config.strategy not in DP_STRATEGIES:
         raise ConfigError("dp.mode", config.dp.mode, f"'off' with strategy={config.strategy!r} (DP supports "
                           f"{', '.join(DP_STRATEGIES)}: one plain update per client)")  # fmt: skip
-    if not config.dp.enabled and config.dp != DPConfig():
-        changed = next(f.name for f in dataclasses.fields(DPConfig) if getattr(config.dp, f.name) != f.default)
-        raise ConfigError(f"dp.{_hyphen(changed)}", getattr(config.dp, changed), "its default unless dp.mode is set")
+    _only_when_enabled(config, "dp", switch="mode", on="'central' or 'local'")
     if config.lr_decay > 0 and config.strategy in SERVER_LR_STRATEGIES:
         raise ConfigError("lr-decay", config.lr_decay, f"0 with strategy={config.strategy!r} (its lr is the server's)")
     if config.encryption.enabled:

@@ -35,7 +35,7 @@ def simulated_match(obs, images, labels):
     logits[torch.arange(len(labels)), torch.as_tensor(labels)] = 30.0
     correction = None if obs.correction is None else {n: torch.as_tensor(c) for n, c in obs.correction.items()}
     sim = simulate(model, params, torch.as_tensor(images), logits, rec, None, correction)
-    return float(match_loss(sim, observed_target(obs, rec), kept_entries(obs), 0.0).detach())
+    return float(match_loss(sim, observed_target(obs), kept_entries(obs), 0.0).detach())
 
 
 def test_the_simulated_client_reproduces_a_fedsgd_batch_update(tmp_path):
@@ -283,7 +283,10 @@ def test_scaffold_updates_are_simulated_with_the_control_variates_seen_on_the_wi
     run_dir, _ = run_in_process(config)
     stem1, stem2 = (run_dir / "captures" / f"round-000{r}" / "partition-0" for r in (1, 2))
     c_1 = unflatten(load_file(f"{stem1}.sent.safetensors"))["control-delta"]  # c_i after round 1 (from 0)
-    obs = observation_from_capture(stem2, None, c_1)
+    controls: dict = {}
+    observation_from_capture(stem1, None, controls)  # the observer sums the client's control-deltas in order
+    assert all(np.array_equal(controls[0][n], c_1[n]) for n in c_1)
+    obs = observation_from_capture(stem2, None, controls)
     truth = load_file(str(run_dir / "ground-truth" / "round-0002" / "partition-0.safetensors"))
     order = np.random.default_rng([0, 2, 0]).permutation(len(truth["labels"]))  # the client's round-2 shuffle
     images, labels = truth["images"][order], truth["labels"][order]
