@@ -24,6 +24,7 @@ from attacks.frontier import write_frontier
 from attacks.observation import Observation, dense_update
 from clients import runner
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
+from clients.privacy import privatize_offline
 from core.config import Config, parse_config
 from core.data import client_data, load_dataset
 from core.model import build_model, get_weights
@@ -132,6 +133,8 @@ def client_update_and_labels(
         config, partition, num_partitions, received, 1, config.lr, mask_seed=seed_key + partition, locked_cache={},
         key=key, on_batch=lambda x, y: batch.update(images=x, labels=y),
     )  # fmt: skip
+    if config.dp.enabled:  # through Flower's DP mod, as the ClientApp's dp_mod does
+        records, metrics = privatize_offline(config, received, records, metrics, config.lr)
     update, masks = dense_update(records, {n: w.shape for n, w in public.items()})
     meta = {
         "image": partition,

@@ -1,20 +1,28 @@
-"""Differential privacy of one client update: per-client fixed clipping, and Gaussian noise in "local" mode.
+"""Differential privacy of one client update through Flower's own client mods (``dp.mode``).
 
-The arithmetic is Flower's own (``flwr.supercore.differential_privacy``: ``compute_clip_model_update``, FlatClip of
-McMahan et al. 2018, and ``add_gaussian_noise_inplace``), the functions behind Flower's ``fixedclipping_mod`` and
-``LocalDpMod``. Those mods themselves cannot wrap fedvit's replies: they read the reply as new weights in a single
-ArrayRecord, while a FedSGD reply is a gradient. So the client applies the same functions to its model update
-here — FedSGD: the step lr·g it asks the server to take; FedAvg: w_new − w_received — before encrypting it.
+"central": Flower's ``fixedclipping_mod`` clips the update to the norm C that the server's
+``DifferentialPrivacyClientSideFixedClipping`` wrapper sends (``strategies/privacy.py``), which then noises the
+aggregate. "local": Flower's ``LocalDpMod`` clips to C and adds Gaussian noise itself before the reply leaves.
+Both mods read the reply as new weights next to the received ones; a FedSGD reply is a gradient, so
+:func:`dp_mod` shows them the model that gradient moves to, w − lr·g (float64: lr·g is small next to w), and turns
+their result back into a gradient. The wire then carries exactly what Flower's mod produced.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
-from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_clip_model_update, get_norm
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, get_norm
+from flwr.supercore.task_identity import TaskIdentity
 
-from core.config import DPConfig
+from core.config import SERVER_LR_STRATEGIES, Config, ConfigError, DPConfig, parse_config_cached
+
+Handler = Callable[[Message, Context], Message]
+Mod = Callable[[Message, Context, Handler], Message]
 
 
 def local_epsilon(dp: DPConfig) -> float:
@@ -25,35 +33,122 @@ def local_epsilon(dp: DPConfig) -> float:
     return math.sqrt(2 * math.log(1.25 / dp.delta)) / dp.noise_multiplier
 
 
-def privatize(
-    arrays: dict[str, np.ndarray],
-    received: dict[str, np.ndarray],
-    dp: DPConfig,
-    sends_gradient: bool,
-    lr: float,
-) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """The client's reply arrays after clipping (and local noise); returns them and the DP metrics.
-
-    ``arrays`` are the gradient (``sends_gradient``, applied by the server with step ``lr``) or the new weights;
-    ``received`` the plain weights the client started from. Works in float64 (a gradient is small next to the
-    weights) and returns float32 like every reply.
-    """
-    names = list(arrays)
-    start = [np.asarray(received[n], np.float64) for n in names]
-    if sends_gradient:  # the model the server would reach with this gradient alone
-        model = [w - lr * np.asarray(arrays[n], np.float64) for w, n in zip(start, names, strict=True)]
-    else:
-        model = [np.asarray(arrays[n], np.float64) for n in names]
-    norm = get_norm([m - w for m, w in zip(model, start, strict=True)])
-    compute_clip_model_update(model, start, dp.clipping_norm)
-    metrics = {"dp-update-norm": norm, "dp-clipped": float(norm > dp.clipping_norm)}
+def flower_dp_mod(dp: DPConfig) -> Mod:
+    """Flower's mod for ``dp.mode``. ``LocalDpMod`` draws std sensitivity·√(2 ln(1.25/δ))/ε; with sensitivity C and
+    ε = :func:`local_epsilon` that is σ·C."""
+    if dp.mode == "central":
+        return fixedclipping_mod
     if dp.mode == "local":
-        update = [m - w for m, w in zip(model, start, strict=True)]
-        add_gaussian_noise_inplace(update, dp.noise_multiplier * dp.clipping_norm)
-        model = [w + u for w, u in zip(start, update, strict=True)]
-        metrics["dp-noise-std"] = dp.noise_multiplier * dp.clipping_norm
+        return LocalDpMod(dp.clipping_norm, dp.clipping_norm, local_epsilon(dp), dp.delta)
+    raise ValueError(f"no DP mod for dp.mode={dp.mode!r}")
+
+
+def local_noise_std(mod: LocalDpMod) -> float:
+    """The std of the noise ``LocalDpMod`` adds (its own formula, from its own settings)."""
+    return mod.sensitivity * math.sqrt(2 * math.log(1.25 / mod.delta)) / mod.epsilon
+
+
+def dp_mod(msg: Message, context: Context, call_next: Handler) -> Message:
+    """ClientApp mod: train replies pass through Flower's DP mod when ``dp.mode`` is on; everything else is
+    untouched."""
+    if msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, context)
+    try:
+        config = parse_config_cached(context.run_config)
+    except ConfigError:
+        return call_next(msg, context)  # the handler reports the config error
+    if not config.dp.enabled:
+        return call_next(msg, context)
+    return privatize(config, msg, context, call_next)
+
+
+def privatize(config: Config, msg: Message, context: Context, call_next: Handler) -> Message:
+    """The reply of ``call_next`` after Flower's DP mod, with the DP metrics added to its 'metrics'.
+
+    Records: 'arrays' (the update) and 'metrics'; the metrics gain ``dp-update-norm`` (before clipping),
+    ``dp-clipped`` and, in local mode, ``dp-noise-std``.
+    """
+    sends_gradient = config.strategy in SERVER_LR_STRATEGIES
+    lr = float(msg.content["config"].get("lr", config.lr))
+    received = {name: a.numpy().astype(np.float64) for name, a in msg.content["arrays"].items()}
+    seen: dict[str, float] = {}
+
+    def as_model(inner_msg: Message, inner_context: Context) -> Message:
+        reply = call_next(inner_msg, inner_context)
+        if reply.has_error():
+            return reply
+        update = {name: a.numpy().astype(np.float64) for name, a in reply.content["arrays"].items()}
+        if sends_gradient:  # the model the server reaches with this gradient alone
+            model = {name: received[name] - lr * g for name, g in update.items()}
+        else:
+            model = update
+        seen["norm"] = get_norm([model[name] - received[name] for name in model])
+        reply.content["arrays"] = _record(model)
+        return reply
+
+    mod = flower_dp_mod(config.dp)
+    out = mod(msg, context, as_model)
+    if out.has_error():
+        return out
+    model = {name: a.numpy() for name, a in out.content["arrays"].items()}
     if sends_gradient:
-        out = [(w - m) / lr for w, m in zip(start, model, strict=True)]
-    else:
-        out = model
-    return {n: o.astype(np.float32) for n, o in zip(names, out, strict=True)}, metrics
+        model = {name: (received[name] - w) / lr for name, w in model.items()}
+    out.content["arrays"] = _record({name: w.astype(np.float32) for name, w in model.items()})
+    metrics = out.content["metrics"]
+    metrics["dp-update-norm"] = seen["norm"]
+    metrics["dp-clipped"] = float(seen["norm"] > config.dp.clipping_norm)
+    if isinstance(mod, LocalDpMod):
+        metrics["dp-noise-std"] = local_noise_std(mod)
+    return out
+
+
+def privatize_offline(
+    config: Config,
+    received: dict[str, np.ndarray],
+    records: dict[str, dict[str, np.ndarray]],
+    metrics: dict[str, float | int],
+    lr: float,
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float | int]]:
+    """:func:`privatize` for a reply computed outside a Flower run (``clients.runner.train`` called directly, as the
+    audit benchmark does): the same train message and reply, built with Flower's classes, through the same mod."""
+    config_record = ConfigRecord({"server-round": 1, "lr": lr})
+    if config.dp.mode == "central":
+        config_record[KEY_CLIPPING_NORM] = config.dp.clipping_norm  # what the server's DP wrapper would send
+    with _task_identity():
+        msg = Message(
+            RecordDict({"arrays": _record(received), "config": config_record}),
+            dst_node_id=1,
+            message_type=MessageType.TRAIN,
+        )
+
+        def handler(m: Message, _context: Context) -> Message:
+            content = RecordDict({name: _record(arrays) for name, arrays in records.items()})
+            content["metrics"] = MetricRecord(dict(metrics))
+            return Message(content, reply_to=m)
+
+        context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+        out = privatize(config, msg, context, handler)
+    if out.has_error():
+        raise RuntimeError(f"Flower's DP mod refused the update: {out.error.reason}")
+    arrays = {name: {k: a.numpy() for k, a in rec.items()} for name, rec in out.content.array_records.items()}
+    return arrays, dict(out.content["metrics"])
+
+
+class _task_identity:
+    """Flower's Message needs a task identity; outside a Flower run there is none, so lend one meanwhile."""
+
+    def __enter__(self) -> None:
+        try:
+            TaskIdentity.run_id  # noqa: B018 - raises when unset
+            self.lent = False
+        except RuntimeError:
+            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+            self.lent = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lent:
+            TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()})

@@ -14,10 +14,9 @@ from torch import nn
 from clients.adversarial import attack_from, madry_adversary, robust_accuracy
 from clients.encryption import ENCRYPTED, EncryptionKey, EncryptionKeyError
 from clients.masking import client_seed, draw_masks, fixed_position_masks, locked_masks
-from clients.privacy import privatize
 from clients.scaffold import control_path, load_control, save_control, updated_control
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
-from core.config import SERVER_LR_STRATEGIES, Config, ConfigError, check_against_federation, parse_config_cached
+from core.config import Config, ConfigError, check_against_federation, parse_config_cached
 from core.data import DatasetUnavailableError, client_data, load_dataset
 from core.masks import encode, mask_rates
 from core.model import build_model, resolve_device, set_weights
@@ -135,9 +134,6 @@ def train(
             "mask-s": time.perf_counter() - mask_start,
             "kept-fraction": kept / sum(m.size for m in masks.values()),
         }
-    if config.dp.enabled:  # clip (and noise) the plain update; the wire carries only this
-        arrays, dp_metrics = privatize(arrays, weights, config.dp, config.strategy in SERVER_LR_STRATEGIES, lr)
-        extra |= dp_metrics
     if key is not None:
         crypt_start = time.perf_counter()
         arrays = key.encrypt(arrays)

@@ -149,8 +149,10 @@ class DPConfig:
 
     Each client clips its model update to L2 norm ``clipping-norm`` (FedSGD: the step lr·g it asks the server to
     take; FedAvg: w_new − w_received). "central": the server adds N(0, (noise-multiplier · C / n)²) to the
-    aggregate of the n sampled clients (the wire carries clipped updates only). "local": each client adds
-    N(0, (noise-multiplier · C)²) itself before sending; ε at ``delta`` is reported for one release.
+    aggregate of the n sampled clients (the wire carries clipped updates only; Flower's ``fixedclipping_mod`` and
+    ``DifferentialPrivacyClientSideFixedClipping``). "local": each client adds N(0, (noise-multiplier · C)²)
+    itself before sending (Flower's ``LocalDpMod``); ε at ``delta`` is reported for one release. Not with
+    encryption (the clip would act on the encrypted update).
     """
 
     mode: str = "off"
@@ -523,6 +525,13 @@ def _check_encryption(config: Config) -> None:
     mode = config.encryption.mode
     if config.strategy in ("fedprox", "scaffold"):
         raise ConfigError("strategy", config.strategy, "fedsgd, fedavg, masked-fedsgd or fedwavg with encryption")
+    if config.dp.enabled:
+        raise ConfigError(
+            "dp.mode",
+            config.dp.mode,
+            f"'off' with encryption.mode={mode!r}: Flower's DP mods clip the update as it leaves the client, where "
+            "it is encrypted and E_a changes its norm (the bound would not hold for the plain model)",
+        )
     if config.centralized_evaluation:
         raise ConfigError(
             "centralized-evaluation",

@@ -12,11 +12,14 @@ from flwr.clientapp import ClientApp
 from attacks.eavesdropper import capture_mod, ground_truth_hook
 from clients import runner
 from clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
+from clients.privacy import dp_mod
 from core.config import Config
 from strategies.base import FedVitStrategy
 
 REPORT_LAUNCH_ENV = "FEDVIT_REPORT_LAUNCH"  # "1": train replies carry launch-to-handler-s (deployment benchmark)
-MODS = [capture_mod]  # the eavesdropper only records, and only when capture.enabled
+# The first mod is outermost: the eavesdropper records what Flower's DP mod let leave (dp.mode on). It only
+# records, and only when capture.enabled.
+MODS = [capture_mod, dp_mod]
 app = ClientApp(mods=MODS)
 
 

@@ -25,6 +25,7 @@ from fedvit_app.polling_grid import PollingGrid, poll_interval
 from strategies import STRATEGIES, FedVitStrategy
 from strategies.base import ClientSetupError, ClientsFailedError, NodesUnavailableError
 from strategies.encrypted import ENCRYPTED_STRATEGIES, KeyHandshakeError
+from strategies.privacy import with_central_dp
 
 app = ServerApp()
 
@@ -50,7 +51,6 @@ def make_strategy(config: Config) -> FedVitStrategy:
         wait_timeout=config.round_timeout,
         evaluate_round=lambda rnd: evaluates_in(config, rnd),
         lr_decay=config.lr_decay,
-        central_dp=(config.dp.noise_multiplier, config.dp.clipping_norm) if config.dp.mode == "central" else None,
     )
     if config.encryption.enabled:
         strategies, common = ENCRYPTED_STRATEGIES, common | {"encryption_mode": config.encryption.mode}
@@ -182,7 +182,7 @@ def run(grid: Grid, context: Context) -> Path:
         done, checkpoint_weights, state, history = load_checkpoint(Path(config.resume_from).expanduser(), config)
         if done >= config.num_server_rounds:
             raise ConfigError("num-server-rounds", config.num_server_rounds, f"more than the {done} rounds done")
-    strategy.discover(grid)
+    connected = strategy.discover(grid)
     # A resumed run takes its weights from the checkpoint: no need to fetch pretrained ones again.
     model_config = dataclasses.replace(config.model, pretrained="off") if config.resume_from else config.model
     model = build_model(model_config, _num_classes(strategy), config.seed).to(resolve_device(config.device))
@@ -195,7 +195,8 @@ def run(grid: Grid, context: Context) -> Path:
     round_end = RoundEnd(config, strategy, recorder, model, config.num_server_rounds)
     initial = ArrayRecord({k: Array(v) for k, v in get_weights(model).items()})
     initial = strategy.prepare_initial(grid, initial, resumed=bool(config.resume_from))
-    result = strategy.start(
+    driver = with_central_dp(strategy, config.dp, len(connected))  # Flower's DP wrapper in dp.mode = "central"
+    result = driver.start(
         grid=grid,
         initial_arrays=initial,
         num_rounds=config.num_server_rounds - done,

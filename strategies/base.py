@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_stdv
 
 WAIT_POLL_S = 1.0
 
@@ -145,7 +144,6 @@ class FedVitStrategy(FedAvg):
         wait_timeout: float = 600.0,
         evaluate_round: Callable[[int], bool] = lambda _round: True,
         lr_decay: float = 0.0,
-        central_dp: tuple[float, float] | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -170,12 +168,15 @@ class FedVitStrategy(FedAvg):
         self._outbox: list[Message] = []  # this round's instructions (Flower sets their ids when pushing them)
         self._t_train = self._t_eval = 0.0
         self.last_round = 0  # the run's final round, set by start()
-        self.central_dp = central_dp  # (noise multiplier σ, clipping norm C): Gaussian noise on every aggregate
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
-        """Flower's ``Strategy.start``; remembers the final round (merged evaluation needs to know it)."""
-        self.last_round = self.round_offset + num_rounds
+        """Flower's ``Strategy.start`` after :meth:`plan_rounds`."""
+        self.plan_rounds(num_rounds)
         return super().start(grid, initial_arrays, num_rounds, **kwargs)
+
+    def plan_rounds(self, num_rounds: int) -> None:
+        """Remember the run's final round (merged evaluation needs to know it); whoever drives the rounds calls it."""
+        self.last_round = self.round_offset + num_rounds
 
     def merges_evaluation(self, server_round: int) -> bool:
         """Whether round ``server_round``'s federated evaluation rides on the next round's train message."""
@@ -259,10 +260,15 @@ class FedVitStrategy(FedAvg):
         """Node ids for this round, chosen by a generator seeded with (seed, round, stream)."""
         available = self.discover(grid)
         by_partition = sorted(available, key=available.__getitem__)
-        count = min(len(by_partition), max(1, math.floor(len(by_partition) * fraction)))
+        count = self.sample_size(len(by_partition), fraction)
         rng = np.random.default_rng([self.seed, server_round, stream])
         chosen = rng.choice(len(by_partition), size=count, replace=False)
         return [by_partition[i] for i in sorted(chosen)]
+
+    @staticmethod
+    def sample_size(available: int, fraction: float) -> int:
+        """How many of ``available`` nodes a round with ``fraction`` samples (at least one)."""
+        return min(available, max(1, math.floor(available * fraction)))
 
     def round_of(self, server_round: int) -> int:
         """The run's round number (Flower's counter restarts at 1 after a resume)."""
@@ -353,38 +359,41 @@ class FedVitStrategy(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate, sort and aggregate; keep the global model when no reply is usable."""
         rnd = self.round_of(server_round)
-        valid = self.accept(rnd, replies, "train")
-        if self.merges_evaluation(rnd - 1):
-            self.aggregate_merged_evaluation(rnd - 1, valid)
+        valid = self._accept_train(rnd, replies)
         result: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
         if valid:
             result = self.aggregate_arrays(rnd, valid), weighted_metrics(valid)
             self.stats[rnd].train = dict(result[1])
-            if self.central_dp is not None:
-                result = self.add_central_noise(rnd, result[0], len(self.stats[rnd].sampled)), result[1]
         else:
-            rejected = self.stats[rnd].rejected
-            if rejected and all(reason.startswith("error") for reason in rejected.values()):
-                partition, reason = next(iter(rejected.items()))
-                raise ClientsFailedError(
-                    f"round {rnd}: all {len(rejected)} clients failed (partition {partition}: "
-                    f"{reason}); resume from the last checkpoint once fixed"
-                )
+            self._stop_if_all_failed(rnd)
             log(WARNING, "round %d: no valid train replies; the global model is unchanged", rnd)
         self.stats[rnd].train_s = time.perf_counter() - self._t_train
         return result
 
-    def add_central_noise(self, server_round: int, arrays: ArrayRecord, sampled: int) -> ArrayRecord:
-        """Central DP: N(0, (σ·C/n)²) on every entry of the new global model, n the clients sampled this round
-        (Flower's ``compute_stdv`` and ``add_gaussian_noise_inplace``, as in its DP strategy wrappers; the clients
-        clipped their updates to C, so the noise calibrates to one client's largest contribution)."""
-        sigma, clip = self.central_dp
-        std = compute_stdv(sigma, clip, max(sampled, 1))
-        names = list(arrays)
-        values = [np.array(arrays[n].numpy(), copy=True) for n in names]
-        add_gaussian_noise_inplace(values, std)
-        self.stats[server_round].train["dp-central-noise-std"] = std
-        return ArrayRecord({n: Array(v) for n, v in zip(names, values, strict=True)})
+    def skip_aggregation(self, server_round: int, replies: Iterable[Message], why: str) -> None:
+        """The bookkeeping of a round whose replies a wrapper does not let this strategy aggregate (e.g. Flower's
+        DP wrapper when a sampled client failed): rejections logged, merged evaluation kept, and the run stopped
+        when every client failed."""
+        rnd = self.round_of(server_round)
+        if not self._accept_train(rnd, replies):
+            self._stop_if_all_failed(rnd)
+        log(WARNING, "round %d: %s; the global model is unchanged", rnd, why)
+        self.stats[rnd].train_s = time.perf_counter() - self._t_train
+
+    def _accept_train(self, rnd: int, replies: Iterable[Message]) -> list[Message]:
+        valid = self.accept(rnd, replies, "train")
+        if self.merges_evaluation(rnd - 1):
+            self.aggregate_merged_evaluation(rnd - 1, valid)
+        return valid
+
+    def _stop_if_all_failed(self, rnd: int) -> None:
+        rejected = self.stats[rnd].rejected
+        if rejected and all(reason.startswith("error") for reason in rejected.values()):
+            partition, reason = next(iter(rejected.items()))
+            raise ClientsFailedError(
+                f"round {rnd}: all {len(rejected)} clients failed (partition {partition}: "
+                f"{reason}); resume from the last checkpoint once fixed"
+            )
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
         """Combine valid replies (sorted by partition id) into the new global model."""

@@ -65,3 +65,36 @@ def test_only_clientapp_tasks_are_forked(tmp_path, monkeypatch):
     assert not executor.children  # reaped
     assert marker.read_text().startswith("7 ")
     assert fallback.reconciled > 0
+
+
+class PullCalled(Exception):
+    pass
+
+
+def test_forked_tasks_retry_their_object_pull_sooner_and_bad_values_stop_the_command(monkeypatch):
+    import pytest
+    from flwr.proto.message_pb2 import ObjectTree
+    from flwr.supercore.inflatable import inflatable_utils
+
+    seen = {}
+
+    def recording_pull(object_ids, pull_object_fn, **kwargs):
+        seen.update(kwargs, ids=object_ids)
+        raise PullCalled
+
+    pull = inflatable_utils.pull_and_inflate_object_from_tree
+    monkeypatch.setattr(pull, "__kwdefaults__", dict(pull.__kwdefaults__))  # restored after the test
+    monkeypatch.setattr(inflatable_utils, "pull_objects", recording_pull)
+    assert warm_superexec.set_object_pull_backoff(0.05) == 1  # Flower's fixed 1 s
+    with pytest.raises(PullCalled):  # the path run_clientapp takes: the new default reaches Flower's pull
+        pull(ObjectTree(object_id="m"), lambda _id: b"", lambda _id: None)
+    assert seen["initial_backoff"] == 0.05 and seen["ids"] == ["m"]
+
+    monkeypatch.delenv(warm_superexec.PULL_BACKOFF_ENV, raising=False)
+    assert warm_superexec.pull_backoff() == warm_superexec.DEFAULT_PULL_BACKOFF_S
+    monkeypatch.setenv(warm_superexec.PULL_BACKOFF_ENV, "0.5")
+    assert warm_superexec.pull_backoff() == 0.5
+    for bad in ("fast", "0", "60"):
+        monkeypatch.setenv(warm_superexec.PULL_BACKOFF_ENV, bad)
+        with pytest.raises(SystemExit, match=warm_superexec.PULL_BACKOFF_ENV):
+            warm_superexec.pull_backoff()

@@ -10,9 +10,11 @@ imports them.
 
 Forking is safe here because the parent only imports: it runs no torch operation (no OpenMP pool) and never
 touches a GPU (CUDA cannot be initialised before a fork), and each child re-seeds the global random generators
-as a fresh interpreter would. Where it is not safe or not possible, tasks go to Flower's subprocess executor
-(the lean cold start): other task types (the ServerApp), runtime dependency installation (the task would run in
-another environment than the preloaded one), and platforms without ``os.fork``.
+as a fresh interpreter would. The one Flower value changed (in this process and so in its children, never in
+Flower's files): the first retry delay of a task's object pull (below). Where forking is not safe or not possible,
+tasks go to Flower's subprocess executor (the lean cold start): other task types (the ServerApp), runtime
+dependency installation (the task would run in another environment than the preloaded one), and platforms without
+``os.fork``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ import traceback
 from logging import INFO, WARNING
 
 PRELOAD_ENV = "FEDVIT_SUPEREXEC_PRELOAD"
+# A task's process pulls its message's objects from the SuperNode, which creates the task before it has pulled
+# them from the SuperLink itself; a child that starts at once finds them missing and Flower waits 1 s, then 2 s
+# (``PULL_INITIAL_BACKOFF``, a fixed default argument of ``pull_and_inflate_object_from_tree``). Forked children
+# start within milliseconds, so they retry after this many seconds instead (doubling up to Flower's cap).
+PULL_BACKOFF_ENV = "FEDVIT_PULL_INITIAL_BACKOFF"
+DEFAULT_PULL_BACKOFF_S = 0.05
 PROJECT_PACKAGES = ("fedvit_app", "core", "strategies", "clients", "attacks", "benchmarks")  # never preloaded
 # What a ClientApp task imports that is not the app itself (see benchmarks/deployment_latency.py).
 DEFAULT_PRELOAD = (
@@ -53,6 +61,35 @@ def preload(modules: list[str]) -> float:
         except ImportError as err:
             log(WARNING, "fedvit-superexec: cannot preload %s (%s); tasks import it themselves", name, err)
     return time.perf_counter() - start
+
+
+def pull_backoff() -> float:
+    """``$FEDVIT_PULL_INITIAL_BACKOFF`` in seconds (0.001 to 10), else the default; a bad value stops the command."""
+    raw = os.environ.get(PULL_BACKOFF_ENV, "")
+    if not raw:
+        return DEFAULT_PULL_BACKOFF_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0.001 <= seconds <= 10:
+        raise SystemExit(f"fedvit-superexec: {PULL_BACKOFF_ENV}={raw!r} must be a number of seconds from 0.001 to 10")
+    return seconds
+
+
+def set_object_pull_backoff(seconds: float) -> float | None:
+    """Make ``seconds`` the first retry delay of Flower's task-input object pull in this process (and the children
+    it forks); returns Flower's previous value, or None when Flower's function no longer has that keyword (then
+    nothing changes)."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    pull = inflatable_utils.pull_and_inflate_object_from_tree
+    defaults = dict(pull.__kwdefaults__ or {})
+    if "initial_backoff" not in defaults:
+        return None
+    previous = defaults["initial_backoff"]
+    pull.__kwdefaults__ = defaults | {"initial_backoff": seconds}
+    return previous
 
 
 class ForkExecutor:
@@ -142,6 +179,11 @@ def main() -> None:
     names = [n.strip() for n in os.environ.get(PRELOAD_ENV, ",".join(DEFAULT_PRELOAD)).split(",") if n.strip()]
     seconds = preload(names)
     log(INFO, "fedvit-superexec: preloaded %d modules in %.1f s; ClientApp tasks are forked", len(names), seconds)
+    backoff = pull_backoff()
+    if set_object_pull_backoff(backoff) is None:
+        log(WARNING, "fedvit-superexec: this Flower has no object-pull backoff to set; tasks keep Flower's delays")
+    else:
+        log(INFO, "fedvit-superexec: a task's first object-pull retry after %.3f s (%s)", backoff, PULL_BACKOFF_ENV)
 
     # The module (import_module returns sys.modules' entry; the package attribute of that name is the function).
     superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")
