@@ -3,7 +3,7 @@
 The same tiny run (default model and data, FedSGD, N clients, central and federated evaluation every round) is
 run as a ``flwr run`` simulation and against the loopback deployment of ``fedvit deploy loopback`` (warm
 ``fedvit-superexec`` executors; with ``--cold`` also Flower's plain ``flower-superexec``), and the same
-deployment runs ``benchmarks/floor_app.py`` (a ClientApp that imports nothing heavy and echoes at once: Flower's
+deployment runs ``benchmarks/floor_app.py`` (a ClientApp that imports nothing heavy and replies at once: Flower's
 own floor). Reported: median round time after round 1, fedvit's ratio to the floor, messages per round, the
 time from a task's launch to the ClientApp handler in the deployment (Flower's transfer of the message included),
 and the time from launch to the loaded ClientApp alone: forked from the warm parent, and in a fresh interpreter,
@@ -97,8 +97,9 @@ def deployment_run(app: Path, work: Path, clients: int, overrides: list[str], wa
         sys.exit(f"deployment run failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
 
 
-def floor_app(dest: Path, overrides: list[str]) -> Path:
-    """A copy of the app whose ServerApp and ClientApp are benchmarks/floor_app.py, with the run's model shapes."""
+def floor_app(dest: Path, overrides: list[str], packed: bool) -> Path:
+    """A copy of the app whose ServerApp and ClientApp are benchmarks/floor_app.py, with the run's model shapes
+    (``packed``: its ServerApp packs ArrayRecords as fedvit's does, else Flower's own message layout)."""
     from core.config import parse_config
     from core.model import build_model, get_weights
     from fedvit_app.run_config import resolved_run_config
@@ -106,13 +107,18 @@ def floor_app(dest: Path, overrides: list[str]) -> Path:
     app = snapshot(dest)
     config = parse_config(resolved_run_config(app, overrides))
     weights = get_weights(build_model(config.model, config.data.synthetic_num_classes, config.seed))
-    (app / "benchmarks" / "floor_shapes.json").write_text(json.dumps({k: list(v.shape) for k, v in weights.items()}))
+    settings = {"shapes": {k: list(v.shape) for k, v in weights.items()}, "packed": packed}
+    (app / "benchmarks" / "floor_settings.json").write_text(json.dumps(settings))
     pyproject = app / "pyproject.toml"
     text = pyproject.read_text()
     text = text.replace('serverapp = "fedvit_app.server_app:app"', 'serverapp = "benchmarks.floor_app:server"')
     text = text.replace('clientapp = "fedvit_app.client_app:app"', 'clientapp = "benchmarks.floor_app:client"')
     pyproject.write_text(text)
     return app
+
+
+FLOOR = "Flower's floor (same deployment, ClientApp replying at once)"
+FLOOR_PACKED = "Flower's floor with fedvit's packed ArrayRecords"
 
 
 def main() -> None:
@@ -127,7 +133,7 @@ def main() -> None:
     out = work / "outputs"
     common = [f"out-dir='{out}'", f"num-server-rounds={args.rounds}", f"min-nodes={args.clients}"]
     results: dict[str, dict[str, float]] = {}
-    steps = 5 if args.cold else 4
+    steps = 6 if args.cold else 5
 
     print(f"[1/{steps}] import times (fresh interpreters) ...", flush=True)
     torch_s = import_s("import torch")
@@ -147,24 +153,26 @@ def main() -> None:
     deployment_run(app, work / "loopback", args.clients, [*common, "run-name='deployment'"])
     results["loopback deployment (warm fedvit-superexec)"] = round_times(out / "deployment")
 
-    print(f"[4/{steps}] loopback deployment, Flower's floor (floor_app.py) ...", flush=True)
-    floor_overrides = [*common, "run-name='floor'"]
-    deployment_run(
-        floor_app(work / "floor-app", floor_overrides), work / "loopback-floor", args.clients, floor_overrides
-    )
-    floor = json.loads((out / "floor" / "floor-rounds.json").read_text())["round-s"]
-    results["Flower's floor (same deployment, echo ClientApp)"] = {
-        "round-s": statistics.median(floor[1:]),
-        "messages": [args.clients] * args.rounds,
-        "each": floor[1:],
-    }
+    for step, packed in ((4, False), (5, True)):
+        name = FLOOR_PACKED if packed else FLOOR
+        print(f"[{step}/{steps}] loopback deployment, {name} ...", flush=True)
+        run_name = "floor-packed" if packed else "floor"
+        floor_overrides = [*common, f"run-name='{run_name}'"]
+        floor_dir = floor_app(work / f"{run_name}-app", floor_overrides, packed)
+        deployment_run(floor_dir, work / f"loopback-{run_name}", args.clients, floor_overrides)
+        floor = json.loads((out / run_name / "floor-rounds.json").read_text())["round-s"]
+        results[name] = {
+            "round-s": statistics.median(floor[1:]),
+            "messages": [args.clients] * args.rounds,
+            "each": floor[1:],
+        }
 
     if args.cold:
-        print(f"[5/{steps}] loopback deployment, Flower's subprocess executor (cold start per message) ...")
+        print(f"[6/{steps}] loopback deployment, Flower's subprocess executor (cold start per message) ...")
         deployment_run(app, work / "loopback-cold", args.clients, [*common, "run-name='cold'"], warm=False)
         results["loopback deployment (cold flower-superexec)"] = round_times(out / "cold")
 
-    floor_s = results["Flower's floor (same deployment, echo ClientApp)"]["round-s"]
+    floor_s = results[FLOOR]["round-s"]
     print(
         "\ncommand: uv run --frozen python benchmarks/deployment_latency.py "
         f"--rounds {args.rounds} --clients {args.clients}{' --cold' if args.cold else ''}"

@@ -1,10 +1,13 @@
 """Flower's own floor for the deployment benchmark: a ServerApp and a ClientApp that import nothing heavy.
 
-The ClientApp echoes the arrays it received at once; the ServerApp runs Flower's stock FedAvg (train messages
-only, like fedvit's merged rounds) over zero arrays with the names and shapes of the run's model (read from
-``floor_shapes.json`` beside this file, written by ``deployment_latency.py``: the same objects on the wire as
-fedvit's messages), through the same reply polling as fedvit's ServerApp, and writes each round's wall time to
-``<out-dir>/<run-name>/floor-rounds.json``.
+The ClientApp replies at once with new arrays (the received ones plus one); the ServerApp runs Flower's stock
+FedAvg (train messages only, like fedvit's merged rounds) over seeded random arrays with the names and shapes of
+the run's model, through the same reply polling as fedvit's ServerApp, with Flower's own message layout or with
+fedvit's packed ArrayRecords (``floor_settings.json`` beside this file, written by ``deployment_latency.py``), and
+writes each round's wall time to ``<out-dir>/<run-name>/floor-rounds.json``. Flower addresses objects by content,
+so the arrays must be distinct and new in every message, as fedvit's are: zero arrays share objects, and an
+echoed reply re-sends objects the SuperLink already holds (nothing to push), which made an earlier floor cheaper
+than any real round.
 """
 
 from __future__ import annotations
@@ -19,27 +22,27 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from core.wire import wire_mod
 from fedvit_app.polling_grid import PollingGrid, poll_interval
 
-SHAPES_FILE = Path(__file__).with_name("floor_shapes.json")
+SETTINGS_FILE = Path(__file__).with_name("floor_settings.json")  # {"shapes": {name: shape}, "packed": bool}
 
 server = ServerApp()
-client = ClientApp()
+client = ClientApp(mods=[wire_mod])  # unpacks only what the server packed
 
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     nodes = int(rc["min-nodes"])
+    settings = json.loads(SETTINGS_FILE.read_text())
     stamps: list[float] = []
     strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes)
+    rng = np.random.default_rng(0)
     strategy.start(
-        grid=PollingGrid(grid, poll_interval()),
+        grid=PollingGrid(grid, poll_interval(), packed=settings["packed"]),
         initial_arrays=ArrayRecord(
-            {
-                name: Array(np.zeros(shape, dtype=np.float32))
-                for name, shape in json.loads(SHAPES_FILE.read_text()).items()
-            }
+            {name: Array(rng.normal(size=shape).astype(np.float32)) for name, shape in settings["shapes"].items()}
         ),
         num_rounds=int(rc["num-server-rounds"]),
         train_config=ConfigRecord({"lr": 0.0}),
@@ -53,5 +56,6 @@ def main(grid: Grid, context: Context) -> None:
 
 @client.train()
 def train(msg: Message, context: Context) -> Message:
-    content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})})
+    arrays = ArrayRecord({name: Array(a.numpy() + np.float32(1)) for name, a in msg.content["arrays"].items()})
+    content = RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})})
     return Message(content, reply_to=msg)

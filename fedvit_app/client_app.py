@@ -14,12 +14,15 @@ from clients import runner
 from clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
 from clients.privacy import dp_mod
 from core.config import Config
+from core.wire import wire_mod
 from strategies.base import FedVitStrategy
 
 REPORT_LAUNCH_ENV = "FEDVIT_REPORT_LAUNCH"  # "1": train replies carry launch-to-handler-s (deployment benchmark)
-# The first mod is outermost: the eavesdropper records what Flower's DP mod let leave (dp.mode on). It only
-# records, and only when capture.enabled.
-MODS = [capture_mod, dp_mod]
+
+
+# The first mod is outermost: the eavesdropper records what Flower's DP mod let leave (dp.mode on), as plain
+# records. It only records, and only when capture.enabled.
+MODS = [wire_mod, capture_mod, dp_mod]
 app = ClientApp(mods=MODS)
 
 

@@ -91,6 +91,7 @@ class LocalGrid:
         }
         self.sent: list[Message] = []
         self.received: list[Message] = []
+        self._inbox: dict[str, Message] = {}  # push/pull: replies by the id of the message they answer
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -118,16 +119,35 @@ class LocalGrid:
         self.received.extend(replies)
         return replies
 
+    def push_messages(self, messages):
+        """The Grid calls fedvit's PollingGrid makes: each message is answered at once and its reply kept until
+        pulled; returns the ids Flower would give the messages."""
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = f"m{len(self.sent)}"
+            (reply,) = self.send_and_receive([msg])
+            reply.metadata.__dict__["_reply_to_message_id"] = msg.metadata.message_id
+            self._inbox[msg.metadata.message_id] = reply
+            ids.append(msg.metadata.message_id)
+        return ids
 
-def run_in_process(run_config: dict, num_nodes: int = 3, node_config: dict[int, dict] | None = None):
-    """The whole ServerApp ``run`` against a :class:`LocalGrid`; returns (run dir, grid)."""
+    def pull_messages(self, message_ids):
+        return [self._inbox.pop(i) for i in list(message_ids) if i in self._inbox]
+
+
+def run_in_process(
+    run_config: dict, num_nodes: int = 3, node_config: dict[int, dict] | None = None, polling: bool = False
+):
+    """The whole ServerApp ``run`` against a :class:`LocalGrid` (through fedvit's PollingGrid, as in a Flower run,
+    when ``polling``: packed records on the wire); returns (run dir, grid)."""
     from flwr.app import Context
 
+    from fedvit_app.polling_grid import PollingGrid
     from fedvit_app.server_app import run
 
     grid = LocalGrid(run_config, num_nodes, node_config)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return run(grid, context), grid
+    return run(PollingGrid(grid, 0.01) if polling else grid, context), grid
 
 
 def key_needles(key) -> list[bytes]:

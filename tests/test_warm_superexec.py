@@ -85,16 +85,21 @@ def test_forked_tasks_retry_their_object_pull_sooner_and_bad_values_stop_the_com
     pull = inflatable_utils.pull_and_inflate_object_from_tree
     monkeypatch.setattr(pull, "__kwdefaults__", dict(pull.__kwdefaults__))  # restored after the test
     monkeypatch.setattr(inflatable_utils, "pull_objects", recording_pull)
-    assert warm_superexec.set_object_pull_backoff(0.05) == 1  # Flower's fixed 1 s
-    with pytest.raises(PullCalled):  # the path run_clientapp takes: the new default reaches Flower's pull
+    previous = warm_superexec.set_object_pull_backoff(0.05, 0.2)
+    assert previous == {"initial_backoff": 1, "backoff_cap": 10, "max_tries_per_object": 500}  # Flower's fixed ones
+    with pytest.raises(PullCalled):  # the path run_clientapp takes: the new defaults reach Flower's pull
         pull(ObjectTree(object_id="m"), lambda _id: b"", lambda _id: None)
-    assert seen["initial_backoff"] == 0.05 and seen["ids"] == ["m"]
+    assert seen["initial_backoff"] == 0.05 and seen["backoff_cap"] == 0.2 and seen["ids"] == ["m"]
+    assert seen["max_tries_per_object"] is None and seen["max_time"] == 7200  # only Flower's time limit remains
 
-    monkeypatch.delenv(warm_superexec.PULL_BACKOFF_ENV, raising=False)
-    assert warm_superexec.pull_backoff() == warm_superexec.DEFAULT_PULL_BACKOFF_S
-    monkeypatch.setenv(warm_superexec.PULL_BACKOFF_ENV, "0.5")
-    assert warm_superexec.pull_backoff() == 0.5
-    for bad in ("fast", "0", "60"):
-        monkeypatch.setenv(warm_superexec.PULL_BACKOFF_ENV, bad)
-        with pytest.raises(SystemExit, match=warm_superexec.PULL_BACKOFF_ENV):
+    initial, cap = warm_superexec.PULL_BACKOFF_ENV["initial"], warm_superexec.PULL_BACKOFF_ENV["cap"]
+    monkeypatch.delenv(initial, raising=False)
+    monkeypatch.delenv(cap, raising=False)
+    assert warm_superexec.pull_backoff() == (0.05, 0.2)
+    monkeypatch.setenv(initial, "0.5")
+    monkeypatch.setenv(cap, "1")
+    assert warm_superexec.pull_backoff() == (0.5, 1.0)
+    for bad in ("fast", "0", "60", "2"):  # 2 > the cap
+        monkeypatch.setenv(initial, bad)
+        with pytest.raises(SystemExit, match=initial):
             warm_superexec.pull_backoff()

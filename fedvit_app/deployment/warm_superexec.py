@@ -29,11 +29,15 @@ from logging import INFO, WARNING
 
 PRELOAD_ENV = "FEDVIT_SUPEREXEC_PRELOAD"
 # A task's process pulls its message's objects from the SuperNode, which creates the task before it has pulled
-# them from the SuperLink itself; a child that starts at once finds them missing and Flower waits 1 s, then 2 s
-# (``PULL_INITIAL_BACKOFF``, a fixed default argument of ``pull_and_inflate_object_from_tree``). Forked children
-# start within milliseconds, so they retry after this many seconds instead (doubling up to Flower's cap).
-PULL_BACKOFF_ENV = "FEDVIT_PULL_INITIAL_BACKOFF"
-DEFAULT_PULL_BACKOFF_S = 0.05
+# them from the SuperLink itself (one HTTPS request per object: 0.4-2.5 s for the tiny model's ~70 objects on a
+# busy 2-core machine). Flower's child then retries after 1 s, 2 s, 4 s ... (``PULL_INITIAL_BACKOFF``/``_CAP``,
+# fixed default arguments of ``pull_and_inflate_object_from_tree``), so it starts up to twice as late as the
+# message arrived. Forked children retry after INITIAL, doubling to CAP; the number of tries is left to Flower's
+# overall limit on the pull (``PULL_MAX_TIME``, 2 h) so that a slow transfer of a big model is never cut short.
+PULL_BACKOFF_ENV = {"initial": "FEDVIT_PULL_INITIAL_BACKOFF", "cap": "FEDVIT_PULL_BACKOFF_CAP"}
+DEFAULT_PULL_BACKOFF_S = {"initial": 0.05, "cap": 0.2}
+
+
 PROJECT_PACKAGES = ("fedvit_app", "core", "strategies", "clients", "attacks", "benchmarks")  # never preloaded
 # What a ClientApp task imports that is not the app itself (see benchmarks/deployment_latency.py).
 DEFAULT_PRELOAD = (
@@ -63,33 +67,36 @@ def preload(modules: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def pull_backoff() -> float:
-    """``$FEDVIT_PULL_INITIAL_BACKOFF`` in seconds (0.001 to 10), else the default; a bad value stops the command."""
-    raw = os.environ.get(PULL_BACKOFF_ENV, "")
-    if not raw:
-        return DEFAULT_PULL_BACKOFF_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not 0.001 <= seconds <= 10:
-        raise SystemExit(f"fedvit-superexec: {PULL_BACKOFF_ENV}={raw!r} must be a number of seconds from 0.001 to 10")
-    return seconds
+def pull_backoff() -> tuple[float, float]:
+    """(initial, cap) retry delays in seconds from the environment (0.001 to 10 each, initial <= cap), else the
+    defaults; a bad value stops the command."""
+    values = {}
+    for key, name in PULL_BACKOFF_ENV.items():
+        raw = os.environ.get(name, "")
+        try:
+            values[key] = float(raw) if raw else DEFAULT_PULL_BACKOFF_S[key]
+        except ValueError:
+            values[key] = -1.0
+        if not 0.001 <= values[key] <= 10:
+            raise SystemExit(f"fedvit-superexec: {name}={raw!r} must be a number of seconds from 0.001 to 10")
+    if values["initial"] > values["cap"]:
+        raise SystemExit(f"fedvit-superexec: {PULL_BACKOFF_ENV['initial']} must not exceed {PULL_BACKOFF_ENV['cap']}")
+    return values["initial"], values["cap"]
 
 
-def set_object_pull_backoff(seconds: float) -> float | None:
-    """Make ``seconds`` the first retry delay of Flower's task-input object pull in this process (and the children
-    it forks); returns Flower's previous value, or None when Flower's function no longer has that keyword (then
-    nothing changes)."""
+def set_object_pull_backoff(initial: float, cap: float) -> dict | None:
+    """Make Flower's task-input object pull in this process (and the children it forks) retry after ``initial``
+    seconds, doubling up to ``cap``, for as long as Flower's time limit allows; returns Flower's previous settings,
+    or None when its function no longer has these keywords (then nothing changes)."""
     from flwr.supercore.inflatable import inflatable_utils
 
     pull = inflatable_utils.pull_and_inflate_object_from_tree
     defaults = dict(pull.__kwdefaults__ or {})
-    if "initial_backoff" not in defaults:
+    keys = ("initial_backoff", "backoff_cap", "max_tries_per_object")
+    if not all(k in defaults for k in keys):
         return None
-    previous = defaults["initial_backoff"]
-    pull.__kwdefaults__ = defaults | {"initial_backoff": seconds}
-    return previous
+    pull.__kwdefaults__ = defaults | {"initial_backoff": initial, "backoff_cap": cap, "max_tries_per_object": None}
+    return {k: defaults[k] for k in keys}
 
 
 class ForkExecutor:
@@ -179,11 +186,11 @@ def main() -> None:
     names = [n.strip() for n in os.environ.get(PRELOAD_ENV, ",".join(DEFAULT_PRELOAD)).split(",") if n.strip()]
     seconds = preload(names)
     log(INFO, "fedvit-superexec: preloaded %d modules in %.1f s; ClientApp tasks are forked", len(names), seconds)
-    backoff = pull_backoff()
-    if set_object_pull_backoff(backoff) is None:
+    initial, cap = pull_backoff()
+    if set_object_pull_backoff(initial, cap) is None:
         log(WARNING, "fedvit-superexec: this Flower has no object-pull backoff to set; tasks keep Flower's delays")
     else:
-        log(INFO, "fedvit-superexec: a task's first object-pull retry after %.3f s (%s)", backoff, PULL_BACKOFF_ENV)
+        log(INFO, "fedvit-superexec: a task's object pull retries after %.3f s, doubling to %.3f s", initial, cap)
 
     # The module (import_module returns sys.modules' entry; the package attribute of that name is the function).
     superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")
