@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
+from fedvit_app.deployment.warm_superexec import DEFAULT_PULL_BACKOFF_S, PULL_BACKOFF_ENV
 from fedvit_app.polling_grid import DEFAULT_POLL_S, POLL_ENV
 
 FLWR_VERSION = "1.41.0"
@@ -25,6 +26,8 @@ SUPERNODE_PORT = 9094  # Flower 1.41 default for a SuperNode's Runtime API
 SUPEREXEC_POLL = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}  # SuperExec asking for a task (Flower: 1 s)
 # fedvit's ServerApp pulling replies (Flower's HttpGrid: 3 s); listed so compose passes a host override through.
 SERVERAPP_POLL = {POLL_ENV: str(DEFAULT_POLL_S)}
+# A forked ClientApp task's retry while its message reaches the SuperNode (fedvit-superexec; Flower: 1 s to 10 s).
+PULL_BACKOFF = {name: str(DEFAULT_PULL_BACKOFF_S[key]) for key, name in PULL_BACKOFF_ENV.items()}
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,7 @@ def processes(layout: Layout, warm_executor: bool = True) -> list[Process]:
                 ],
                 needs[f"superexec-clientapp-{i + 1}"],
                 partition_id=i,
-                env=dict(SUPEREXEC_POLL),
+                env=SUPEREXEC_POLL | (PULL_BACKOFF if warm_executor else {}),
             )
         )  # fmt: skip
     return out
