@@ -11,7 +11,8 @@ their result back into a gradient. The wire then carries exactly what Flower's m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
@@ -134,19 +135,19 @@ def privatize_offline(
     return arrays, dict(out.content["metrics"])
 
 
-class _task_identity:
+@contextmanager
+def _task_identity() -> Iterator[None]:
     """Flower's Message needs a task identity; outside a Flower run there is none, so lend one meanwhile."""
-
-    def __enter__(self) -> None:
-        try:
-            TaskIdentity.run_id  # noqa: B018 - raises when unset
-            self.lent = False
-        except RuntimeError:
-            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-            self.lent = True
-
-    def __exit__(self, *exc: object) -> None:
-        if self.lent:
+    try:
+        TaskIdentity.run_id  # noqa: B018 - raises when unset
+        lent = False
+    except RuntimeError:
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+        lent = True
+    try:
+        yield
+    finally:
+        if lent:
             TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
 
 

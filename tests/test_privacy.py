@@ -147,3 +147,18 @@ def test_label_attack_estimates_the_clip_scale(tmp_path):
     counts, reason = recover_labels(obs)
     assert reason == "clip scale estimated" and counts.sum() == 8
     assert label_accuracy(counts, labels) >= 0.75
+
+
+def test_the_offline_path_lends_flowers_task_identity_only_while_it_needs_one():
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from clients.privacy import privatize_offline
+
+    config = parse_config({"dp.mode": "central", "dp.clipping-norm": 0.01})
+    received, grad = random_arrays(0, 1.0), random_arrays(1, 0.1)
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None  # as in `fedvit audit --benchmark`
+    records, metrics = privatize_offline(config, received, {"arrays": grad}, {"num-examples": 8}, lr=0.02)
+    with pytest.raises(RuntimeError):
+        TaskIdentity.run_id  # noqa: B018 - unset again afterwards
+    assert norm({n: 0.02 * a for n, a in records["arrays"].items()}) == pytest.approx(0.01, rel=1e-5)
+    assert metrics["dp-clipped"] == 1.0 and metrics["num-examples"] == 8
