@@ -1,7 +1,7 @@
 """One object per ArrayRecord on the wire: the same Arrays, fewer transfers.
 
 Flower 1.41 moves a message as content-addressed objects, each Array (and each chunk of it) its own object with
-its own request to the SuperLink or SuperNode: ~70 objects for a tiny-model round, which took 0.4-2.5 s per
+its own request to the SuperLink or SuperNode: ~70 objects for a tiny-model round, which took 0.4-4.3 s per
 message on a busy 2-core machine whatever their size. :func:`pack` replaces every ArrayRecord of a message's
 content by one Array holding the serialized bytes of its Arrays back to back, with their layout (name, dtype,
 shape, stype, length) in a ConfigRecord; :func:`unpack` rebuilds byte-identical Arrays. Lossless: the handlers and
@@ -62,8 +62,8 @@ def unpack(content: RecordDict) -> RecordDict:
 
 
 def wire_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """Unpack a message the ServerApp packed (``core/wire.py``) and pack the reply the same way; every other mod
-    and handler sees plain records."""
+    """ClientApp mod: unpack a message the ServerApp packed and pack the reply the same way; every other mod and
+    handler sees plain records."""
     if not msg.has_content() or not is_packed(msg.content):
         return call_next(msg, context)
     packed = msg.content

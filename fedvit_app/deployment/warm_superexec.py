@@ -10,11 +10,11 @@ imports them.
 
 Forking is safe here because the parent only imports: it runs no torch operation (no OpenMP pool) and never
 touches a GPU (CUDA cannot be initialised before a fork), and each child re-seeds the global random generators
-as a fresh interpreter would. The one Flower value changed (in this process and so in its children, never in
-Flower's files): the first retry delay of a task's object pull (below). Where forking is not safe or not possible,
-tasks go to Flower's subprocess executor (the lean cold start): other task types (the ServerApp), runtime
-dependency installation (the task would run in another environment than the preloaded one), and platforms without
-``os.fork``.
+as a fresh interpreter would. The only Flower values changed (in this process and so in its children, never in
+Flower's files): the retry delays and try limit of a task's object pull (below). Where forking is not safe or
+not possible, tasks go to Flower's subprocess executor (the lean cold start): other task types (the ServerApp),
+runtime dependency installation (the task would run in another environment than the preloaded one), and
+platforms without ``os.fork``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from logging import INFO, WARNING
 
 PRELOAD_ENV = "FEDVIT_SUPEREXEC_PRELOAD"
 # A task's process pulls its message's objects from the SuperNode, which creates the task before it has pulled
-# them from the SuperLink itself (one HTTPS request per object: 0.4-2.5 s for the tiny model's ~70 objects on a
+# them from the SuperLink itself (one HTTPS request per object: 0.4-4.3 s for the tiny model's ~70 objects on a
 # busy 2-core machine). Flower's child then retries after 1 s, 2 s, 4 s ... (``PULL_INITIAL_BACKOFF``/``_CAP``,
 # fixed default arguments of ``pull_and_inflate_object_from_tree``), so it starts up to twice as late as the
 # message arrived. Forked children retry after INITIAL, doubling to CAP; the number of tries is left to Flower's
