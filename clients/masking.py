@@ -10,7 +10,7 @@ import secrets
 import numpy as np
 from safetensors.numpy import load_file
 
-from clients.state import state_dir
+from clients.state import PRIVATE, state_dir
 from core.masks import fixed_position_rates
 from core.results import atomic_save_safetensors, atomic_write
 
@@ -50,7 +50,7 @@ def client_seed(partition_id: int, node_seed: int | None = None) -> int:
         return int(node_seed)
     path = state_dir(partition_id) / "mask-seed"
     if not path.exists():
-        atomic_write(path, str(secrets.randbits(63)).encode())
+        atomic_write(path, str(secrets.randbits(63)).encode(), mode=PRIVATE)  # the server must not read it
     return int(path.read_text())
 
 
@@ -76,5 +76,5 @@ def locked_masks(
     if not cache:
         masks = draw_masks(shapes, rates, seed, stream=0)
         cache.update({n: np.packbits(m) for n, m in masks.items()})
-        atomic_save_safetensors(path, cache)
+        atomic_save_safetensors(path, cache, mode=PRIVATE)
     return {n: np.unpackbits(cache[n], count=int(np.prod(s))).astype(bool) for n, s in shapes.items()}

@@ -18,3 +18,6 @@ def state_dir(partition_id: int) -> Path:
     path = state_root() / f"partition-{partition_id}"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+PRIVATE = 0o600  # client secrets on disk (mask seed, locked masks): owner only, whatever the umask

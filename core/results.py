@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file, save
 
 from core.config import Config, ConfigError
 
@@ -19,25 +19,39 @@ STRATEGY_PREFIX = "strategy/"
 RESUMABLE_DIFFERENCES = {"num-server-rounds", "resume-from", "run-name", "round-timeout", "device", "out-dir"}
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so a crash never leaves a half-written file."""
+def _new_file_beside(path: Path, mode: int = 0o666) -> tuple[int, Path]:
+    """A new, empty temporary file next to ``path``, created with ``mode`` minus the process umask.
+
+    Unlike ``tempfile.mkstemp`` (always 0600, which a rename keeps), the default gives what a plain ``open()``
+    would: 0644 under umask 022, so a colleague (or the host user of a container's results) can read them.
+    """
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), tmp
+        except FileExistsError:
+            continue
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write via a temporary file and rename, so a crash never leaves a half-written file; ``mode`` as in
+    :func:`atomic_save_safetensors`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = _new_file_beside(path, 0o666 if mode is None else mode)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    if mode is not None:
+        os.chmod(tmp, mode)  # exactly ``mode``, whatever the umask
     os.replace(tmp, path)
 
 
 def atomic_save_safetensors(
     path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None, mode: int | None = None
 ) -> None:
-    """Save arrays (and string metadata) atomically; ``mode`` sets the file's permissions (e.g. 0o600)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp, metadata=metadata)
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    """Save arrays (and string metadata) atomically; ``mode`` sets the file's permissions (e.g. 0o600: private
+    from creation on, before any byte is written), otherwise those of a plain ``open()`` under the umask."""
+    # Serialised here and written through atomic_write: safetensors' save_file makes its file 0600.
+    atomic_write(path, save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata=metadata), mode)
 
 
 class RunRecorder:

@@ -6,6 +6,7 @@ Each test run uses its own FLWR_HOME and free ports and stops the local SuperLin
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def flower(tmp_path_factory):
         ]
         for override in overrides:
             cmd += ["-c", override]
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, umask=0o022)
         print(proc.stdout[-4000:])
         return proc
 
@@ -79,6 +80,8 @@ def test_plain_fedsgd_learns_and_writes_outputs(flower):
         "checkpoints/round-0002.safetensors",
     ):
         assert (out / "plain" / name).is_file(), name
+        # readable by others, as a plain open() under umask 022 gives (mkstemp's 0600 used to survive the rename)
+        assert stat.S_IMODE((out / "plain" / name).stat().st_mode) == 0o644, name
     assert "round 3/3 | loss" in proc.stdout
 
 
