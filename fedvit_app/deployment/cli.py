@@ -1,4 +1,4 @@
-"""``fedvit deploy credentials | register | compose | loopback``."""
+"""``fedvit deploy credentials | register | compose | base-images | loopback``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 DEFAULT_CREDENTIALS = Path("deploy/credentials")
+SUPERLINK_UNAVAILABLE = "Connection to the SuperLink is unavailable"  # flwr 1.41's message while none answers
 
 
 def add_parser(sub) -> None:
@@ -29,11 +30,21 @@ def add_parser(sub) -> None:
     reg.add_argument("--address", default="127.0.0.1:8000", help="SuperLink address as the CLI dials it")
     reg.add_argument("--credentials", type=Path, default=DEFAULT_CREDENTIALS)
     reg.add_argument("--supernodes", type=int, default=5)
+    reg.add_argument(
+        "--wait", type=float, default=120.0, help="seconds to wait for a SuperLink that is still starting (default 120)"
+    )
 
     comp = deploy.add_parser("compose", help="(re)write docker-compose.yml and docker-compose.gpu.yml")
     comp.add_argument("--supernodes", type=int, default=5)
     comp.add_argument("--superlink-address", default=None, help="host:port SuperNodes dial (remote machines)")
     comp.add_argument("--out", type=Path, default=Path("."))
+
+    images = deploy.add_parser(
+        "base-images",
+        help="make Flower's base images present: pull them, or build local stand-ins where Docker Hub is out of reach",
+    )
+    images.add_argument("--app", type=Path, default=Path("."), help="the fedvit checkout (Dockerfiles)")
+    images.add_argument("--no-pull", action="store_true", help="do not try Docker Hub; build stand-ins at once")
 
     loop = deploy.add_parser("loopback", help="run the deployment topology as local processes (TLS + auth on)")
     loop.add_argument("app", nargs="?", default=".")
@@ -55,6 +66,15 @@ def main(args: argparse.Namespace) -> int:
     except (CredentialsError, ValueError) as err:
         print(f"fedvit deploy: {err}", file=sys.stderr)
         return 2
+    if args.deploy_command == "base-images":
+        from fedvit_app.deployment.images import ImageError, ensure_base_images
+
+        try:
+            ensure_base_images(args.app, pull=not args.no_pull)
+        except ImageError as err:
+            print(f"fedvit deploy base-images: {err}", file=sys.stderr)
+            return 1
+        return 0
     if args.deploy_command == "compose":
         from fedvit_app.deployment.compose import write_compose
 
@@ -73,9 +93,17 @@ def register(args: argparse.Namespace) -> int:
     commands = [register_command(flwr, args.credentials, i, args.connection) for i in range(args.supernodes)]
     config = add_connection(flwr_home(), args.connection, args.address, args.credentials / "ca.crt")
     print(f"connection [superlink.{args.connection}] in {config}")
+    deadline = time.monotonic() + args.wait
     for cmd in commands:  # every key file was found before anything was written
-        done = subprocess.run(cmd, env=flower_env(), capture_output=True, text=True, check=False)
-        print(done.stdout.strip() or done.stderr.strip())
+        while True:
+            done = subprocess.run(cmd, env=flower_env(), capture_output=True, text=True, check=False)
+            starting = done.returncode != 0 and SUPERLINK_UNAVAILABLE in done.stderr
+            if not starting or time.monotonic() > deadline:
+                break
+            # `docker compose up -d` returns before the SuperLink listens (Docker's port proxy accepts at once).
+            print(f"waiting for the SuperLink at {args.address} ...", flush=True)
+            time.sleep(2.0)
+        print("\n".join(part for part in (done.stdout.strip(), done.stderr.strip()) if part))
         if done.returncode != 0:
             return done.returncode
     return 0
