@@ -8,6 +8,7 @@ import re
 import stat
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
@@ -16,10 +17,13 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from fedvit_app.deployment import compose
 from fedvit_app.deployment.connection import add_connection
 from fedvit_app.deployment.credentials import CredentialsError, write_credentials
+from fedvit_app.deployment.images import flower_image_python, superexec_base_image
 from fedvit_app.deployment.loopback import LoopbackDeployment
 from fedvit_app.deployment.topology import FLWR_VERSION, credential_names
 
@@ -82,8 +86,8 @@ def test_images_ports_and_addresses_are_consistent():
     services = doc["services"]
     assert FLWR_VERSION == version("flwr")
     assert services["superlink"]["image"] == f"flwr/superlink:{FLWR_VERSION}"
-    dockerfile = (ROOT / compose.DOCKERFILE).read_text()
-    assert f"ARG FLWR_VERSION={FLWR_VERSION}" in dockerfile and "FROM flwr/superexec:${FLWR_VERSION}" in dockerfile
+    assert services["supernode-1"]["image"] == f"flwr/supernode:{FLWR_VERSION}"
+    assert superexec_base_image(ROOT / compose.DOCKERFILE).startswith(f"flwr/superexec:{FLWR_VERSION}")
     superlink_port = _arg(services["superlink"]["command"], "--port")
     assert services["superlink"]["ports"] == [f"{superlink_port}:{superlink_port}"]
     nodes = [n for n in services if n.startswith("supernode-")]
@@ -101,6 +105,27 @@ def test_images_ports_and_addresses_are_consistent():
     everything = [a for s in services.values() for a in s["command"]]
     assert "--insecure" not in everything and "--allow-runtime-dependency-installation" not in everything
     assert "--enable-supernode-auth" in services["superlink"]["command"]
+
+
+@pytest.mark.parametrize(
+    ("from_lines", "python"),
+    [
+        ("ARG SUPEREXEC_BASE=flwr/superexec:1.41.0-py3.12-ubuntu24.04\nFROM ${SUPEREXEC_BASE}", "3.12"),
+        ("ARG FLWR_VERSION=1.41.0\nFROM flwr/superexec:${FLWR_VERSION}", "3.13"),  # before the fix: Flower's default
+        ("FROM flwr/superexec:1.41.0-py3.11-ubuntu24.04 AS base", "3.11"),
+    ],
+)
+def test_base_image_python_is_read_from_the_dockerfile(tmp_path, from_lines, python):
+    (tmp_path / "Dockerfile").write_text(f"# comment\n{from_lines}\nRUN true\n")
+    assert flower_image_python(superexec_base_image(tmp_path / "Dockerfile")) == python
+
+
+def test_superexec_base_image_python_satisfies_requires_python():
+    """`pip install .` in the image refuses a Python outside requires-python (Flower's bare tag is 3.13)."""
+    base = superexec_base_image(ROOT / compose.DOCKERFILE)
+    requires = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    python = flower_image_python(base)
+    assert Version(python) in requires, f"{base} runs Python {python}; pyproject requires-python is {requires}"
 
 
 def test_each_container_gets_only_its_own_credentials():

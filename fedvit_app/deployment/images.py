@@ -22,6 +22,7 @@ from fedvit_app.deployment.topology import FLWR_VERSION
 
 STANDIN_DOCKERFILE = "deploy/flower-standin.Dockerfile"
 STANDIN_LABEL = "org.fedvit.stand-in"
+FLOWER_DEFAULT_PYTHON = "3.13"  # Python of Flower's un-suffixed SuperExec tags (see flower_image_python)
 ROOTFS_IMAGE = "fedvit/debian-rootfs:bookworm"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -34,11 +35,24 @@ class ImageError(RuntimeError):
 
 
 def superexec_base_image(dockerfile: Path) -> str:
-    """The default of ``ARG SUPEREXEC_BASE`` in the SuperExec Dockerfile (the image it builds on)."""
-    match = re.search(r"^ARG\s+SUPEREXEC_BASE=(\S+)", dockerfile.read_text(), re.MULTILINE)
-    if not match:
-        raise ImageError(f"{dockerfile} has no 'ARG SUPEREXEC_BASE=<image>' line")
-    return match.group(1)
+    """The image the SuperExec Dockerfile builds on: its first ``FROM``, with the ``ARG`` defaults before it."""
+    args: dict[str, str] = {}
+    for line in dockerfile.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["ARG"] and "=" in words[1]:
+            name, _, default = words[1].partition("=")
+            args[name] = default.strip("\"'")
+        elif words[:1] == ["FROM"]:
+            return re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), words[1])
+    raise ImageError(f"{dockerfile} has no FROM line")
+
+
+def flower_image_python(image: str) -> str:
+    """The Python of one of Flower's images, from its tag: ``<version>-py3.12-ubuntu24.04`` says 3.12; a bare
+    ``<version>`` tag is Flower's default, for the SuperExec image of releases >= 1.24 the newest Python it
+    supports, 3.13 (Flower's image README on Docker Hub lists ``1.25.0`` as ``1.25.0-py3.13-ubuntu24.04``)."""
+    match = re.search(r":[^:]*-py(\d+\.\d+)-", image)
+    return match.group(1) if match else FLOWER_DEFAULT_PYTHON
 
 
 def base_images(app_dir: Path) -> dict[str, str]:
