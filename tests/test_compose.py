@@ -137,6 +137,10 @@ def stack(tmp_path_factory):
             s.timed("up -d", "docker", "compose", "up", "-d")
             s.timed("register", sys.executable, "-m", "fedvit_app.cli", "deploy", "register",
                     "--connection", "fedvit-docker", "--address", f"127.0.0.1:{SUPERLINK_PORT}")  # fmt: skip
+        except Exception:
+            print(s.logs("superlink")[-3000:])  # why the stack did not come up
+            raise
+        else:
             yield s
         finally:
             down = time.perf_counter()
