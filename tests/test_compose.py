@@ -44,6 +44,7 @@ APP_FILES = [
 ]
 APP_DIRS = ["core", "fedvit_app", "clients", "strategies", "attacks", "deploy"]
 WRITABLE = ["outputs", "data", "deploy/state/superlink", "deploy/keys"]
+CONTAINER_KEYS = {".auth", ".key"}  # superlink.key, supernode-i.{key,auth}; the CA's ca.key is left alone
 PHASES_FILE = ROOT / "benchmarks" / "results" / "compose-phases.json"
 REJECT_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 900
@@ -129,8 +130,10 @@ def stack(tmp_path_factory):
             for name in WRITABLE:
                 (app / name).mkdir(parents=True, exist_ok=True)
             # The one root step (README): the containers run as Flower's user 49999 and compose bind-mounts these
-            # folders and the credential files with the host's owners and modes.
-            for top in [*WRITABLE, "deploy/credentials"]:
+            # folders and the (0600) private keys they read with the host's owners and modes; the CA key stays.
+            keys = (app / "deploy/credentials").glob("*")
+            private = [k.relative_to(app) for k in keys if k.suffix in CONTAINER_KEYS and k.name != "ca.key"]
+            for top in [*WRITABLE, *private]:
                 for path in [app / top, *(app / top).rglob("*")]:
                     os.chown(path, APP_UID, APP_UID)
             s.timed("build superexec image", "docker", "compose", "build")
@@ -198,6 +201,7 @@ def test_two_rounds_finish_on_the_host_with_a_crashed_supernode(stack):
     assert second["num-examples"] > 0
     assert set(second["rejected"]) <= {str(p) for p in second["sampled"]}
     restarts = int(stack.sh("docker", "inspect", "-f", "{{.RestartCount}}", cid).stdout)
+    print(f"\nround 2 after the crash: sampled {second['sampled']}, rejected {second['rejected']}, restarts {restarts}")
     assert restarts >= 1, "the restart policy did not bring the crashed SuperNode back"
     model = load_file(str(run_dir / "model.safetensors"))
     assert model and all(v.size for v in model.values())
