@@ -12,11 +12,12 @@ import numpy as np
 from torch import nn
 
 from clients.adversarial import attack_from, madry_adversary, robust_accuracy
+from clients.autoattack import autoattack_accuracy
 from clients.encryption import ENCRYPTED, EncryptionKey, EncryptionKeyError
 from clients.masking import client_seed, draw_masks, fixed_position_masks, locked_masks
 from clients.scaffold import control_path, load_control, save_control, updated_control
 from clients.training import batch_rng, evaluate, fedsgd_gradient, local_epochs
-from core.config import Config, ConfigError, check_against_federation, parse_config_cached
+from core.config import Config, ConfigError, autoattack_in, check_against_federation, parse_config_cached
 from core.data import DatasetUnavailableError, client_data, load_dataset
 from core.masks import encode, mask_rates
 from core.model import build_model, resolve_device, set_weights
@@ -200,6 +201,11 @@ def evaluate_local(
         metrics["eval-robust-accuracy"] = robust_accuracy(
             model, data.test_images, data.test, _img_size(model), device, config.robust,
             [config.seed, server_round, partition_id, 2], subset_seed=config.seed,
+        )  # fmt: skip
+    if autoattack_in(config, server_round):
+        metrics["eval-autoattack-accuracy"] = autoattack_accuracy(
+            model, data.test_images, data.test, _img_size(model), config.robust,
+            [config.seed, server_round, partition_id, 4], subset_seed=config.seed,
         )  # fmt: skip
     return metrics
 

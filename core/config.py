@@ -22,6 +22,8 @@ DEVICES = ("auto", "cpu", "cuda")
 FIRST_BLOCKS = ("pre-ln", "no-ln")
 CLIENT_EVAL = ("split", "test-shard")
 ENCRYPTION_MODES = ("off", "paper", "private-init")
+ROBUST_ATTACKS = ("pgd", "autoattack")
+AUTOATTACK_VERSIONS = ("standard", "apgd")  # clients/autoattack.py
 DP_MODES = ("off", "central", "local")
 DP_STRATEGIES = ("fedsgd", "fedavg", "fedprox")  # one plain update per client: clipping bounds its contribution
 HEADS = ("cls", "vis", "cls+vis")
@@ -105,6 +107,8 @@ class RobustConfig:
 
     ``max_samples`` > 0 evaluates robustness on that many test samples, a seeded class-stratified sample that is
     the same every round (PGD costs steps + 1 forward and backward passes per sample).
+    ``attack = "autoattack"`` adds AutoAttack (``clients/autoattack.py``; ``version`` "standard" or the cheaper
+    "apgd") on the same samples and ε, at every ``every``-th round and always the last; PGD still runs every round.
     """
 
     enabled: bool = False
@@ -113,6 +117,9 @@ class RobustConfig:
     steps: int = 10
     restarts: int = 1
     max_samples: int = 0
+    attack: str = "pgd"
+    version: str = "standard"
+    every: int = 10
 
 
 @dataclass(frozen=True)
@@ -372,11 +379,14 @@ _CHECKS: dict[str, Check] = {
     "adversarial.alpha-255": _ALPHA_255,
     "adversarial.steps": _POSITIVE_INT,
     "adversarial.ratio": _FRACTION,
-    "robust.eps-255": _EPS_255,
+    "robust.eps-255": (lambda v: 0 < v <= 255, "a number in (0, 255] (units of 1/255; 0 measures nothing)"),
     "robust.alpha-255": _ALPHA_255,
     "robust.steps": _POSITIVE_INT,
     "robust.restarts": _POSITIVE_INT,
     "robust.max-samples": (lambda v: v >= 0, "an integer >= 0 (0 = the whole test set)"),
+    "robust.attack": _one_of(ROBUST_ATTACKS),
+    "robust.version": _one_of(AUTOATTACK_VERSIONS),
+    "robust.every": _POSITIVE_INT,
     "fedwavg.last-layer": (lambda v: any(n.strip() for n in v.split(",")), "parameter names separated by ','"),
     "dp.mode": _one_of(DP_MODES),
     "dp.clipping-norm": _POSITIVE,
@@ -547,6 +557,15 @@ def _check_encryption(config: Config) -> None:
                 "0 with encryption: eq. 12 divides entry by "
                 "entry, which does not commute with E_a's mixing of the patch-embedding rows",
             )
+
+
+def autoattack_in(config: Config, server_round: int) -> bool:
+    """Whether round ``server_round`` is also evaluated under AutoAttack: every ``robust.every``-th and the last
+    (never round 0, the untrained model)."""
+    robust = config.robust
+    if not (robust.enabled and robust.attack == "autoattack"):
+        return False
+    return server_round > 0 and (server_round % robust.every == 0 or server_round == config.num_server_rounds)
 
 
 def evaluates_in(config: Config, server_round: int) -> bool:

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core.config import AuditConfig, parse_config
+from core.config import AuditConfig, ConfigError, parse_config
 from fedvit_app.deployment import cli as deployment_cli
 from fedvit_app.flower_processes import (
     flower_env,
@@ -217,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         "final accuracies give the frontier's accuracy cost",
     )
 
+    p_rob = sub.add_parser(
+        "robustness-check", help="sanity checks of a finished run's robust accuracy (AutoAttack vs PGD, ε sweep, ...)"
+    )
+    p_rob.add_argument("run_dir", type=Path, help="the folder of a finished run (config.json, model.safetensors)")
+    p_rob.add_argument("--samples", type=int, default=100, help="central test images (class-stratified; default 100)")
+
     deployment_cli.add_parser(sub)
 
     sub.add_parser("stop-superlink", help="stop the local SuperLink that flwr run left running ($FLWR_HOME)")
@@ -238,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         return audit(args)
     if args.command == "deploy":
         return deployment_cli.main(args)
+    if args.command == "robustness-check":
+        return robustness_check(args)
     if args.command == "experiment":
         from fedvit_app.experiments import load_experiment, run_experiment
 
@@ -246,6 +254,23 @@ def main(argv: list[str] | None = None) -> int:
     stopped = stop_local_superlink()
     print(f"stopped {stopped} process(es)")
     return 0
+
+
+def robustness_check(args: argparse.Namespace) -> int:
+    """Exit 0 when every check passes, 1 when one fails, 2 when the run cannot be read."""
+    from fedvit_app.robustness_check import markdown, run_checks
+
+    if args.samples < 1:
+        print(f"fedvit robustness-check: --samples must be >= 1, got {args.samples}", file=sys.stderr)
+        return 2
+    try:
+        report = run_checks(args.run_dir, args.samples)
+    except (FileNotFoundError, ConfigError) as err:
+        print(f"fedvit robustness-check: {err}", file=sys.stderr)
+        return 2
+    print(markdown(report))
+    print(f"written: {args.run_dir / 'robustness-check.md'} and .json")
+    return 0 if report["passed"] else 1
 
 
 if __name__ == "__main__":

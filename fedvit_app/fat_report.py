@@ -20,23 +20,27 @@ def _series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     source = "central" if any("central-accuracy" in r for r in rounds) else "eval"
     out = {}
-    for name, key in (("accuracy", f"{source}-accuracy"), ("robust", f"{source}-robust-accuracy")):
-        out[name] = [(r["round"], r[key]) for r in rounds if key in r]
+    keys = {"accuracy": "accuracy", "robust": "robust-accuracy", "autoattack": "autoattack-accuracy"}
+    for name, key in keys.items():
+        out[name] = [(r["round"], r[f"{source}-{key}"]) for r in rounds if f"{source}-{key}" in r]
     return out
 
 
 def cell_result(run_dir: Path, training: str) -> dict[str, Any] | None:
-    """NT: best accuracy. AT: the round with the best robust accuracy, its accuracy and robust accuracy.
+    """NT: best accuracy. AT: the round with the best robust accuracy, its accuracy and robust accuracy. Both:
+    AutoAttack robust accuracy of the last round that has it (``robust.attack = "autoattack"``: the final round).
     None when the run has no results (not run yet, or failed)."""
     if not (run_dir / "metrics.json").exists():
         return None
     series = _series(run_dir)
+    autoattack = dict([series["autoattack"][-1]] if series["autoattack"] else [(None, None)])
+    ((aa_round, aa),) = autoattack.items()
     if training == "NT" or not series["robust"]:
         best_round, best = max(series["accuracy"], key=lambda p: p[1])
-        return {"round": best_round, "accuracy": best, "robust": None}
+        return {"round": best_round, "accuracy": best, "robust": None, "autoattack": aa, "autoattack-round": aa_round}
     best_round, robust = max(series["robust"], key=lambda p: p[1])
     accuracy = dict(series["accuracy"]).get(best_round)
-    return {"round": best_round, "accuracy": accuracy, "robust": robust}
+    return {"round": best_round, "accuracy": accuracy, "robust": robust, "autoattack": aa, "autoattack-round": aa_round}
 
 
 def _check_grid(grid: dict[str, dict[str, str]]) -> None:
@@ -51,8 +55,8 @@ def fat_table(out: Path, grid: dict[str, dict[str, str]]) -> tuple[str, dict]:
     results = {
         (p, a, t): cell_result(out / f"{p}.{a}.{t}", t) for p in partitions for a in aggregators for t in TRAININGS
     }
-    header = "| aggregator | " + " | ".join(f"{p} NT | {p} AT" for p in partitions) + " |"
-    lines = [header, "|---|" + "---|---|" * len(partitions)]
+    header = "| aggregator | " + " | ".join(f"{p} NT | {p} AT | {p} AT AutoAttack" for p in partitions) + " |"
+    lines = [header, "|---|" + "---|---|---|" * len(partitions)]
     ranks = {}  # per partition: aggregators by robust accuracy, for the paper's bold / underline marks
     for p in partitions:
         order = sorted(aggregators, key=lambda a: -((results[(p, a, "AT")] or {}).get("robust") or -1))
@@ -63,11 +67,14 @@ def fat_table(out: Path, grid: dict[str, dict[str, str]]) -> tuple[str, dict]:
             nt, at = results[(p, a, "NT")], results[(p, a, "AT")]
             cells.append("not run" if nt is None else f"{100 * nt['accuracy']:.2f}")
             if at is None:
-                cells.append("not run")
+                cells += ["not run", "not run"]
                 continue
             robust = "–" if at["robust"] is None else f"{100 * at['robust']:.2f}"
             robust = {0: f"**{robust}**", 1: f"<u>{robust}</u>"}.get(ranks[p][a], robust) if at["robust"] else robust
             cells.append(f"({100 * at['accuracy']:.2f}, {robust})")
+            cells.append(
+                "–" if at["autoattack"] is None else f"{100 * at['autoattack']:.2f} (round {at['autoattack-round']})"
+            )
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
     raw = {".".join(k): v for k, v in results.items()}
     return "\n".join(lines), raw
@@ -110,8 +117,10 @@ def write_fat_report(out: Path, grid: dict[str, dict[str, str]]) -> str:
     table, raw = fat_table(out, grid)
     weight_plots = sorted(str(p.relative_to(out)) for p in out.glob("*/plots/fedwavg-weights.png"))
     note = (
-        "\n\nNT: best accuracy (%). AT: (accuracy, robust accuracy) (%) at the round of the best robust accuracy; "
-        "**first** and <u>second</u> best robust accuracy per partition marked.\n"
+        "\n\nNT: best accuracy (%). AT: (accuracy, robust accuracy) (%) at the round of the best robust accuracy "
+        "(the run's PGD, `robust.*`); **first** and <u>second</u> best robust accuracy per partition marked. "
+        "AT AutoAttack: AutoAttack robust accuracy (%) of the last round that has it (`robust.attack = "
+        "\"autoattack\"`: the final round), on the same images and ε; – where the run did not measure it.\n"
     )
     if weight_plots:
         note += "FedWAvg weights per round (Fig. 1 analogue): " + ", ".join(weight_plots) + "\n"

@@ -16,8 +16,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from attacks.eavesdropper import ServerTap
 from clients.adversarial import robust_accuracy
+from clients.autoattack import autoattack_accuracy
 from clients.training import evaluate
-from core.config import Config, ConfigError, evaluates_in, parse_config
+from core.config import Config, ConfigError, autoattack_in, evaluates_in, parse_config
 from core.data import DatasetUnavailableError, load_dataset
 from core.model import PretrainedWeightsError, build_model, get_weights, resolve_device, set_weights
 from core.results import RunRecorder, load_checkpoint
@@ -116,7 +117,17 @@ class RoundEnd:
                     self.model, self.test, np.arange(len(self.test)), img_size, device, self.config.robust,
                     [self.config.seed, rnd, 3], subset_seed=self.config.seed,
                 )  # fmt: skip
+            if autoattack_in(self.config, rnd):
+                central["central-autoattack-accuracy"] = autoattack_accuracy(
+                    self.model, self.test, np.arange(len(self.test)), img_size, self.config.robust,
+                    [self.config.seed, rnd, 5], subset_seed=self.config.seed,
+                )  # fmt: skip
             entry |= dict(central)
+            if autoattack_in(self.config, rnd):  # what the number means, beside it
+                robust, n = self.config.robust, len(self.test)
+                samples = n if robust.max_samples == 0 else min(robust.max_samples, n)
+                entry["autoattack"] = {"version": robust.version, "norm": "Linf", "eps-255": robust.eps_255,
+                                       "samples": samples}  # fmt: skip
         self._amend_merged_evaluation(rnd - 1)
         stats = self.strategy.stats.get(rnd)
         if stats is not None:
@@ -157,6 +168,8 @@ class RoundEnd:
         )
         if source and f"{source}-robust-accuracy" in e:
             quality += f" robust {100 * e[f'{source}-robust-accuracy']:5.1f}%"
+        if source and f"{source}-autoattack-accuracy" in e:
+            quality += f" autoattack {100 * e[f'{source}-autoattack-accuracy']:5.1f}%"
         log(
             INFO,
             "round %d/%d | %s | %.2f s | up %.2f MB down %.2f MB",

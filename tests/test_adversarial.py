@@ -99,3 +99,41 @@ def test_restarts_never_make_the_attack_weaker():
 def test_invalid_settings_are_refused():
     with pytest.raises(ValueError, match="invalid PGD"):
         PGD(steps=0)
+
+
+def test_autoattack_is_no_weaker_than_pgd_and_breaks_everything_at_a_large_eps():
+    from clients.autoattack import autoattack_correct
+
+    model, x, y = trained_tiny()
+    x, y = x[:16], y[:16]
+    model.zero_grad(set_to_none=True)
+    pgd_correct = robust_correct(model, x, y, PGD(eps=8 / 255, alpha=2 / 255, steps=10), torch_generator([0], CPU))
+    apgd = autoattack_correct(model, x, y, 10, 8 / 255, "apgd", seed=0)
+    assert apgd.sum() <= pgd_correct.sum()
+    with torch.no_grad():
+        natural = classify(model, x).argmax(1) == y
+    assert not (apgd & ~natural).any()  # a misclassified image never counts as robust
+    huge = autoattack_correct(model, x, y, 10, 64 / 255, "apgd", seed=0)
+    assert huge.float().mean() <= 0.1  # a large ε: (almost) nothing survives
+    assert model.training is False and all(p.grad is None and p.requires_grad for p in model.parameters())
+
+
+def test_a_naturally_trained_model_is_not_robust_under_autoattack_on_photographs(tmp_path):
+    """Acceptance: ≈ 0% under AutoAttack at ε = 8/255 for a plain model. On fedvit's synthetic classes (coarse
+    colour blocks) 8/255 cannot flip many images (37.5% survive, README), so this uses photographs: crops of
+    scikit-image's bundled photos, one class per photo."""
+    from benchmarks.natural_images import write_natural_images
+    from clients.autoattack import autoattack_correct
+
+    data = DataConfig(name=f"imagefolder:{write_natural_images(tmp_path / 'photos', per_class=60)}")
+    train, test = load_dataset(data, 0, "train"), load_dataset(data, 0, "test")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(), train.num_classes, seed=0)
+    local_epochs(
+        model, train, np.arange(len(train)), epochs=15, batch_size=32, lr=0.05, momentum=0.9, img_size=32,
+        rng=np.random.default_rng(0), device=CPU,
+    )  # fmt: skip
+    x, y = test.batch(np.arange(32), 32)
+    with torch.no_grad():
+        assert (classify(model.eval(), x).argmax(1) == y).float().mean() >= 0.8
+    assert autoattack_correct(model, x, y, train.num_classes, 8 / 255, "apgd", seed=0).float().mean() <= 0.1

@@ -23,6 +23,11 @@ from fedvit_app.run_config import check_config
         ("data.client-test-fraction", 1.0, "(0, 1)"),
         ("centralized-evaluation", "yes", "true or false"),
         ("not-a-key", 1, "a known key"),
+        ("robust.attack", "fgsm", "pgd, autoattack"),
+        ("robust.version", "plus", "standard, apgd"),
+        ("robust.every", 0, ">= 1"),
+        ("robust.eps-255", 0.0, "(0, 255]"),
+        ("robust.eps-255", -8.0, "(0, 255]"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(key, value, allowed):

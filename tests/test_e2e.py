@@ -181,11 +181,22 @@ def test_adversarial_training_with_fedwavg_reports_natural_and_robust_accuracy_e
     proc = run(
         "run-name='fat' strategy='fedwavg' fedwavg.q=10.0 lr=0.05 momentum=0.9 num-server-rounds=2 "
         "fraction-train=1.0 batch-size=32 data.augment='crop-flip'",
-        "adversarial.enabled=true adversarial.steps=3 robust.enabled=true robust.steps=5 robust.max-samples=40",
+        "adversarial.enabled=true adversarial.steps=3 robust.enabled=true robust.steps=5 robust.max-samples=16",
+        "robust.attack='autoattack' robust.version='apgd' robust.every=10",  # AutoAttack in the last round only
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     rounds = json.loads((out / "fat" / "metrics.json").read_text())["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2]
+    # PGD every round, AutoAttack in the last: no weaker than PGD on the same images, and said what it was.
+    assert [("central-autoattack-accuracy" in r, "eval-autoattack-accuracy" in r) for r in rounds] == [
+        (False, False), (False, False), (True, True)
+    ]
+    last = rounds[-1]
+    assert last["central-autoattack-accuracy"] <= last["central-robust-accuracy"]
+    assert last["eval-autoattack-accuracy"] <= last["eval-robust-accuracy"]
+    assert last["autoattack"] == {"version": "apgd", "norm": "Linf", "eps-255": 8.0, "samples": 16}
+    saved = json.loads((out / "fat" / "config.json").read_text())
+    assert (saved["robust.attack"], saved["robust.version"], saved["robust.max-samples"]) == ("autoattack", "apgd", 16)
     for r in rounds:
         assert 0.0 <= r["central-accuracy"] <= 1.0 and 0.0 <= r["central-robust-accuracy"] <= 1.0
     for r in rounds[1:]:

@@ -66,12 +66,15 @@ def test_grid_spans_every_combination_and_the_fat_report_follows_the_paper(tmp_p
         rounds = [{"round": 0, "central-accuracy": 0.1, "central-robust-accuracy": 0.0}]
         rounds += [{"round": 1, "central-accuracy": 0.6, "central-robust-accuracy": robust_best[aggregator]}]
         rounds += [{"round": 2, "central-accuracy": 0.7, "central-robust-accuracy": 0.2}]
+        if partition == "iid":  # AutoAttack in the final round of these runs only
+            rounds[-1]["central-autoattack-accuracy"] = 0.15
         (tmp_path / label).mkdir()
         (tmp_path / label / "metrics.json").write_text(json.dumps({"rounds": rounds}))
     report = write_fat_report(tmp_path, grid)
     # NT: best accuracy 70.00; AT: accuracy at the best robust round (round 1: 60.00) and that robust accuracy.
-    assert "| fedwavg | 70.00 | (60.00, **35.00**) | 70.00 | (60.00, **35.00**) |" in report
-    assert "| fedavg | 70.00 | (60.00, <u>30.00</u>) |" in report
+    # AT AutoAttack: the final round's, where measured.
+    assert "| fedwavg | 70.00 | (60.00, **35.00**) | 15.00 (round 2) | 70.00 | (60.00, **35.00**) | – |" in report
+    assert "| fedavg | 70.00 | (60.00, <u>30.00</u>) | 15.00 (round 2) |" in report
     assert (tmp_path / "fig2.png").is_file() and (tmp_path / "fat-table.json").is_file()
     (tmp_path / "iid.fedavg.AT" / "metrics.json").unlink()  # a run that did not finish
-    assert "| fedavg | 70.00 | not run |" in write_fat_report(tmp_path, grid)
+    assert "| fedavg | 70.00 | not run | not run |" in write_fat_report(tmp_path, grid)
