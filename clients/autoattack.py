@@ -69,7 +69,15 @@ def _estimator(model: nn.Module, num_classes: int, img_size: int):
     )
 
 
-def build_stages(model: nn.Module, num_classes: int, img_size: int, eps: float, version: str, batch_size: int):
+def build_stages(
+    model: nn.Module,
+    num_classes: int,
+    img_size: int,
+    eps: float,
+    version: str,
+    batch_size: int,
+    square_queries: int = SQUARE_QUERIES,
+):
     """The stages of ``version``, each an ART :class:`AutoAttack` (L∞, radius ``eps`` in [0, 1] pixels), run in
     order on the samples no earlier stage broke: APGD-CE and APGD-DLR untargeted and then targeted at every other
     class; for ``standard`` then Square, untargeted (ART would otherwise also run Square targeted, 9x the queries).
@@ -90,16 +98,24 @@ def build_stages(model: nn.Module, num_classes: int, img_size: int, eps: float, 
         ]
         stages.append(AutoAttack(estimator, attacks=pair, targeted=True, **ensemble))
     if version in ("standard", "square"):
-        square = SquareAttack(estimator=estimator, norm=np.inf, eps=eps, max_iter=SQUARE_QUERIES,
+        square = SquareAttack(estimator=estimator, norm=np.inf, eps=eps, max_iter=square_queries,
                               p_init=SQUARE_P_INIT, nb_restarts=1, batch_size=batch_size, verbose=False)  # fmt: skip
         stages.append(AutoAttack(estimator, attacks=[square], targeted=False, **ensemble))
     return stages
 
 
 def autoattack_correct(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, eps: float, version: str, seed: int
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    eps: float,
+    version: str,
+    seed: int,
+    square_queries: int = SQUARE_QUERIES,
 ) -> torch.Tensor:
-    """Per sample: still classified correctly after every attack of ``version`` (labels ``y`` are the truth)."""
+    """Per sample: still classified correctly after every attack of ``version`` (labels ``y`` are the truth);
+    ``square_queries`` below AutoAttack's 5000 makes Square cheaper and weaker (``fedvit robustness-check``)."""
     was_training = model.training
     trainable = [p for p in model.parameters() if p.requires_grad]
     model.eval()
@@ -108,7 +124,7 @@ def autoattack_correct(
     try:
         with torch.no_grad():
             correct = classify(model, x).argmax(1) == y
-        for stage in build_stages(model, num_classes, x.shape[-1], eps, version, batch_size=len(x)):
+        for stage in build_stages(model, num_classes, x.shape[-1], eps, version, len(x), square_queries):
             if not correct.any():
                 break
             keep = correct.nonzero().flatten()

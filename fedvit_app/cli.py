@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_rob.add_argument("run_dir", type=Path, help="the folder of a finished run (config.json, model.safetensors)")
     p_rob.add_argument("--samples", type=int, default=100, help="central test images (class-stratified; default 100)")
+    p_rob.add_argument(
+        "--square-queries", type=int, default=5000, help="Square's budget (AutoAttack's 5000; less is cheaper, weaker)"
+    )
 
     deployment_cli.add_parser(sub)
 
@@ -260,11 +263,12 @@ def robustness_check(args: argparse.Namespace) -> int:
     """Exit 0 when every check passes, 1 when one fails, 2 when the run cannot be read."""
     from fedvit_app.robustness_check import markdown, run_checks
 
-    if args.samples < 1:
-        print(f"fedvit robustness-check: --samples must be >= 1, got {args.samples}", file=sys.stderr)
-        return 2
+    for flag, value in (("--samples", args.samples), ("--square-queries", args.square_queries)):
+        if value < 1:
+            print(f"fedvit robustness-check: {flag} must be >= 1, got {value}", file=sys.stderr)
+            return 2
     try:
-        report = run_checks(args.run_dir, args.samples)
+        report = run_checks(args.run_dir, args.samples, args.square_queries)
     except (FileNotFoundError, ConfigError) as err:
         print(f"fedvit robustness-check: {err}", file=sys.stderr)
         return 2

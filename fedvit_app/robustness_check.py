@@ -24,7 +24,7 @@ import torch
 from safetensors.numpy import load_file
 
 from clients.adversarial import PGD, robust_correct, torch_generator
-from clients.autoattack import autoattack_correct
+from clients.autoattack import SQUARE_QUERIES, autoattack_correct
 from core.config import Config, parse_config
 from core.data import load_dataset, stratified_subset
 from core.model import build_model, classify, resolve_device, set_weights
@@ -52,8 +52,9 @@ def _accuracy(correct: torch.Tensor) -> float:
     return float(correct.float().mean().item())
 
 
-def run_checks(run_dir: Path, samples: int = 100, log=print) -> dict:
-    """Every check on ``samples`` test images; returns the report (also written next to the run)."""
+def run_checks(run_dir: Path, samples: int = 100, square_queries: int = SQUARE_QUERIES, log=print) -> dict:
+    """Every check on ``samples`` test images; returns the report (also written next to the run).
+    ``square_queries`` (AutoAttack's 5000 by default) bounds Square in AutoAttack and alone."""
     config, model = load_run(run_dir)
     test = load_dataset(config.data, config.seed, "test")
     indices = stratified_subset(test.labels, np.arange(len(test)), samples, config.seed)
@@ -76,14 +77,16 @@ def run_checks(run_dir: Path, samples: int = 100, log=print) -> dict:
     acc = {"natural": natural}
     acc["pgd"] = timed(f"PGD {pgd.steps} steps x {pgd.restarts}", lambda: robust_correct(model, x, y, pgd, _gen(1)))
     acc["autoattack"] = timed(
-        "AutoAttack standard", lambda: autoattack_correct(model, x, y, test.num_classes, eps, "standard", config.seed)
+        "AutoAttack standard",
+        lambda: autoattack_correct(model, x, y, test.num_classes, eps, "standard", config.seed, square_queries),
     )
     strong = replace(pgd, steps=10 * pgd.steps, restarts=5)
     acc["pgd-strong"] = timed(
         f"PGD {strong.steps} steps x {strong.restarts}", lambda: robust_correct(model, x, y, strong, _gen(2))
     )
     acc["square"] = timed(
-        "Square alone", lambda: autoattack_correct(model, x, y, test.num_classes, eps, "square", config.seed)
+        "Square alone",
+        lambda: autoattack_correct(model, x, y, test.num_classes, eps, "square", config.seed, square_queries),
     )
     sweep = {}
     for eps_255 in EPS_SWEEP_255:
@@ -109,6 +112,7 @@ def run_checks(run_dir: Path, samples: int = 100, log=print) -> dict:
         "run": str(run_dir),
         "samples": len(indices),
         "eps-255": robust.eps_255,
+        "square-queries": square_queries,
         "accuracy": acc,
         "eps-sweep": {f"{e:g}": v for e, v in sweep.items()},
         "checks": checks,
@@ -136,7 +140,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Robustness sanity checks: {report['run']}",
         "",
-        f"{report['samples']} central test images, L∞ ε = {report['eps-255']:g}/255. Natural accuracy "
+        f"{report['samples']} central test images, L∞ ε = {report['eps-255']:g}/255, Square with "
+        f"{report['square-queries']} queries. Natural accuracy "
         f"{_pct(acc['natural'])}; robust accuracy: PGD {_pct(acc['pgd'])}, AutoAttack {_pct(acc['autoattack'])}, "
         f"strong PGD {_pct(acc['pgd-strong'])}, Square alone {_pct(acc['square'])}.",
         "",
