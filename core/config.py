@@ -509,6 +509,11 @@ def _check_cross_field(config: Config) -> None:
     _only_with_strategy(config, "scaffold", "scaffold")
     _only_when_enabled(config, "adversarial")
     _only_when_enabled(config, "robust")
+    if config.robust.attack != "autoattack":  # AutoAttack's own settings are not silently ignored under PGD
+        for name in ("version", "every"):
+            value, default = getattr(config.robust, name), getattr(RobustConfig, name)
+            if value != default:
+                raise ConfigError(f"robust.{name}", value, "its default unless robust.attack = 'autoattack'")
     if config.dp.enabled and config.strategy not in DP_STRATEGIES:
         raise ConfigError("dp.mode", config.dp.mode, f"'off' with strategy={config.strategy!r} (DP supports "
                           f"{', '.join(DP_STRATEGIES)}: one plain update per client)")  # fmt: skip

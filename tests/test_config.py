@@ -38,6 +38,15 @@ def test_bad_values_name_key_value_and_allowed(key, value, allowed):
     assert key in line and repr(value if key != "lr" else float(value))[:6] in line and allowed in line
 
 
+def test_autoattack_settings_need_autoattack_and_robust_on():
+    with pytest.raises(ConfigError, match=r"robust.every=3 .*unless robust.attack = 'autoattack'"):
+        parse_config({"robust.enabled": True, "robust.every": 3})
+    with pytest.raises(ConfigError, match=r"robust.attack='autoattack' .*unless robust.enabled = true"):
+        parse_config({"robust.attack": "autoattack"})
+    config = parse_config({"robust.enabled": True, "robust.attack": "autoattack", "robust.every": 3})
+    assert (config.robust.version, config.robust.every) == ("standard", 3)
+
+
 def test_k_classes_more_than_synthetic_classes():
     with pytest.raises(ConfigError, match=r"data.classes-per-client=11 .*at most the number of classes \(10\)"):
         parse_config({"data.partitioner": "noniid-k", "data.classes-per-client": 11})
