@@ -1,7 +1,7 @@
 """``fedvit robustness-check``: the Carlini et al. sanity checks on a finished run's model.
 
-Marked ``robustness`` (AutoAttack, Square and a 100-step x 5-restart PGD take minutes on 2 CPU cores even with
-Square cut to 300 queries): not in the default suite; CI runs ``pytest -m robustness``.
+Marked ``robustness`` (AutoAttack, Square and a 100-step x 5-restart PGD: ~35 s on 2 idle CPU cores with Square
+cut to 300 queries, far longer on busy ones): not in the default suite; CI runs ``pytest -m robustness``.
 """
 
 from __future__ import annotations
