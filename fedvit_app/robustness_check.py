@@ -26,7 +26,7 @@ from safetensors.numpy import load_file
 from clients.adversarial import PGD, robust_correct, torch_generator
 from clients.autoattack import SQUARE_QUERIES, autoattack_correct
 from core.config import Config, parse_config
-from core.data import load_dataset, stratified_subset
+from core.data import ImageSet, load_dataset, stratified_subset
 from core.model import build_model, classify, resolve_device, set_weights
 from core.results import atomic_write
 
@@ -35,8 +35,8 @@ LARGE_EPS_MAX_ACCURACY = 0.05
 TOLERANCE = 0.02  # two points: "meaningfully" in checks 3 and 4
 
 
-def load_run(run_dir: Path) -> tuple[Config, torch.nn.Module]:
-    """The run's config and its final global model (``model.safetensors``)."""
+def load_run(run_dir: Path) -> tuple[Config, torch.nn.Module, ImageSet]:
+    """The run's config, its final global model (``model.safetensors``) and its central test set."""
     for name in ("config.json", "model.safetensors"):
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir / name} is missing: give the folder of a finished fedvit run")
@@ -45,7 +45,7 @@ def load_run(run_dir: Path) -> tuple[Config, torch.nn.Module]:
     model = build_model(config.model, test.num_classes, seed=config.seed).to(resolve_device(config.device))
     weights = {k: v for k, v in load_file(str(run_dir / "model.safetensors")).items() if not k.startswith("strategy/")}
     set_weights(model, weights)
-    return config, model.eval()
+    return config, model.eval(), test
 
 
 def _accuracy(correct: torch.Tensor) -> float:
@@ -55,8 +55,7 @@ def _accuracy(correct: torch.Tensor) -> float:
 def run_checks(run_dir: Path, samples: int = 100, square_queries: int = SQUARE_QUERIES, log=print) -> dict:
     """Every check on ``samples`` test images; returns the report (also written next to the run).
     ``square_queries`` (AutoAttack's 5000 by default) bounds Square in AutoAttack and alone."""
-    config, model = load_run(run_dir)
-    test = load_dataset(config.data, config.seed, "test")
+    config, model, test = load_run(run_dir)
     indices = stratified_subset(test.labels, np.arange(len(test)), samples, config.seed)
     device = next(model.parameters()).device
     img_size = int(model.patch_embed.img_size[0])

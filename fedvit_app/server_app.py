@@ -19,7 +19,7 @@ from clients.adversarial import robust_accuracy
 from clients.autoattack import autoattack_accuracy
 from clients.training import evaluate
 from core.config import Config, ConfigError, autoattack_in, evaluates_in, parse_config
-from core.data import DatasetUnavailableError, load_dataset
+from core.data import DatasetUnavailableError, load_dataset, stratified_subset
 from core.model import PretrainedWeightsError, build_model, get_weights, resolve_device, set_weights
 from core.results import RunRecorder, load_checkpoint
 from fedvit_app.polling_grid import PollingGrid, poll_interval
@@ -118,16 +118,17 @@ class RoundEnd:
                     [self.config.seed, rnd, 3], subset_seed=self.config.seed,
                 )  # fmt: skip
             if autoattack_in(self.config, rnd):
+                robust = self.config.robust
                 central["central-autoattack-accuracy"] = autoattack_accuracy(
-                    self.model, self.test, np.arange(len(self.test)), img_size, self.config.robust,
+                    self.model, self.test, np.arange(len(self.test)), img_size, robust,
                     [self.config.seed, rnd, 5], subset_seed=self.config.seed,
                 )  # fmt: skip
-            entry |= dict(central)
-            if autoattack_in(self.config, rnd):  # what the number means, beside it
-                robust, n = self.config.robust, len(self.test)
-                samples = n if robust.max_samples == 0 else min(robust.max_samples, n)
+                # what the number means, beside it (the subset autoattack_accuracy attacked)
+                samples = len(stratified_subset(self.test.labels, np.arange(len(self.test)), robust.max_samples,
+                                                self.config.seed))  # fmt: skip
                 entry["autoattack"] = {"version": robust.version, "norm": "Linf", "eps-255": robust.eps_255,
                                        "samples": samples}  # fmt: skip
+            entry |= dict(central)
         self._amend_merged_evaluation(rnd - 1)
         stats = self.strategy.stats.get(rnd)
         if stats is not None:
