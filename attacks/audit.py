@@ -19,7 +19,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from tqdm import tqdm
 
-from attacks import april
+from attacks import april, reidentification
 from attacks.cocktail import cocktail_party
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
 from attacks.frontier import mean_or_none, write_frontier
@@ -27,6 +27,7 @@ from attacks.inversion import collusion_inversion, invert
 from attacks.labels import label_accuracy, recover_labels
 from attacks.metrics import SETTINGS, best_flat_image, match_batch, minimum_norm_limit, psnr, ssim
 from attacks.observation import Observation, Reconstruction, as_gradient, dense_update, model_skeleton, recipe
+from attacks.reidentification import Gallery
 from core.config import AuditConfig, Config, parse_config
 from core.params import HEAD_BIAS
 from core.results import atomic_write
@@ -101,28 +102,38 @@ def as_batch(truth: np.ndarray | None) -> list[np.ndarray] | None:
     return [truth] if truth.ndim == 3 else list(truth)
 
 
-def score(rec: Reconstruction, truth: np.ndarray | None) -> dict[str, Any]:
+REID_FIELDS = ("reid-top1", "reid-rank", "reid-ranks", "reid-gallery", "reid-chance")
+
+
+def score(rec: Reconstruction, truth: np.ndarray | None, gallery: Gallery | None = None) -> dict[str, Any]:
     """Matched scores of a reconstruction against the true batch.
 
     Reconstructions and true images are matched one to one (Hungarian assignment on PSNR); a true image left
     without a reconstruction is scored as the best flat image (what a guess without information reaches), so
-    the mean over the batch never rewards an attack for returning fewer images.
+    the mean over the batch never rewards an attack for returning fewer images. With a ``gallery``, each
+    matched reconstruction is also re-identified among the true image and the decoys
+    (:mod:`attacks.reidentification`).
     """
     truths = as_batch(truth)
+    empty = dict.fromkeys(REID_FIELDS)
     if rec.image is None or truths is None:
-        return {"psnr": None, "ssim": None, "per-image-psnr": None, "matched": None}
+        return {"psnr": None, "ssim": None, "per-image-psnr": None, "matched": None} | empty
     images = rec.all_images
     pairs = match_batch(images, truths)
-    per_psnr = [psnr(best_flat_image(t), t) for t in truths]
-    per_ssim = [ssim(best_flat_image(t), t) for t in truths]
+    flats = [best_flat_image(t) for t in truths]
+    per_psnr = [psnr(f, t) for f, t in zip(flats, truths, strict=True)]
+    per_ssim = [ssim(f, t) for f, t in zip(flats, truths, strict=True)]
     for i, j, value in pairs:
         per_psnr[j], per_ssim[j] = value, ssim(images[i], truths[j])
+    reid = empty
+    if gallery is not None:
+        reid = reidentification.score_batch({j: images[i] for i, j, _ in pairs}, truths, gallery, flats)
     return {
         "psnr": float(np.mean(per_psnr)),
         "ssim": float(np.mean(per_ssim)),
         "per-image-psnr": per_psnr,
         "matched": f"{len(pairs)}/{len(truths)}",
-    }
+    } | reid
 
 
 Attacked = tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]  # an update, its truth, its reconstructions
@@ -137,6 +148,7 @@ def label_row(obs: Observation, true_labels: np.ndarray | None) -> dict[str, Any
         **obs.meta,
         "defence": defence_of(obs.config),
         "attack": LABEL_ATTACK,
+        "budget": None,
         "psnr": None,
         "ssim": None,
         "seconds": time.perf_counter() - start,
@@ -145,10 +157,13 @@ def label_row(obs: Observation, true_labels: np.ndarray | None) -> dict[str, Any
     }
 
 
-def reference_rows(obs: Observation, truth: np.ndarray, dataset_mean: np.ndarray | None) -> list[dict[str, Any]]:
+def reference_rows(
+    obs: Observation, truth: np.ndarray, dataset_mean: np.ndarray | None, gallery: Gallery | None = None
+) -> list[dict[str, Any]]:
     """No-information baselines beside every scored update (and APRIL's minimum-norm limit on no-LN models)."""
     truths = as_batch(truth)
-    references = [(BASELINE, [best_flat_image(t) for t in truths], "per-channel mean of each true image")]
+    flats = [best_flat_image(t) for t in truths]
+    references = [(BASELINE, flats, "per-channel mean of each true image")]
     if dataset_mean is not None:
         references.append((DATASET_MEAN, [dataset_mean] * len(truths), "the mean of the dataset's images"))
     if obs.config.model.first_block == "no-ln":
@@ -158,13 +173,18 @@ def reference_rows(obs: Observation, truth: np.ndarray, dataset_mean: np.ndarray
         )  # fmt: skip
     rows = []
     for name, guesses, note in references:
+        reid = dict.fromkeys(REID_FIELDS)
+        if gallery is not None:
+            reid = reidentification.score_batch(dict(enumerate(guesses)), truths, gallery, flats)
         rows.append(
             {
                 **obs.meta,
                 "defence": defence_of(obs.config),
                 "attack": name,
+                "budget": None,
                 "psnr": float(np.mean([psnr(g, t) for g, t in zip(guesses, truths, strict=True)])),
                 "ssim": float(np.mean([ssim(g, t) for g, t in zip(guesses, truths, strict=True)])),
+                **reid,
                 "seconds": 0.0,
                 "note": note,
             }
@@ -185,6 +205,15 @@ def run_attack(name: str, attack: Attack, obs: Observation, position: str) -> Re
         return attack(obs, progress=progress)
 
 
+OPTIMISING = (invert, collusion_inversion)  # attacks whose strength is a number of optimiser steps
+
+
+def with_iterations(obs: Observation, steps: int) -> Observation:
+    """``obs`` with the optimisation budget set to ``steps`` Adam steps per restart (other audit.* kept)."""
+    audit = dataclasses.replace(obs.config.audit, iterations=steps)
+    return dataclasses.replace(obs, config=dataclasses.replace(obs.config, audit=audit))
+
+
 def audit_observations(
     items: list[tuple[Observation, np.ndarray | None]],
     out: Path,
@@ -192,51 +221,76 @@ def audit_observations(
     grid_name: str = "grid.png",
     true_labels: list[np.ndarray | None] | None = None,
     dataset_mean: np.ndarray | None = None,
+    gallery: Gallery | None = None,
+    budgets: list[int] | None = None,
 ) -> tuple[list[dict[str, Any]], list[Attacked]]:
     """Attack every observation, score it, write ``audit.md``, ``audit.json`` and the image grid.
 
     ``items`` pair each observation with its true images (one [C, H, W] image or a batch [n, C, H, W], or None
     when unknown); ``true_labels`` (per item, when known) score the label attack; ``dataset_mean`` adds the
-    dataset-mean reference. Returns the table rows and, per observation, its reconstructions by attack name.
+    dataset-mean reference; ``gallery`` adds re-identification among decoys; ``budgets`` runs the optimisation
+    attacks once per number of Adam steps (default: each update's ``audit.iterations``). Returns the table rows
+    and, per observation, its reconstructions by attack name (the largest budget's, where several ran).
     """
     out.mkdir(parents=True, exist_ok=True)
-    rows, images = [], []
+    rows, images, annotations = [], [], []
     labels = true_labels or [None] * len(items)
-    budgets = {obs.config.audit.describe() for obs, _ in items}
+    budget_notes = {obs.config.audit.describe() for obs, _ in items}
+    if budgets:
+        budget_notes = {f"budgets (Adam steps per restart): {', '.join(map(str, budgets))}; otherwise " + b
+                        for b in budget_notes}  # fmt: skip
     for k, ((obs, truth), labels_of_batch) in enumerate(
         zip(tqdm(items, desc="audit", unit="update"), labels, strict=True)
     ):
         rows.append(label_row(obs, labels_of_batch))
-        recs = {}
+        recs, ranks = {}, {}
         for name, attack in attacks_for(obs).items():
-            start = time.perf_counter()
-            rec = run_attack(name, attack, obs, f"update {k + 1}/{len(items)}")
-            seconds = time.perf_counter() - start
-            rows.append(
-                {
-                    **obs.meta,
-                    "defence": defence_of(obs.config),
-                    "attack": name,
-                    **score(rec, truth),
-                    "seconds": seconds,
-                    "note": rec.note,
-                }
-            )
-            recs[name] = rec
+            steps_list = (budgets or [obs.config.audit.iterations]) if attack in OPTIMISING else [None]
+            for steps in steps_list:
+                target = obs if steps is None or steps == obs.config.audit.iterations else with_iterations(obs, steps)
+                start = time.perf_counter()
+                rec = run_attack(name, attack, target, f"update {k + 1}/{len(items)}")
+                seconds = time.perf_counter() - start
+                scored = score(rec, truth, gallery)
+                rows.append(
+                    {
+                        **obs.meta,
+                        "defence": defence_of(obs.config),
+                        "attack": name,
+                        "budget": steps,
+                        "steps-done": rec.steps,
+                        **scored,
+                        "seconds": seconds,
+                        "note": rec.note,
+                    }
+                )
+                recs[name], ranks[name] = rec, scored["reid-ranks"]
         if truth is not None:
-            rows.extend(reference_rows(obs, truth, dataset_mean))
+            rows.extend(reference_rows(obs, truth, dataset_mean, gallery))
         images.append((obs, truth, recs))
+        annotations.append(ranks)
     report = {
         "title": title,
-        "metrics": SETTINGS | {"batch": BATCH_SCORING},
-        "budget": sorted(budgets),
+        "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(gallery)},
+        "budget": sorted(budget_notes),
         "rows": rows,
         "summary": summarize(rows),
     }
     atomic_write(out / "audit.json", json.dumps(report, indent=1, default=float).encode())
     atomic_write(out / "audit.md", markdown(report).encode())
-    save_grid(images, out / grid_name)
+    save_grid(images, out / grid_name, annotations)
     return rows, images
+
+
+def reid_setting(gallery: Gallery | None) -> str:
+    """How re-identification was scored (or why it was not), for the report."""
+    if gallery is None:
+        return "not scored (no decoy gallery)"
+    return (
+        f"top-1 rate and mean rank of the true image in a gallery of it and up to {len(gallery.decoys)} decoys "
+        f"({gallery.source}; the client's own images removed; chance 1/gallery size); similarity: "
+        f"{reidentification.SIMILARITY}; each true image's reconstruction is the one matched to it for PSNR"
+    )
 
 
 BATCH_SCORING = (
@@ -245,24 +299,33 @@ BATCH_SCORING = (
 )
 
 
+def attack_label(row: dict[str, Any]) -> str:
+    """The attack's name with its optimiser budget, where it has one."""
+    return row["attack"] + (f" @ {row['budget']} steps" if row.get("budget") else "")
+
+
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean PSNR/SSIM, label accuracy and time per (defence, setting, attack), over the updates that could be
-    attacked."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
+    """Mean PSNR/SSIM, re-identification, label accuracy and time per (defence, setting, attack, budget), over
+    the updates that could be attacked."""
+    groups: dict[tuple[str, str, str, int | None], list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["defence"], row.get("setting", ""), row["attack"]), []).append(row)
+        groups.setdefault((row["defence"], row.get("setting", ""), row["attack"], row.get("budget")), []).append(row)
     out = []
-    for (defence, setting, attack), members in groups.items():
+    for (defence, setting, attack, budget), members in groups.items():
         scored = [m for m in members if m["psnr"] is not None]
         out.append(
             {
                 "defence": defence,
                 "setting": setting,
                 "attack": attack,
+                "budget": budget,
                 "updates": len(members),
                 "scored": len(scored),
                 "psnr": float(np.mean([m["psnr"] for m in scored])) if scored else None,
                 "ssim": float(np.mean([m["ssim"] for m in scored])) if scored else None,
+                "reid-top1": mean_or_none([m.get("reid-top1") for m in members]),
+                "reid-rank": mean_or_none([m.get("reid-rank") for m in members]),
+                "reid-chance": mean_or_none([m.get("reid-chance") for m in members]),
                 "seconds": float(np.mean([m["seconds"] for m in members])),
                 "note": members[0]["note"],
                 "label-accuracy": mean_or_none([m.get("label-accuracy") for m in members]),
@@ -280,30 +343,44 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Summary (mean over updates)",
         "",
-        "| defence | setting | attack | updates | matched PSNR (dB) | SSIM | label accuracy | seconds | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Re-identification: top-1 rate of the true image among the decoy gallery (chance in brackets) and its mean "
+        "rank; see the metrics line at the end.",
+        "",
+        "| defence | setting | attack | updates | matched PSNR (dB) | SSIM | re-identified (chance) | mean rank "
+        "| label accuracy | seconds | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["summary"]:
         lines.append(
-            f"| {r['defence']} | {r.get('setting', '')} | {r['attack']} | {r['updates']} | {fmt(r['psnr'], '.1f')} | "
-            f"{fmt(r['ssim'], '.3f')} | {fmt(r.get('label-accuracy'), '.0%')} | {r['seconds']:.3f} | {r['note']} |"
+            f"| {r['defence']} | {r.get('setting', '')} | {attack_label(r)} | {r['updates']} | "
+            f"{fmt(r['psnr'], '.1f')} | {fmt(r['ssim'], '.3f')} | {reid_cell(r)} | {fmt(r.get('reid-rank'), '.1f')} "
+            f"| {fmt(r.get('label-accuracy'), '.0%')} | {r['seconds']:.3f} | {r['note']} |"
         )
     lines += [
         "",
         "## Every update",
         "",
-        "| node | round | image | setting | defence | attack | matched | PSNR (dB) | SSIM | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| node | round | image | setting | defence | attack | matched | PSNR (dB) | SSIM | re-identified | mean rank "
+        "| seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         lines.append(
             f"| {r.get('partition', '')} | {r.get('round', '')} | {r.get('image', '')} | {r.get('setting', '')} | "
-            f"{r['defence']} | {r['attack']} | {r.get('matched') or ''} | {fmt(r['psnr'], '.1f')} | "
-            f"{fmt(r['ssim'], '.3f')} | {r['seconds']:.3f} |"
+            f"{r['defence']} | {attack_label(r)} | {r.get('matched') or ''} | {fmt(r['psnr'], '.1f')} | "
+            f"{fmt(r['ssim'], '.3f')} | {fmt(r.get('reid-top1'), '.0%')} | {fmt(r.get('reid-rank'), '.1f')} | "
+            f"{r['seconds']:.3f} |"
         )
     lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
     lines += ["Optimisation budget: " + "; ".join(report.get("budget", [])), ""]
     return "\n".join(lines)
+
+
+def reid_cell(row: dict[str, Any]) -> str:
+    """'top-1 rate (chance)' of a row, or '—' where re-identification was not scored."""
+    if row.get("reid-top1") is None:
+        return "—"
+    return f"{row['reid-top1']:.0%} ({row['reid-chance']:.0%})"
 
 
 GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)
@@ -317,32 +394,42 @@ def matched_images(rec: Reconstruction, truths: list[np.ndarray]) -> dict[int, n
     return {j: images[i] for i, j, _ in match_batch(images, truths)}
 
 
-def save_grid(images: list[tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]], path: Path) -> None:
+def save_grid(
+    images: list[tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]],
+    path: Path,
+    ranks: list[dict[str, list[float] | None]] | None = None,
+) -> None:
     """One row per true image (up to four per update): original | each attack's reconstruction matched to it
-    (blank where an attack could not run or left that image unmatched)."""
+    (blank where an attack could not run or left that image unmatched), with the true image's re-identification
+    rank under it where ``ranks`` (per update: attack → per-true-image rank) has one."""
     from core.plots import plt
 
     if not images:
         return
+    ranks = ranks or [{} for _ in images]
     names = list(dict.fromkeys(n for _, _, recs in images for n in recs))
-    panels = []  # (row label, truth, {attack: image})
-    for obs, truth, recs in images:
+    panels = []  # (row label, truth, {attack: image}, {attack: rank})
+    for (obs, truth, recs), update_ranks in zip(images, ranks, strict=True):
         truths = as_batch(truth)
         if truths is None:
-            panels.append((obs.meta.get("label", ""), None, {n: r.image for n, r in recs.items()}))
+            panels.append((obs.meta.get("label", ""), None, {n: r.image for n, r in recs.items()}, {}))
             continue
         matched = {n: matched_images(r, truths) for n, r in recs.items()}
         for j, t in enumerate(truths[:GRID_IMAGES_PER_UPDATE]):
             label = obs.meta.get("label", "") + (f" #{j}" if len(truths) > 1 else "")
-            panels.append((label, t, {n: m.get(j) for n, m in matched.items()}))
+            ranked = {n: r[j] for n, r in update_ranks.items() if r is not None and matched[n].get(j) is not None}
+            panels.append((label, t, {n: m.get(j) for n, m in matched.items()}, ranked))
     cols = 1 + len(names)
-    fig, axes = plt.subplots(len(panels), cols, figsize=(1.6 * cols, 1.6 * len(panels)), squeeze=False)
-    for i, (label, truth, recs) in enumerate(panels):
+    fig, axes = plt.subplots(len(panels), cols, figsize=(1.6 * cols, 1.7 * len(panels)), squeeze=False)
+    for i, (label, truth, recs, ranked) in enumerate(panels):
         for j, (name, img) in enumerate([("original", truth)] + [(n, recs.get(n)) for n in names]):
             ax = axes[i, j]
             ax.axis("off")
             if img is not None:
                 ax.imshow(np.transpose(img, (1, 2, 0)))
+            if name in ranked:
+                ax.text(0.5, -0.04, f"re-id rank {ranked[name]:g}", transform=ax.transAxes, fontsize=5,
+                        ha="center", va="top")  # fmt: skip
             if i == 0:
                 ax.set_title(name, fontsize=6)
         axes[i, 0].text(-0.1, 0.5, label, transform=axes[i, 0].transAxes, fontsize=6, ha="right", va="center")
@@ -401,9 +488,33 @@ def observation_from_capture(
     )
 
 
-def audit_captures(capture_dir: Path, out: Path, budget: AuditConfig | None = None) -> list[dict[str, Any]]:
+def capture_gallery(items: list[tuple[Observation, np.ndarray | None]], decoys: int) -> Gallery | None:
+    """The decoy gallery for a captured run: its dataset's test split at the captured image size. None (said on
+    stdout and in the report) when re-identification is off, no ground truth was recorded, or the split cannot
+    be loaded here."""
+    truths = [truth for _, truth in items if truth is not None]
+    if decoys <= 0 or not truths:
+        if decoys > 0:
+            print("audit: no ground truth recorded: re-identification not scored", flush=True)
+        return None
+    config = items[0][0].config
+    try:
+        return reidentification.gallery_from_test_split(config, int(np.asarray(truths[0]).shape[-1]), decoys)
+    except (OSError, RuntimeError, ValueError) as err:
+        print(f"audit: re-identification not scored: the run's test split cannot be loaded ({err})", flush=True)
+        return None
+
+
+def audit_captures(
+    capture_dir: Path,
+    out: Path,
+    budget: AuditConfig | None = None,
+    decoys: int = reidentification.DEFAULT_DECOYS,
+    budgets: list[int] | None = None,
+) -> list[dict[str, Any]]:
     """Audit every captured train update under ``capture_dir`` (a run's ``captures/`` or the run folder) with the
-    optimisation budget ``budget`` (default: the captured run's own ``audit.*`` settings)."""
+    optimisation budget ``budget`` (default: the captured run's own ``audit.*`` settings), re-identification
+    among ``decoys`` images of the run's test split (0: not scored) and optionally several ``budgets``."""
     capture_dir = capture_dir / CAPTURES if (capture_dir / CAPTURES).is_dir() else capture_dir
     if not capture_dir.is_dir():
         raise FileNotFoundError(f"no captures in {capture_dir}")
@@ -440,7 +551,10 @@ def audit_captures(capture_dir: Path, out: Path, budget: AuditConfig | None = No
         items.append((obs, recorded["images"] if recorded is not None else None))
         labels.append(recorded["labels"] if recorded is not None else None)
     print(f"audit: {len(items)} captured update(s) from {capture_dir}", flush=True)
-    rows = audit_observations(items, out, f"fedvit audit of {run}", true_labels=labels)[0]
+    gallery = capture_gallery(items, decoys)
+    rows = audit_observations(
+        items, out, f"fedvit audit of {run}", true_labels=labels, gallery=gallery, budgets=budgets
+    )[0]
     write_frontier(rows, out, {})
     print((out / "frontier.md").read_text().split("\n## Every attack")[0], flush=True)
     return rows

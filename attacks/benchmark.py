@@ -22,12 +22,14 @@ from tqdm import tqdm
 from attacks.audit import as_batch, audit_observations, defence_of
 from attacks.frontier import write_frontier
 from attacks.observation import Observation, dense_update
+from attacks.reidentification import DEFAULT_DECOYS, gallery_from_test_split
 from clients import runner
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from clients.privacy import privatize_offline
 from core.config import Config, parse_config
 from core.data import client_data, load_dataset
 from core.model import build_model, get_weights
+from core.params import HEAD_BIAS
 
 DEFENCES: dict[str, dict[str, Any]] = {
     "plain": {"strategy": "fedsgd"},
@@ -167,6 +169,31 @@ def dataset_mean_image(config: Config, size: int) -> np.ndarray:
     return (total / len(images)).numpy().astype(np.float64)
 
 
+def trained_model(base: Config, run_dir: Path) -> Config:
+    """``base`` attacking the final model of a finished run: the run's ``model.*`` settings, its weights
+    (``<run>/model.safetensors``, loaded through ``model.pretrained``) as the model every client receives."""
+    import json
+
+    weights, saved = run_dir / "model.safetensors", run_dir / "config.json"
+    for path in (weights, saved):
+        if not path.is_file():
+            raise ValueError(f"--model-from {run_dir}: no {path.name} (is it the folder of a finished run?)")
+    run = parse_config(json.loads(saved.read_text()))
+    model = dataclasses.replace(run.model, pretrained=str(weights.resolve()))
+    config = dataclasses.replace(base, model=model)
+    classes = load_dataset(config.data, config.seed, "train").num_classes
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "numpy") as f:
+        head = f.get_slice(HEAD_BIAS).get_shape()[0] if HEAD_BIAS in f.keys() else None  # noqa: SIM118
+    if head is not None and head != classes:
+        raise ValueError(
+            f"--model-from {run_dir}: its head has {head} classes, the benchmark's data {config.data.name!r} has "
+            f"{classes} (timm would replace the trained head with a random one)"
+        )
+    return config
+
+
 def run_benchmark(
     base: Config,
     images: int,
@@ -174,10 +201,14 @@ def run_benchmark(
     defences: list[str] | None = None,
     settings: list[Setting] | None = None,
     accuracy: dict[str, float] | None = None,
+    decoys: int = DEFAULT_DECOYS,
+    budgets: list[int] | None = None,
 ) -> list[dict]:
     """Produce, attack and score ``images`` client updates per defence and setting; write audit.md/json, grid.png,
     fig4.png (single-image FedSGD) and the frontier (frontier.json/md/png; ``accuracy``: final accuracy per
-    defence name from short training runs, for the accuracy-cost axis)."""
+    defence name from short training runs, for the accuracy-cost axis). ``decoys`` test-split images form the
+    re-identification gallery (0: not scored); ``budgets`` runs the optimisation attacks at each number of Adam
+    steps per restart (default: ``audit.iterations``)."""
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FEDVIT_CLIENT_STATE", str(out / "client-state"))  # locked masks of these clients
     chosen = defences or list(DEFENCES)
@@ -209,9 +240,14 @@ def run_benchmark(
         items.extend(updates)
     for note in skipped:
         print(f"audit benchmark: skipped {note}", flush=True)
-    title = f"fedvit audit benchmark: {images} update(s) per defence and setting, model {base.model.name}"
-    mean_image = dataset_mean_image(base, int(items[0][1].shape[-1])) if items else None
-    rows, attacked = audit_observations(items, out, title, true_labels=labels, dataset_mean=mean_image)
+    weights = "random init" if base.model.pretrained == "off" else f"weights {base.model.pretrained}"
+    title = f"fedvit audit benchmark: {images} update(s) per defence and setting, model {base.model.name} ({weights})"
+    size = int(items[0][1].shape[-1]) if items else base.model.img_size
+    mean_image = dataset_mean_image(base, size) if items else None
+    gallery = gallery_from_test_split(base, size, decoys) if decoys > 0 else None
+    rows, attacked = audit_observations(
+        items, out, title, true_labels=labels, dataset_mean=mean_image, gallery=gallery, budgets=budgets
+    )
     single = [a for a in attacked if a[0].meta.get("setting") == Setting(1).label]
     if single:
         save_figure4(single, [r for r in rows if r.get("setting") == Setting(1).label], out / "fig4.png")

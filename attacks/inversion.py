@@ -247,7 +247,7 @@ def invert(
     if not obs.update[POS_EMBED].any() or (kept is not None and not kept[POS_EMBED].any()):
         note += "; no position-embedding gradient"
     batch = images.numpy().astype(np.float64)
-    return Reconstruction(batch[0], note, images=tuple(batch))
+    return Reconstruction(batch[0], note, images=tuple(batch), steps=done)
 
 
 def collusion_inversion(obs: Observation, progress: Callable[[int, int], None] | None = None) -> Reconstruction:

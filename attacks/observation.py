@@ -50,12 +50,14 @@ class Observation:
 class Reconstruction:
     """An attack's output: an image [C, H, W] in [0, 1], or None with the reason it could not run.
 
-    Batch attacks also return every image they reconstructed in ``images`` (``image`` is then the first).
+    Batch attacks also return every image they reconstructed in ``images`` (``image`` is then the first);
+    optimisation attacks say how many optimiser steps they took in ``steps`` (fewer than asked under a time cap).
     """
 
     image: np.ndarray | None
     note: str = ""
     images: tuple[np.ndarray, ...] = ()
+    steps: int | None = None
 
     @property
     def all_images(self) -> list[np.ndarray]:

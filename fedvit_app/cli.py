@@ -124,13 +124,24 @@ def audit(args: argparse.Namespace) -> int:
     if args.benchmark == (args.captures is not None):
         print("fedvit audit: give a capture folder or --benchmark (not both)", file=sys.stderr)
         return 2
+    try:
+        budgets = sorted(set(positive_list(args.budgets, "--budgets"))) if args.budgets.strip() else None
+    except ValueError as err:
+        print(f"fedvit audit: {err}", file=sys.stderr)
+        return 2
+    if args.decoys < 0:
+        print("fedvit audit: --decoys must be >= 0", file=sys.stderr)
+        return 2
+    if args.model_from is not None and not args.benchmark:
+        print("fedvit audit: --model-from is for --benchmark (a captured run's model is what it sent)", file=sys.stderr)
+        return 2
     if args.benchmark:
         if args.images < 1:
             print("fedvit audit: --images must be >= 1", file=sys.stderr)
             return 2
         if check_config(Path(args.app), args.run_config):
             return 2
-        from attacks.benchmark import Setting, run_benchmark
+        from attacks.benchmark import Setting, run_benchmark, trained_model
         from attacks.frontier import final_accuracies
 
         config = parse_config(resolved_run_config(Path(args.app), args.run_config))
@@ -142,7 +153,10 @@ def audit(args: argparse.Namespace) -> int:
                 for batch in positive_list(args.batch_sizes, "--batch-sizes")
             ]
             accuracy = final_accuracies(args.accuracy_from) if args.accuracy_from else None
-            run_benchmark(config, args.images, args.out.resolve(), defences, settings, accuracy)
+            if args.model_from is not None:
+                config = trained_model(config, args.model_from)
+                print(f"audit benchmark: attacking the final model of {args.model_from} ({config.model.name})")
+            run_benchmark(config, args.images, args.out.resolve(), defences, settings, accuracy, args.decoys, budgets)
         except ValueError as err:
             print(f"fedvit audit: {err}", file=sys.stderr)
             return 2
@@ -150,7 +164,7 @@ def audit(args: argparse.Namespace) -> int:
         from attacks.audit import audit_captures
 
         try:
-            audit_captures(args.captures, args.out, audit_budget(Path(args.app), args.run_config))
+            audit_captures(args.captures, args.out, audit_budget(Path(args.app), args.run_config), args.decoys, budgets)
         except (FileNotFoundError, ValueError) as err:
             print(f"fedvit audit: {err}", file=sys.stderr)
             return 2
@@ -215,6 +229,24 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="--benchmark: a finished `fedvit experiment` folder (e.g. conf/experiments/frontier-cpu.toml) whose "
         "final accuracies give the frontier's accuracy cost",
+    )
+    p_audit.add_argument(
+        "--model-from",
+        type=Path,
+        help="--benchmark: attack the final model of a finished run (its model.* settings and model.safetensors) "
+        "instead of a randomly initialised one",
+    )
+    p_audit.add_argument(
+        "--budgets",
+        default="",
+        help="comma-separated Adam steps per restart for the optimisation attacks, e.g. 600,2400,9600: one row per "
+        "budget and a leakage-vs-budget panel (default: audit.iterations; audit.max-seconds still caps each run)",
+    )
+    p_audit.add_argument(
+        "--decoys",
+        type=int,
+        default=99,
+        help="test-split images beside the true one in the re-identification gallery (default 99: chance 1%%; 0: off)",
     )
 
     p_rob = sub.add_parser(

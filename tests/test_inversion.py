@@ -191,7 +191,8 @@ def test_frontier_rows_pick_the_best_attack_and_the_accuracy_cost(tmp_path):
     assert best["mask-fresh-r0.5"]["accuracy-cost"] == pytest.approx(0.1)
     assert best["mask-fresh-r0.5"]["baseline-psnr"] == 12.0
     assert {r["attack"] for r in written if r["defence"] == "mask-fresh-r0.5"} == {"A", "C"}
-    assert "| mask-fresh-r0.5 | B=1, FedSGD | A | 11.0 |" in (tmp_path / "frontier.md").read_text()
+    assert "| mask-fresh-r0.5 | B=1, FedSGD | — | A | 11.0 |" in (tmp_path / "frontier.md").read_text()  # no budget
+    assert (best["plain"]["verdict"], best["mask-fresh-r0.5"]["verdict"]) == ("leaks", "at baseline")
     assert (tmp_path / "frontier.png").stat().st_size > 0
 
 
@@ -250,7 +251,7 @@ def test_frontier_can_be_rewritten_with_accuracies_that_arrived_later(tmp_path, 
     assert main([str(tmp_path), "--accuracy-from", str(experiment)]) == 0
     best = {r["defence"]: r for r in json.loads((tmp_path / "frontier.json").read_text())["best"]}
     assert best["pgd-at"]["accuracy-cost"] == pytest.approx(0.2)
-    assert "| pgd-at | B=1, FedSGD | A | 40.0 |" in capsys.readouterr().out
+    assert "| pgd-at | B=1, FedSGD | — | A | 40.0 |" in capsys.readouterr().out
     assert main([str(tmp_path), "--accuracy-from", str(tmp_path / "missing")]) == 2
 
 
