@@ -206,7 +206,7 @@ def invert(
         correction = {n: torch.as_tensor(c, dtype=torch.float32) for n, c in obs.correction.items()}
     deadline = time.monotonic() + budget.max_seconds
     total = budget.iterations * budget.restarts
-    best: tuple[float, torch.Tensor, str] | None = None
+    best: tuple[float, torch.Tensor, str, float] | None = None  # (ranking value, images, note, gradient match)
     done = 0
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
     for restart in range(budget.restarts):
@@ -221,11 +221,12 @@ def invert(
             optimizer.zero_grad(set_to_none=True)
             sim = simulate(model, params, x, label_logits, rec, adversary, correction)
             match = match_loss(sim, target, kept, budget.pos_weight)
-            if best is None or float(match.detach()) < best[0]:  # the candidate just evaluated (before its step)
-                best = (float(match.detach()), x.detach().clone(), f"{start_note}; {label_note}")
+            loss = match + budget.tv * total_variation(x)
+            ranked = float((match if budget.keep == "match" else loss).detach())
+            if best is None or ranked < best[0]:  # the candidate just evaluated (before its step)
+                best = (ranked, x.detach().clone(), f"{start_note}; {label_note}", float(match.detach()))
             if step == budget.iterations or time.monotonic() > deadline:
                 break
-            loss = match + budget.tv * total_variation(x)
             loss.backward()
             x.grad.sign_()
             optimizer.step()
@@ -238,7 +239,7 @@ def invert(
         if time.monotonic() > deadline:
             break
     assert best is not None
-    loss_value, images, note = best
+    _, images, note, loss_value = best
     capped = " (time cap)" if done < total else ""
     note += (
         f"; gradient match 1−cos {loss_value:.2e}; {rec.examples} image(s), {rec.steps} local step(s); "

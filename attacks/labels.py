@@ -4,8 +4,9 @@ For mean-reduced cross-entropy over a batch of B images the head-bias gradient i
 g_c = (1/B) Σ_i (p_ic − y_ic) (softmax p, one-hot y), so the number of images of class c is
 n_c = B·p̄_c − B·g_c with p̄_c the batch-mean softmax (the idea of iDLG, Zhao et al. 2020, extended to batches
 as in Wainakh et al.'s LLG). The attacker does not see p̄; it estimates it from the received model's softmax on
-uninformative inputs. A FedAvg update over E local steps holds −lr·Σ_t g_t in its bias: the same formula gives
-the label counts of all E·B samples the client processed.
+uninformative inputs, or, where that fits the gradient worse, as equal shares among the classes whose bias
+gradient is negative (:func:`best_counts`). A FedAvg update over E local steps holds −lr·Σ_t g_t in its bias:
+the same formula gives the label counts of all E·B samples the client processed.
 """
 
 from __future__ import annotations
@@ -27,17 +28,50 @@ from core.params import HEAD_BIAS
 
 
 def label_counts(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.ndarray) -> np.ndarray:
-    """Integer counts per class, summing to ``batch_size``: B·p̄ − B·g rounded by largest remainders."""
-    raw = batch_size * (np.asarray(mean_probs, np.float64) - np.asarray(head_bias_grad, np.float64))
-    raw = np.clip(raw, 0.0, None)
-    counts = np.floor(raw).astype(np.int64)
-    missing = batch_size - int(counts.sum())
-    if missing > 0:
+    """Integer counts per class, summing to ``batch_size``: B·p̄ − B·g rounded by largest remainders, with at
+    least one image of every class whose bias gradient is negative (g_c < 0 needs y_c > p_c for some image)."""
+    g = np.asarray(head_bias_grad, np.float64)
+    raw = np.clip(batch_size * (np.asarray(mean_probs, np.float64) - g), 0.0, None)
+    floor = (g < 0).astype(np.int64)
+    if floor.sum() > batch_size:  # more negative entries than images (noise): the most negative B
+        counts = np.zeros(len(g), np.int64)
+        counts[np.argsort(g, kind="stable")[:batch_size]] = 1
+        return counts
+    counts = np.maximum(np.floor(raw).astype(np.int64), floor)
+    while counts.sum() > batch_size:  # take from the count furthest above its raw value (never below the floor)
+        excess = np.where(counts > floor, counts - raw, -np.inf)
+        counts[int(np.argmax(excess))] -= 1
+    if counts.sum() < batch_size:
+        missing = batch_size - int(counts.sum())
         counts[np.argsort(-(raw - counts), kind="stable")[:missing]] += 1
-    elif missing < 0:  # clipping can overshoot: take from the largest
-        for c in np.argsort(-raw, kind="stable")[:-missing]:
-            counts[c] -= 1
     return counts
+
+
+def equal_share_softmax(head_bias_grad: np.ndarray) -> np.ndarray:
+    """A p̄ estimate from the gradient alone: exact (p̄_c = g_c) for classes taken as absent (g_c ≥ 0), and the
+    remaining probability mass shared equally among the classes with g_c < 0 (the idea behind breaching's
+    "bias-corrected" rule; a trained model's softmax on noise says little about its softmax on real images)."""
+    g = np.asarray(head_bias_grad, np.float64)
+    present = g < 0
+    if not present.any():
+        return np.clip(g, 0, None)
+    return np.where(present, (1.0 - g[~present].sum()) / present.sum(), g)
+
+
+def _integrality(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.ndarray) -> float:
+    """How far B·(p̄ − g) lies from non-negative integers (squared distance): small when p̄ is right."""
+    raw = np.clip(batch_size * (np.asarray(mean_probs, np.float64) - np.asarray(head_bias_grad, np.float64)), 0, None)
+    return float(((raw - np.round(raw)) ** 2).sum())
+
+
+def best_counts(head_bias_grad: np.ndarray, batch_size: int, noise_probs: np.ndarray) -> tuple[np.ndarray, str]:
+    """:func:`label_counts` with whichever p̄ estimate, the model's softmax on noise or the equal share, makes the
+    raw counts closer to integers (measured in benchmarks/README.md: the noise estimate fails on trained models,
+    the equal share on large batches of a random model)."""
+    share = equal_share_softmax(head_bias_grad)
+    if _integrality(head_bias_grad, batch_size, share) < _integrality(head_bias_grad, batch_size, noise_probs):
+        return label_counts(head_bias_grad, batch_size, share), "p̄ as equal shares"
+    return label_counts(head_bias_grad, batch_size, noise_probs), ""
 
 
 def label_counts_unknown_scale(scaled_grad: np.ndarray, batch_size: int, mean_probs: np.ndarray) -> np.ndarray:
@@ -93,4 +127,4 @@ def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
         examples = client.examples
     if obs.config.dp.enabled:  # clipping scaled the update by an unknown factor
         return label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated"
-    return label_counts(grad, examples, mean_probs), ""
+    return best_counts(grad, examples, mean_probs)

@@ -24,6 +24,7 @@ CLIENT_EVAL = ("split", "test-shard")
 ENCRYPTION_MODES = ("off", "paper", "private-init")
 ROBUST_ATTACKS = ("pgd", "autoattack")
 AUTOATTACK_VERSIONS = ("standard", "apgd")  # clients/autoattack.py
+AUDIT_KEEP = ("match", "objective")  # attacks/inversion.py: which candidate the optimisation attack returns
 DP_MODES = ("off", "central", "local")
 DP_STRATEGIES = ("fedsgd", "fedavg", "fedprox")  # one plain update per client: clipping bounds its contribution
 HEADS = ("cls", "vis", "cls+vis")
@@ -180,7 +181,9 @@ class AuditConfig:
     gradients, decayed ×0.1 at 3/8, 5/8 and 7/8), ``restarts`` random starts (the best update match wins),
     ``max-seconds`` a wall-clock cap per update over all restarts; ``tv`` weights the total-variation prior and
     ``pos-weight`` the extra position-embedding cosine term (APRIL's optimisation variant); ``closed-form-start``
-    starts the first restart from APRIL-E's closed form where it applies (one image, FedSGD, position gradient).
+    starts the first restart from APRIL-E's closed form where it applies (one image, FedSGD, position gradient);
+    ``keep`` picks the candidate returned: the lowest gradient match ("match") or the lowest total objective,
+    match plus TV ("objective", as breaching does).
     """
 
     iterations: int = 1500
@@ -190,12 +193,14 @@ class AuditConfig:
     tv: float = 0.05
     pos_weight: float = 1.0
     closed_form_start: bool = True
+    keep: str = "match"
 
     def describe(self) -> str:
         start = "closed-form start where it applies" if self.closed_form_start else "random starts only"
         return (
             f"{self.iterations} Adam steps × {self.restarts} restart(s), ≤ {self.max_seconds:g} s per update, "
-            f"lr {self.lr:g}, TV {self.tv:g}, position-embedding term {self.pos_weight:g}, {start}"
+            f"lr {self.lr:g}, TV {self.tv:g}, position-embedding term {self.pos_weight:g}, {start}, keeps the "
+            f"lowest {'gradient match' if self.keep == 'match' else 'total objective'}"
         )
 
 
@@ -398,6 +403,7 @@ _CHECKS: dict[str, Check] = {
     "audit.lr": _POSITIVE,
     "audit.tv": (lambda v: v >= 0, "a number >= 0"),
     "audit.pos-weight": (lambda v: v >= 0, "a number >= 0"),
+    "audit.keep": _one_of(AUDIT_KEEP),
     "capture.rounds": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
     "capture.partitions": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '0,2-3'"),
 }
