@@ -138,6 +138,14 @@ def total_variation(x: torch.Tensor) -> torch.Tensor:
     return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
 
 
+def patch_border_variation(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """GradViT's patch prior (Hatamizadeh et al. 2022): mean absolute difference of neighbouring pixels across
+    patch borders only, where ViT reconstructions show seams (each patch is embedded on its own)."""
+    rows = (x[..., patch::patch, :] - x[..., patch - 1 : -1 : patch, :]).abs().mean()
+    cols = (x[..., :, patch::patch] - x[..., :, patch - 1 : -1 : patch]).abs().mean()
+    return rows + cols
+
+
 def madry_simulator(obs: Observation, model: nn.Module, count: int) -> Callable | None:
     """The client's Madry AT as the attacker re-runs it: the first ``count`` samples of each step replaced by
     their PGD versions (which samples the client picked is unknown; slots are interchangeable). The PGD
@@ -158,18 +166,39 @@ def madry_simulator(obs: Observation, model: nn.Module, count: int) -> Callable 
 
 
 def initial_images(
-    obs: Observation, rec: ClientRecipe, restart: int, closed_form_start: bool = True
+    obs: Observation, rec: ClientRecipe, restart: int, budget: AuditConfig, labels: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, str]:
     """Restart 0 starts from APRIL-E's closed form where it applies (one image, FedSGD, position-embedding
-    gradient sent); every other start is seeded uniform noise."""
+    gradient sent); every other start is seeded uniform noise, or with ``audit.init = "test-split"`` test-split
+    images of the recovered classes (``labels``: one per candidate; random test images where unknown)."""
     c, h, w, _ = image_geometry(obs)
-    closed_form = closed_form_start and rec.examples == 1 and rec.sends_gradient
+    closed_form = budget.closed_form_start and rec.examples == 1 and rec.sends_gradient
     if restart == 0 and closed_form and obs.masks is None and obs.update[POS_EMBED].any():
         closed = embedding_route(obs)
         if closed.image is not None:
             return torch.as_tensor(closed.image, dtype=torch.float32)[None], "closed-form start"
     generator = torch.Generator().manual_seed(obs.config.seed * 1000 + restart)
+    if budget.init == "test-split":
+        return test_split_start(obs, rec.examples, h, labels, generator), "test-split start (stronger threat model)"
     return torch.rand(rec.examples, c, h, w, generator=generator), "random start"
+
+
+def test_split_start(
+    obs: Observation, examples: int, size: int, labels: torch.Tensor | None, generator: torch.Generator
+) -> torch.Tensor:
+    """One test-split image per candidate, of its recovered class where known: what an attacker holding
+    in-distribution data (the server's test split) starts from. Never a client's image (train split)."""
+    from core.data import load_dataset
+
+    test = load_dataset(obs.config.data, obs.config.seed, "test")
+    picks = []
+    for k in range(examples):
+        pool = np.arange(len(test))
+        if labels is not None:
+            same = np.flatnonzero(test.labels == int(labels[k]))
+            pool = same if len(same) else pool
+        picks.append(int(pool[int(torch.randint(len(pool), (1,), generator=generator))]))
+    return test.batch(np.asarray(picks), size)[0].float()
 
 
 def labels_for(obs: Observation, rec: ClientRecipe, num_classes: int) -> tuple[torch.Tensor, bool, str]:
@@ -210,7 +239,8 @@ def invert(
     done = 0
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
     for restart in range(budget.restarts):
-        x0, start_note = initial_images(obs, rec, restart, budget.closed_form_start)
+        known = None if learn_labels else labels.argmax(1)
+        x0, start_note = initial_images(obs, rec, restart, budget, known)
         x = x0.clone().requires_grad_(True)
         label_logits = labels.clone().requires_grad_(learn_labels)
         variables = [x] + ([label_logits] if learn_labels else [])
@@ -222,6 +252,8 @@ def invert(
             sim = simulate(model, params, x, label_logits, rec, adversary, correction)
             match = match_loss(sim, target, kept, budget.pos_weight)
             loss = match + budget.tv * total_variation(x)
+            if budget.patch_tv > 0:
+                loss = loss + budget.patch_tv * patch_border_variation(x, image_geometry(obs)[3])
             ranked = float((match if budget.keep == "match" else loss).detach())
             if best is None or ranked < best[0]:  # the candidate just evaluated (before its step)
                 best = (ranked, x.detach().clone(), f"{start_note}; {label_note}", float(match.detach()))

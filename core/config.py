@@ -24,6 +24,7 @@ CLIENT_EVAL = ("split", "test-shard")
 ENCRYPTION_MODES = ("off", "paper", "private-init")
 ROBUST_ATTACKS = ("pgd", "autoattack")
 AUTOATTACK_VERSIONS = ("standard", "apgd")  # clients/autoattack.py
+AUDIT_INIT = ("noise", "test-split")  # attacks/inversion.py: where the optimisation attack's restarts start
 AUDIT_KEEP = ("match", "objective")  # attacks/inversion.py: which candidate the optimisation attack returns
 DP_MODES = ("off", "central", "local")
 DP_STRATEGIES = ("fedsgd", "fedavg", "fedprox")  # one plain update per client: clipping bounds its contribution
@@ -183,7 +184,8 @@ class AuditConfig:
     ``pos-weight`` the extra position-embedding cosine term (APRIL's optimisation variant); ``closed-form-start``
     starts the first restart from APRIL-E's closed form where it applies (one image, FedSGD, position gradient);
     ``keep`` picks the candidate returned: the lowest gradient match ("match") or the lowest total objective,
-    match plus TV ("objective", as breaching does).
+    match plus TV ("objective", as breaching does); ``patch-tv`` weights GradViT's patch-border prior; ``init``
+    starts from uniform noise or, a stronger threat model, from test-split images of the recovered classes.
     """
 
     iterations: int = 1500
@@ -194,6 +196,8 @@ class AuditConfig:
     pos_weight: float = 1.0
     closed_form_start: bool = True
     keep: str = "match"
+    patch_tv: float = 0.0
+    init: str = "noise"
 
     def describe(self) -> str:
         start = "closed-form start where it applies" if self.closed_form_start else "random starts only"
@@ -201,6 +205,8 @@ class AuditConfig:
             f"{self.iterations} Adam steps × {self.restarts} restart(s), ≤ {self.max_seconds:g} s per update, "
             f"lr {self.lr:g}, TV {self.tv:g}, position-embedding term {self.pos_weight:g}, {start}, keeps the "
             f"lowest {'gradient match' if self.keep == 'match' else 'total objective'}"
+            + (f", patch-border TV {self.patch_tv:g}" if self.patch_tv else "")
+            + (", starts from test-split images of the recovered classes" if self.init == "test-split" else "")
         )
 
 
@@ -404,6 +410,8 @@ _CHECKS: dict[str, Check] = {
     "audit.tv": (lambda v: v >= 0, "a number >= 0"),
     "audit.pos-weight": (lambda v: v >= 0, "a number >= 0"),
     "audit.keep": _one_of(AUDIT_KEEP),
+    "audit.patch-tv": (lambda v: v >= 0, "a number >= 0"),
+    "audit.init": _one_of(AUDIT_INIT),
     "capture.rounds": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
     "capture.partitions": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '0,2-3'"),
 }

@@ -28,6 +28,9 @@ from fedvit_app.run_config import check_config
         ("robust.every", 0, ">= 1"),
         ("robust.eps-255", 0.0, "(0, 255]"),
         ("robust.eps-255", -8.0, "(0, 255]"),
+        ("audit.keep", "last", "match, objective"),
+        ("audit.init", "imagenet", "noise, test-split"),
+        ("audit.patch-tv", -0.1, ">= 0"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(key, value, allowed):
