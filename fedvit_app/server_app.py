@@ -123,12 +123,15 @@ class RoundEnd:
                     self.model, self.test, np.arange(len(self.test)), img_size, robust,
                     [self.config.seed, rnd, 5], subset_seed=self.config.seed,
                 )  # fmt: skip
-                # what the number means, beside it (the subset autoattack_accuracy attacked)
-                samples = len(stratified_subset(self.test.labels, np.arange(len(self.test)), robust.max_samples,
-                                                self.config.seed))  # fmt: skip
-                entry["autoattack"] = {"version": robust.version, "norm": "Linf", "eps-255": robust.eps_255,
-                                       "samples": samples}  # fmt: skip
+                # the central number's sample count (the subset autoattack_accuracy attacked)
+                entry["autoattack-samples"] = len(stratified_subset(self.test.labels, np.arange(len(self.test)),
+                                                                    robust.max_samples, self.config.seed))  # fmt: skip
             entry |= dict(central)
+        if autoattack_in(self.config, rnd):  # what the central and the clients' numbers mean, beside them
+            robust = self.config.robust
+            entry["autoattack"] = {"version": robust.version, "norm": "Linf", "eps-255": robust.eps_255,
+                                   "samples": entry.pop("autoattack-samples", None),
+                                   "client-max-samples": robust.max_samples}  # fmt: skip
         self._amend_merged_evaluation(rnd - 1)
         stats = self.strategy.stats.get(rnd)
         if stats is not None:

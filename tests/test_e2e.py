@@ -194,7 +194,8 @@ def test_adversarial_training_with_fedwavg_reports_natural_and_robust_accuracy_e
     last = rounds[-1]
     assert last["central-autoattack-accuracy"] <= last["central-robust-accuracy"]
     assert last["eval-autoattack-accuracy"] <= last["eval-robust-accuracy"]
-    assert last["autoattack"] == {"version": "apgd", "norm": "Linf", "eps-255": 8.0, "samples": 16}
+    assert last["autoattack"] == {"version": "apgd", "norm": "Linf", "eps-255": 8.0, "samples": 16,
+                                  "client-max-samples": 16}  # fmt: skip
     saved = json.loads((out / "fat" / "config.json").read_text())
     assert (saved["robust.attack"], saved["robust.version"], saved["robust.max-samples"]) == ("autoattack", "apgd", 16)
     for r in rounds:

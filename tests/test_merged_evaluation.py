@@ -40,3 +40,24 @@ def test_merged_message_gives_the_same_metrics_and_model_with_fewer_messages(tmp
 def test_no_merge_when_train_and_evaluation_reach_different_clients(tmp_path, monkeypatch):
     _, _, kinds = _run(tmp_path, "partial", True, monkeypatch, **{"fraction-evaluate": 0.5})
     assert kinds.count("evaluate") == 3  # one client per round (of 3, fraction 0.5), every round by itself
+
+
+def test_a_run_without_central_evaluation_still_says_what_its_autoattack_numbers_mean(tmp_path):
+    """Federated-only evaluation: the round entry of an AutoAttack round describes the clients' numbers."""
+    from types import SimpleNamespace
+
+    from core.config import parse_config
+    from fedvit_app.server_app import RoundEnd
+
+    robust = {"robust.enabled": True, "robust.attack": "autoattack", "robust.version": "apgd", "robust.max-samples": 12}
+    config = parse_config({"centralized-evaluation": False, "num-server-rounds": 2} | robust)
+    recorded = []
+    strategy = SimpleNamespace(round_of=lambda r: r, round_offset=0, stats={}, merges_evaluation=lambda r: False,
+                               state_dict=lambda: {})  # fmt: skip
+    recorder = SimpleNamespace(record_round=recorded.append, checkpoint=lambda *a: None)
+    end = RoundEnd(config, strategy, recorder, model=None, total_rounds=2)
+    for rnd in (0, 1, 2):
+        assert end(rnd, {}) is None  # nothing evaluated centrally
+    described = [r.get("autoattack") for r in recorded]
+    assert described == [None, None, {"version": "apgd", "norm": "Linf", "eps-255": 8.0, "samples": None,
+                                      "client-max-samples": 12}]  # fmt: skip
