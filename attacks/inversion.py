@@ -12,7 +12,8 @@ left out of the match; the client's Madry PGD recipe is re-run on the candidates
 as received (without the key it yields the encrypted-domain image, which is scored as it is).
 
 Double backward through timm's fused attention is not implemented on CPU, so the attack's model copy uses the
-explicit attention path (the function is the same).
+explicit attention path (the function is the same). It runs on the run config's ``device`` ("auto": CUDA where
+available); restarts run one after another.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from attacks.observation import (
     recipe,
 )
 from core.config import AuditConfig
-from core.model import normalize
+from core.model import normalize, resolve_device
 from core.params import POS_EMBED
 
 
@@ -225,23 +226,26 @@ def invert(
         return Reconstruction(None, f"strategy {obs.config.strategy!r} is not simulated by this attack")
     budget = budget or obs.config.audit
     rec = recipe(obs)
-    model = attack_model(obs)
+    device = resolve_device(obs.config.device)  # "auto": CUDA where there is one
+    model = attack_model(obs).to(device)
     params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
-    target = observed_target(obs)
+    target = {n: t.to(device) for n, t in observed_target(obs).items()}
     kept = kept_entries(obs)
+    kept = None if kept is None else {n: m.to(device) for n, m in kept.items()}
     adversary = madry_simulator(obs, model, rec.adversarial)
     correction = None
     if obs.correction is not None:
-        correction = {n: torch.as_tensor(c, dtype=torch.float32) for n, c in obs.correction.items()}
+        correction = {n: torch.as_tensor(c, dtype=torch.float32, device=device) for n, c in obs.correction.items()}
     deadline = time.monotonic() + budget.max_seconds
     total = budget.iterations * budget.restarts
     best: tuple[float, torch.Tensor, str, float] | None = None  # (ranking value, images, note, gradient match)
     done = 0
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
+    labels = labels.to(device)
     for restart in range(budget.restarts):
         known = None if learn_labels else labels.argmax(1)
         x0, start_note = initial_images(obs, rec, restart, budget, known)
-        x = x0.clone().requires_grad_(True)
+        x = x0.to(device).clone().requires_grad_(True)
         label_logits = labels.clone().requires_grad_(learn_labels)
         variables = [x] + ([label_logits] if learn_labels else [])
         optimizer = torch.optim.Adam(variables, lr=budget.lr)
@@ -279,7 +283,7 @@ def invert(
     )
     if not obs.update[POS_EMBED].any() or (kept is not None and not kept[POS_EMBED].any()):
         note += "; no position-embedding gradient"
-    batch = images.numpy().astype(np.float64)
+    batch = images.cpu().numpy().astype(np.float64)
     return Reconstruction(batch[0], note, images=tuple(batch), steps=done)
 
 

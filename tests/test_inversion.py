@@ -98,7 +98,7 @@ def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
 
     obs, _, labels = benchmark_update(tmp_path, setting=Setting(4, steps=2))
     counts, reason = recover_labels(obs)
-    assert reason == "" and counts.sum() == 8
+    assert reason in ("", "p̄ as equal shares") and counts.sum() == 8  # which p̄ estimate fitted
     assert label_accuracy(counts, labels) >= 0.75
 
 
