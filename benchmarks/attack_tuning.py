@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -26,10 +27,19 @@ from benchmarks.peer_breaching import plain_updates, scored_row
 from core.config import AuditConfig, parse_config  # noqa: E402
 
 
+def _value(text: str) -> object:
+    """A variant's value: JSON where it parses (numbers, true/false), else the text itself."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip()
+
+
 def variant_budget(base: AuditConfig, text: str, steps: int) -> AuditConfig:
     """``base`` with the variant's audit.* values, ``steps`` Adam steps, random starts, one restart, no time cap."""
-    values = {f"audit.{k.strip()}": json.loads(v) if v.strip()[:1] in "0123456789-tf" else v.strip()
-              for k, v in (item.split("=", 1) for item in text.split(",") if item.strip())}  # fmt: skip
+    values = {
+        f"audit.{k.strip()}": _value(v) for k, v in (item.split("=", 1) for item in text.split(",") if item.strip())
+    }
     fixed = {"audit.iterations": steps, "audit.restarts": 1, "audit.closed-form-start": False}
     audit = parse_config(fixed | values).audit
     return dataclasses.replace(audit, max_seconds=math.inf)
@@ -66,7 +76,9 @@ def main() -> None:
                      "updates": rows}
                 )  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"cells": results}, indent=1))
+    command = "uv run --frozen python -m benchmarks.attack_tuning " + " ".join(repr(a) if " " in a or not a else a
+                                                                              for a in sys.argv[1:])  # fmt: skip
+    args.out.write_text(json.dumps({"command": command, "cells": results}, indent=1))
     print("| weights | B | variant | matched PSNR (dB) | SSIM | re-identified | mean rank | s/update |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:

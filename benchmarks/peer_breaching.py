@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -164,7 +165,8 @@ def main() -> None:
                      "reid-chance": mine[0]["reid-chance"], "baseline-psnr": baseline,
                      "seconds": float(np.mean([r["seconds"] for r in mine])), "updates": mine}
                 )  # fmt: skip
-    report = {"command": "see module docstring", "config": base.audit.describe(), "cells": results}
+    command = "uv run --frozen --group peer python -m benchmarks.peer_breaching " + " ".join(sys.argv[1:])
+    report = {"command": command, "fedvit attack": base.audit.describe(), "cells": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(
