@@ -259,6 +259,7 @@ def audit_observations(
                         "attack": name,
                         "budget": steps,
                         "steps-done": rec.steps,
+                        "steps-asked": None if steps is None else steps * target.config.audit.restarts,
                         **scored,
                         "seconds": seconds,
                         "note": rec.note,

@@ -56,6 +56,7 @@ def frontier_rows(audit_rows: list[dict[str, Any]], accuracy: dict[str, float]) 
                     "attack": attack,
                     "budget": budget,
                     "steps-done": mean_or_none([r.get("steps-done") for r in scored]),
+                    "steps-asked": mean_or_none([r.get("steps-asked") for r in scored]),
                     "updates": len(scored),
                     "psnr": mean_or_none([r["psnr"] for r in scored]),
                     "ssim": mean_or_none([r["ssim"] for r in scored]),
@@ -131,10 +132,11 @@ def verdict(pool: list[dict], budgeted: list[dict], previous: list[dict] | None)
         return "leaks"
     if all(r["baseline-psnr"] is None and r.get("reid-top1") is None for r in pool):
         return "not judged (no ground truth)"
-    capped = [r for r in budgeted if r.get("steps-done") is not None and r["steps-done"] < r["budget"]]
+    capped = [r for r in budgeted if None not in (r.get("steps-done"), r.get("steps-asked"))
+              and r["steps-done"] < r["steps-asked"]]  # fmt: skip
     if capped:
         r = capped[0]
-        return f"budget-limited (time cap: {r['steps-done']:.0f} of {r['budget']} steps)"
+        return f"budget-limited (time cap: {r['steps-done']:.0f} of {r['steps-asked']:.0f} steps)"
     if budgeted and previous:
         now = max(budgeted, key=lambda r: r["psnr"])
         before = max(previous, key=lambda r: r["psnr"])

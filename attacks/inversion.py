@@ -213,6 +213,59 @@ def labels_for(obs: Observation, rec: ClientRecipe, num_classes: int) -> tuple[t
     return logits, False, "labels from the head-bias gradient"
 
 
+GROUP_EVERY = 50  # Adam steps between updates of the group consensus
+
+
+@dataclasses.dataclass
+class _Run:
+    """One restart's state: its candidate images, label logits, optimiser and step-size schedule."""
+
+    x: torch.Tensor
+    labels: torch.Tensor
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    note: str
+
+    @classmethod
+    def start(cls, x0: torch.Tensor, labels: torch.Tensor, learn: bool, budget: AuditConfig, note: str) -> _Run:
+        x = x0.clone().requires_grad_(True)
+        logits = labels.clone().requires_grad_(learn)
+        optimizer = torch.optim.Adam([x] + ([logits] if learn else []), lr=budget.lr)
+        milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
+        return cls(x, logits, optimizer, scheduler, note)
+
+
+def _schedule(restarts: int, iterations: int, lockstep: bool):
+    """(restart, step) pairs: one restart after another, or all restarts step by step (group consistency)."""
+    if lockstep:
+        return ((r, s) for s in range(iterations + 1) for r in range(restarts))
+    return ((r, s) for r in range(restarts) for s in range(iterations + 1))
+
+
+def group_consensus(candidates: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Group consistency (Yin et al. 2021, "See through gradients"): the restarts' candidate batches registered
+    to restart 0's order (one-to-one assignment on pixel distance) and averaged; returned once per restart, in
+    that restart's own order, as the target its regulariser pulls towards."""
+    from scipy.optimize import linear_sum_assignment
+
+    reference = candidates[0]
+    orders = []
+    for x in candidates:
+        cost = torch.cdist(x.flatten(1), reference.flatten(1)).cpu().numpy()  # [own image, reference image]
+        rows, cols = linear_sum_assignment(cost)
+        order = np.empty(len(x), dtype=np.int64)
+        order[cols] = rows  # order[j]: own image matched to reference image j
+        orders.append(torch.as_tensor(order, device=x.device))
+    mean = torch.stack([x[order] for x, order in zip(candidates, orders, strict=True)]).mean(0)
+    out = []
+    for order in orders:
+        own = torch.empty_like(mean)
+        own[order] = mean  # back to this restart's order
+        out.append(own)
+    return out
+
+
 def invert(
     obs: Observation,
     budget: AuditConfig | None = None,
@@ -242,40 +295,46 @@ def invert(
     done = 0
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
     labels = labels.to(device)
-    for restart in range(budget.restarts):
-        known = None if learn_labels else labels.argmax(1)
-        x0, start_note = initial_images(obs, rec, restart, budget, known)
-        x = x0.to(device).clone().requires_grad_(True)
-        label_logits = labels.clone().requires_grad_(learn_labels)
-        variables = [x] + ([label_logits] if learn_labels else [])
-        optimizer = torch.optim.Adam(variables, lr=budget.lr)
-        milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
-        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
-        for step in range(budget.iterations + 1):
-            optimizer.zero_grad(set_to_none=True)
-            sim = simulate(model, params, x, label_logits, rec, adversary, correction)
-            match = match_loss(sim, target, kept, budget.pos_weight)
-            loss = match + budget.tv * total_variation(x)
-            if budget.patch_tv > 0:
-                loss = loss + budget.patch_tv * patch_border_variation(x, image_geometry(obs)[3])
-            ranked = float((match if budget.keep == "match" else loss).detach())
-            if best is None or ranked < best[0]:  # the candidate just evaluated (before its step)
-                best = (ranked, x.detach().clone(), f"{start_note}; {label_note}", float(match.detach()))
-            if step == budget.iterations or time.monotonic() > deadline:
-                break
-            loss.backward()
-            x.grad.sign_()
-            optimizer.step()
-            scheduler.step()
-            with torch.no_grad():
-                x.clamp_(0, 1)
-            done += 1
-            if progress is not None:
-                progress(done, total)
+    known = None if learn_labels else labels.argmax(1)
+    patch = image_geometry(obs)[3]
+    grouped = budget.group_weight > 0 and budget.restarts > 1
+    runs: dict[int, _Run] = {}
+    consensus: list[torch.Tensor] | None = None
+    for restart, step in _schedule(budget.restarts, budget.iterations, lockstep=grouped):
+        if restart not in runs:
+            x0, start_note = initial_images(obs, rec, restart, budget, known)
+            runs[restart] = _Run.start(x0.to(device), labels, learn_labels, budget, start_note)
+        run = runs[restart]
+        if grouped and restart == 0 and step >= budget.iterations // 2 and step % GROUP_EVERY == 0:
+            consensus = group_consensus([r.x.detach() for r in runs.values()])
+        run.optimizer.zero_grad(set_to_none=True)
+        sim = simulate(model, params, run.x, run.labels, rec, adversary, correction)
+        match = match_loss(sim, target, kept, budget.pos_weight)
+        loss = match + budget.tv * total_variation(run.x)
+        if budget.patch_tv > 0:
+            loss = loss + budget.patch_tv * patch_border_variation(run.x, patch)
+        if consensus is not None:
+            loss = loss + budget.group_weight * ((run.x - consensus[restart]) ** 2).mean()
+        ranked = float((match if budget.keep == "match" else loss).detach())
+        if best is None or ranked < best[0]:  # the candidate just evaluated (before its step)
+            best = (ranked, run.x.detach().clone(), f"{run.note}; {label_note}", float(match.detach()))
         if time.monotonic() > deadline:
             break
+        if step == budget.iterations:
+            continue
+        loss.backward()
+        run.x.grad.sign_()
+        run.optimizer.step()
+        run.scheduler.step()
+        with torch.no_grad():
+            run.x.clamp_(0, 1)
+        done += 1
+        if progress is not None:
+            progress(done, total)
     assert best is not None
     _, images, note, loss_value = best
+    if grouped:
+        note += f"; group consistency {budget.group_weight:g} over {budget.restarts} restarts"
     capped = " (time cap)" if done < total else ""
     note += (
         f"; gradient match 1−cos {loss_value:.2e}; {rec.examples} image(s), {rec.steps} local step(s); "

@@ -185,7 +185,9 @@ class AuditConfig:
     starts the first restart from APRIL-E's closed form where it applies (one image, FedSGD, position gradient);
     ``keep`` picks the candidate returned: the lowest gradient match ("match") or the lowest total objective,
     match plus TV ("objective", as breaching does); ``patch-tv`` weights GradViT's patch-border prior; ``init``
-    starts from uniform noise or, a stronger threat model, from test-split images of the recovered classes.
+    starts from uniform noise or, a stronger threat model, from test-split images of the recovered classes;
+    ``group-weight`` > 0 runs the restarts in lockstep and pulls each towards their registered mean from half-way
+    (group consistency, Yin et al. 2021).
     """
 
     iterations: int = 1500
@@ -198,6 +200,7 @@ class AuditConfig:
     keep: str = "match"
     patch_tv: float = 0.0
     init: str = "noise"
+    group_weight: float = 0.0
 
     def describe(self) -> str:
         start = "closed-form start where it applies" if self.closed_form_start else "random starts only"
@@ -207,6 +210,7 @@ class AuditConfig:
             f"lowest {'gradient match' if self.keep == 'match' else 'total objective'}"
             + (f", patch-border TV {self.patch_tv:g}" if self.patch_tv else "")
             + (", starts from test-split images of the recovered classes" if self.init == "test-split" else "")
+            + (f", group consistency {self.group_weight:g}" if self.group_weight else "")
         )
 
 
@@ -412,6 +416,7 @@ _CHECKS: dict[str, Check] = {
     "audit.keep": _one_of(AUDIT_KEEP),
     "audit.patch-tv": (lambda v: v >= 0, "a number >= 0"),
     "audit.init": _one_of(AUDIT_INIT),
+    "audit.group-weight": (lambda v: v >= 0, "a number >= 0"),
     "capture.rounds": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
     "capture.partitions": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '0,2-3'"),
 }

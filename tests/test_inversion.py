@@ -295,3 +295,36 @@ def test_scaffold_updates_are_simulated_with_the_control_variates_seen_on_the_wi
     assert simulated_match(obs, images, labels) < 1e-5
     unaware = dataclasses.replace(obs, correction=None)
     assert simulated_match(unaware, images, labels) > 10 * simulated_match(obs, images, labels)
+
+
+def test_group_consensus_registers_the_restarts_before_averaging():
+    from attacks.inversion import group_consensus
+
+    a, b = torch.zeros(1, 3, 4, 4), torch.ones(1, 3, 4, 4)
+    first = torch.cat([a, b])
+    second = torch.cat([b + 0.2, a + 0.2])  # the same two images, other order, shifted
+    own_first, own_second = group_consensus([first, second])
+    assert torch.allclose(own_first, torch.cat([a + 0.1, b + 0.1]))  # averaged image by image, not slot by slot
+    assert torch.allclose(own_second, torch.cat([b + 0.1, a + 0.1]))  # handed back in the restart's own order
+
+
+def test_priors_and_test_split_starts_run_and_say_so(tmp_path):
+    from attacks.inversion import initial_images, invert, patch_border_variation
+    from core.data import load_dataset
+
+    flat_patches = torch.arange(16.0).repeat_interleave(8).view(1, 1, 1, 128)[..., :32].expand(1, 3, 32, 32)
+    assert patch_border_variation(torch.full((1, 3, 32, 32), 0.3), 8) == 0
+    assert patch_border_variation(flat_patches.contiguous() / 16, 8) > 0  # steps only at the borders
+    obs, _, labels = benchmark_update(tmp_path, setting=Setting(4))
+    audit = dataclasses.replace(obs.config.audit, iterations=4, restarts=2, group_weight=1.0, init="test-split",
+                                patch_tv=0.1)  # fmt: skip
+    rec = invert(obs, audit)
+    assert "group consistency 1 over 2 restarts" in rec.note and "test-split start" in rec.note
+    assert rec.steps == 8 and len(rec.images) == 4
+    wanted = torch.as_tensor(np.sort(labels))
+    start, _ = initial_images(obs, recipe(obs), 1, audit, wanted)
+    test = load_dataset(obs.config.data, obs.config.seed, "test")
+    images, classes = test.batch(np.arange(len(test)), 32)
+    for k in range(4):  # each start is a test image of the class asked for
+        match = (images - start[k]).abs().flatten(1).amax(1) < 1e-6
+        assert match.any() and int(classes[match][0]) == int(wanted[k])

@@ -73,7 +73,7 @@ def budget_rows(psnrs: list[float], baseline: float, reid: list[float] | None = 
     rows = []
     for i, (steps, value) in enumerate(zip((600, 2400, 9600), psnrs, strict=True)):
         rows.append({"defence": "none", "defence-name": "plain", "setting": "B=4, FedSGD", "attack": "opt",
-                     "budget": steps, "steps-done": steps, "psnr": value, "ssim": 0.1,
+                     "budget": steps, "steps-done": steps, "steps-asked": steps, "psnr": value, "ssim": 0.1,
                      "reid-top1": (reid or [0.0] * 3)[i], "reid-rank": 40.0, "reid-chance": 0.01,
                      "reid-ranks": [40.0] * 8, "seconds": 1.0, "note": ""})  # fmt: skip
     rows.append({"defence": "none", "defence-name": "plain", "setting": "B=4, FedSGD",
