@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ROOT  # noqa: F401  (puts the checkout first on sys.path)
-
 from attacks.benchmark import Setting, trained_model  # noqa: E402
 from attacks.labels import label_accuracy, recover_labels  # noqa: E402
+from benchmarks.common import ROOT  # noqa: F401, E402  (puts the checkout first on sys.path)
 from benchmarks.peer_breaching import plain_updates  # noqa: E402
 from core.config import parse_config  # noqa: E402
 
