@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -432,7 +433,7 @@ def save_grid(
                 ax.text(0.5, -0.04, f"re-id rank {ranked[name]:g}", transform=ax.transAxes, fontsize=5,
                         ha="center", va="top")  # fmt: skip
             if i == 0:
-                ax.set_title(name, fontsize=6)
+                ax.set_title(textwrap.fill(name, 24), fontsize=6)  # long attack names would overlap
         axes[i, 0].text(-0.1, 0.5, label, transform=axes[i, 0].transAxes, fontsize=6, ha="right", va="center")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
