@@ -94,6 +94,12 @@ def test_a_baseline_result_still_rising_with_budget_is_budget_limited_not_no_lea
     assert verdicts(budget_rows([12.0, 13.5, 14.5], baseline=13.0))[-1] == "leaks"
     # 3 of 8 images re-identified against 1% chance is no accident, whatever PSNR says.
     assert verdicts(budget_rows([12.0, 12.0, 12.0], 13.0, reid=[0, 0.125, 0.375]))[-1] == "leaks"
+    # The best-PSNR attack need not be the most recognisable one: the table names the one that is.
+    rows = budget_rows([12.0, 12.0, 12.0], 13.0, reid=[0, 0.125, 0.375])
+    rows.append(dict(rows[0], attack="closed form", budget=None, psnr=12.9, **{"reid-top1": 0.0}))
+    best = best_attacks(frontier_rows(rows, {}))[-1]
+    assert best["attack"] == "closed form" and best["most-recognisable"]["attack"] == "opt"
+    assert best["most-recognisable"]["reid-top1"] == 0.375
     capped = budget_rows([12.0, 12.0, 12.0], baseline=13.0)
     capped[2]["steps-done"] = 5000
     assert verdicts(capped)[-1] == "budget-limited (time cap: 5000 of 9600 steps)"
