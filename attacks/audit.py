@@ -23,7 +23,7 @@ from tqdm import tqdm
 from attacks import april, reidentification
 from attacks.cocktail import cocktail_party
 from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
-from attacks.frontier import mean_or_none, write_frontier
+from attacks.frontier import mean_or_none, reid_cell, write_frontier
 from attacks.inversion import collusion_inversion, invert
 from attacks.labels import label_accuracy, recover_labels
 from attacks.metrics import SETTINGS, best_flat_image, match_batch, minimum_norm_limit, psnr, ssim
@@ -116,9 +116,8 @@ def score(rec: Reconstruction, truth: np.ndarray | None, gallery: Gallery | None
     (:mod:`attacks.reidentification`).
     """
     truths = as_batch(truth)
-    empty = dict.fromkeys(REID_FIELDS)
     if rec.image is None or truths is None:
-        return {"psnr": None, "ssim": None, "per-image-psnr": None, "matched": None} | empty
+        return {"psnr": None, "ssim": None, "per-image-psnr": None, "matched": None} | dict.fromkeys(REID_FIELDS)
     images = rec.all_images
     pairs = match_batch(images, truths)
     flats = [best_flat_image(t) for t in truths]
@@ -126,15 +125,22 @@ def score(rec: Reconstruction, truth: np.ndarray | None, gallery: Gallery | None
     per_ssim = [ssim(f, t) for f, t in zip(flats, truths, strict=True)]
     for i, j, value in pairs:
         per_psnr[j], per_ssim[j] = value, ssim(images[i], truths[j])
-    reid = empty
-    if gallery is not None:
-        reid = reidentification.score_batch({j: images[i] for i, j, _ in pairs}, truths, gallery, flats)
+    reid = reid_scores({j: images[i] for i, j, _ in pairs}, truths, gallery, flats)
     return {
         "psnr": float(np.mean(per_psnr)),
         "ssim": float(np.mean(per_ssim)),
         "per-image-psnr": per_psnr,
         "matched": f"{len(pairs)}/{len(truths)}",
     } | reid
+
+
+def reid_scores(
+    matched: dict[int, np.ndarray], truths: list[np.ndarray], gallery: Gallery | None, flats: list[np.ndarray]
+) -> dict[str, Any]:
+    """:func:`attacks.reidentification.score_batch`, or every re-identification field None without a gallery."""
+    if gallery is None:
+        return dict.fromkeys(REID_FIELDS)
+    return reidentification.score_batch(matched, truths, gallery, flats)
 
 
 Attacked = tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]  # an update, its truth, its reconstructions
@@ -174,9 +180,7 @@ def reference_rows(
         )  # fmt: skip
     rows = []
     for name, guesses, note in references:
-        reid = dict.fromkeys(REID_FIELDS)
-        if gallery is not None:
-            reid = reidentification.score_batch(dict(enumerate(guesses)), truths, gallery, flats)
+        reid = reid_scores(dict(enumerate(guesses)), truths, gallery, flats)
         rows.append(
             {
                 **obs.meta,
@@ -248,7 +252,7 @@ def audit_observations(
         for name, attack in attacks_for(obs).items():
             steps_list = (budgets or [obs.config.audit.iterations]) if attack in OPTIMISING else [None]
             for steps in steps_list:
-                target = obs if steps is None or steps == obs.config.audit.iterations else with_iterations(obs, steps)
+                target = obs if steps is None else with_iterations(obs, steps)
                 start = time.perf_counter()
                 rec = run_attack(name, attack, target, f"update {k + 1}/{len(items)}")
                 seconds = time.perf_counter() - start
@@ -376,13 +380,6 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
     lines += ["Optimisation budget: " + "; ".join(report.get("budget", [])), ""]
     return "\n".join(lines)
-
-
-def reid_cell(row: dict[str, Any]) -> str:
-    """'top-1 rate (chance)' of a row, or '—' where re-identification was not scored."""
-    if row.get("reid-top1") is None:
-        return "—"
-    return f"{row['reid-top1']:.0%} ({row['reid-chance']:.0%})"
 
 
 GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)

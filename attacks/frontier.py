@@ -94,8 +94,9 @@ def reidentified(row: dict[str, Any]) -> bool:
 
 def leaks(row: dict[str, Any]) -> bool:
     """Matched PSNR at least LEAK_DB above the baseline, or re-identification above chance."""
-    above = row["psnr"] is not None and row["baseline-psnr"] is not None and row["psnr"] - row["baseline-psnr"]
-    return bool(above is not False and above >= LEAK_DB) or reidentified(row)
+    if row["psnr"] is not None and row["baseline-psnr"] is not None and row["psnr"] - row["baseline-psnr"] >= LEAK_DB:
+        return True
+    return reidentified(row)
 
 
 def _levels(rows: list[dict[str, Any]]) -> list[int | None]:
@@ -156,10 +157,16 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-def _reid(row: dict[str, Any]) -> str:
+def reid_cell(row: dict[str, Any]) -> str:
+    """'top-1 rate (chance)' of a row, or '—' where re-identification was not scored."""
     if row.get("reid-top1") is None:
         return "—"
-    return f"{row['reid-top1']:.0%} ({row['reid-chance']:.0%}) / {row['reid-rank']:.1f}"
+    return f"{row['reid-top1']:.0%} ({row['reid-chance']:.0%})"
+
+
+def _reid(row: dict[str, Any]) -> str:
+    cell = reid_cell(row)
+    return cell if row.get("reid-top1") is None else f"{cell} / {row['reid-rank']:.1f}"
 
 
 def _most_recognisable(row: dict[str, Any]) -> str:
@@ -227,9 +234,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6), squeeze=False)
     for ax, setting in zip(axes[0], settings, strict=False):
         points = [r for r in best if r["setting"] == setting]
-        top = {}
-        for r in points:  # the largest budget's point per defence
-            top[r["defence"]] = r
+        top = {r["defence"]: r for r in points}  # the largest budget's point per defence (levels ascend)
         for r in top.values():
             measured = r["accuracy-cost"] is not None
             x = 100 * r["accuracy-cost"] if measured else 0.0

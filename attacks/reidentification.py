@@ -12,6 +12,7 @@ Ties count as shared places (expected rank), so chance is exact for flat images.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -45,6 +46,11 @@ class Gallery:
     decoys: np.ndarray
     source: str
 
+    @cached_property
+    def vectors(self) -> np.ndarray:
+        """The decoys as unit structure vectors (see :data:`SIMILARITY`), computed once per gallery."""
+        return _structure(self.decoys) if len(self.decoys) else np.zeros((0, 0))
+
     @property
     def size(self) -> int:
         """K: the decoys plus the true image."""
@@ -67,7 +73,7 @@ def rank(reconstruction: np.ndarray, truth: np.ndarray, gallery: Gallery) -> tup
     1/(1 + ties) when no decoy is more similar (so a flat reconstruction gets exactly 1/K)."""
     r = _structure(reconstruction[None])[0]
     true_score = float(r @ _structure(truth[None])[0])
-    scores = _structure(gallery.decoys) @ r if len(gallery.decoys) else np.zeros(0)
+    scores = gallery.vectors @ r if len(gallery.decoys) else np.zeros(0)
     tolerance = 1e-12
     better = int((scores > true_score + tolerance).sum())
     ties = int((np.abs(scores - true_score) <= tolerance).sum())

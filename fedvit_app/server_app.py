@@ -106,6 +106,7 @@ class RoundEnd:
         weights = {name: a.numpy() for name, a in arrays.items()}
         entry: dict = {"round": rnd}
         central = None
+        central_samples = None  # the central AutoAttack subset's size, when there is one
         if self.test is not None and evaluates_in(self.config, rnd):
             set_weights(self.model, weights)
             device = next(self.model.parameters()).device
@@ -123,14 +124,13 @@ class RoundEnd:
                     self.model, self.test, np.arange(len(self.test)), img_size, robust,
                     [self.config.seed, rnd, 5], subset_seed=self.config.seed,
                 )  # fmt: skip
-                # the central number's sample count (the subset autoattack_accuracy attacked)
-                entry["autoattack-samples"] = len(stratified_subset(self.test.labels, np.arange(len(self.test)),
-                                                                    robust.max_samples, self.config.seed))  # fmt: skip
+                central_samples = len(stratified_subset(self.test.labels, np.arange(len(self.test)),
+                                                        robust.max_samples, self.config.seed))  # fmt: skip
             entry |= dict(central)
         if autoattack_in(self.config, rnd):  # what the central and the clients' numbers mean, beside them
             robust = self.config.robust
             entry["autoattack"] = {"version": robust.version, "norm": "Linf", "eps-255": robust.eps_255,
-                                   "samples": entry.pop("autoattack-samples", None),
+                                   "samples": central_samples,
                                    "client-max-samples": robust.max_samples}  # fmt: skip
         self._amend_merged_evaluation(rnd - 1)
         stats = self.strategy.stats.get(rnd)
