@@ -1,17 +1,17 @@
-"""AutoAttack (Croce & Hein, ICML 2020) from the Adversarial Robustness Toolbox, for ``robust.attack = "autoattack"``.
+"""AutoAttack (Croce & Hein, ICML 2020) from its authors' reference implementation (PyPI ``pyautoattack``), for
+``robust.attack = "autoattack"``.
 
-ART's :class:`AutoAttack` runs its attacks one after the other, each on the samples no earlier attack has broken
-(a sample counts as robust only if it survives all). Versions (fedvit's names):
+AutoAttack runs its attacks one after the other, each on the samples no earlier attack has broken (a sample
+counts as robust only if it survives all). Versions (fedvit's names):
 
-- ``standard``: APGD-CE and APGD-DLR, untargeted and then targeted at every other class (targeted APGD-DLR is
-  AutoAttack's APGD-T), then Square (5000 queries, p_init 0.8) untargeted: the attacks and budgets of AutoAttack's
-  standard version (100 APGD iterations, initial step 2ε, 1 restart) plus untargeted APGD-DLR and targeted
-  APGD-CE, and without FAB-T, which ART does not implement.
-- ``apgd``: the APGD stage alone (no Square): the cheaper per-round subset, still containing APGD-CE + APGD-T.
+- ``standard``: AutoAttack's standard version unchanged: APGD-CE (100 iterations, 1 restart), APGD-T (targeted
+  APGD-DLR, 9 target classes), FAB-T (9 target classes) and Square (5000 queries, p_init 0.8).
+- ``apgd``: APGD-CE + APGD-T alone, the cheaper per-round subset.
 
-The model is wrapped so that the attack works in [0, 1] pixel space: fedvit's normalisation runs inside the forward
-pass, as in :func:`core.model.classify`. ART draws its random starts and Square's proposals from numpy's and torch's
-global generators; :func:`autoattack_correct` seeds both and restores their previous states afterwards.
+With fewer than 10 classes the targeted attacks aim at every other class. The model is wrapped so that the attack
+works in [0, 1] pixel space: fedvit's normalisation runs inside the forward pass, as in
+:func:`core.model.classify`. The attacks seed torch's global generators themselves; :func:`autoattack_correct`
+restores their previous states afterwards.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+from pyautoattack import AutoAttack
 from torch import nn
 
 from core.config import RobustConfig
@@ -27,9 +28,8 @@ from core.data import ImageSet, stratified_subset
 from core.model import classify
 
 VERSIONS = ("standard", "apgd")
-APGD_ITERATIONS = 100  # AutoAttack's budget (Croce & Hein 2020, Sec. 4)
-SQUARE_QUERIES = 5000
-SQUARE_P_INIT = 0.8
+ATTACKS = {"standard": ["apgd-ce", "apgd-t", "fab-t", "square"], "apgd": ["apgd-ce", "apgd-t"], "square": ["square"]}
+SQUARE_QUERIES = 5000  # AutoAttack's standard budget
 
 
 class PixelSpaceModel(nn.Module):
@@ -44,64 +44,40 @@ class PixelSpaceModel(nn.Module):
 
 
 @contextmanager
-def _seeded(seed: int):
-    numpy_state, torch_state = np.random.get_state(), torch.random.get_rng_state()
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+def _restored_random_state(device: torch.device):
+    cpu = torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     try:
         yield
     finally:
-        np.random.set_state(numpy_state)
-        torch.random.set_rng_state(torch_state)
+        torch.random.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
 
 
-def _estimator(model: nn.Module, num_classes: int, img_size: int):
-    from art.estimators.classification import PyTorchClassifier
-
-    device = next(model.parameters()).device
-    return PyTorchClassifier(
-        model=PixelSpaceModel(model),
-        loss=nn.CrossEntropyLoss(),
-        input_shape=(3, img_size, img_size),
-        nb_classes=num_classes,
-        clip_values=(0.0, 1.0),
-        device_type="gpu" if device.type == "cuda" else "cpu",
-    )
-
-
-def build_stages(
+def build_autoattack(
     model: nn.Module,
     num_classes: int,
-    img_size: int,
     eps: float,
     version: str,
-    batch_size: int,
+    seed: int,
     square_queries: int = SQUARE_QUERIES,
-):
-    """The stages of ``version``, each an ART :class:`AutoAttack` (L∞, radius ``eps`` in [0, 1] pixels), run in
-    order on the samples no earlier stage broke: APGD-CE and APGD-DLR untargeted and then targeted at every other
-    class; for ``standard`` then Square, untargeted (ART would otherwise also run Square targeted, 9x the queries).
-    ``square`` (Square alone) is the gradient-free reference of ``fedvit robustness-check``."""
-    from art.attacks.evasion import AutoAttack, AutoProjectedGradientDescent, SquareAttack
-
-    if version not in (*VERSIONS, "square"):
+) -> AutoAttack:
+    """AutoAttack ``version`` (L∞, radius ``eps`` in [0, 1] pixels) on ``model``; ``square`` (Square alone) is
+    the gradient-free reference of ``fedvit robustness-check``."""
+    if version not in ATTACKS:
         raise ValueError(f"unknown AutoAttack version {version!r}; one of {VERSIONS}")
-    estimator = _estimator(model, num_classes, img_size)
-    apgd = {"estimator": estimator, "norm": np.inf, "eps": eps, "eps_step": 2 * eps, "max_iter": APGD_ITERATIONS,
-            "nb_random_init": 1, "batch_size": batch_size, "verbose": False}  # fmt: skip
-    ensemble = {"norm": np.inf, "eps": eps, "eps_step": 2 * eps, "batch_size": batch_size}
-    stages = []
-    if version in VERSIONS:
-        pair = [
-            AutoProjectedGradientDescent(loss_type=loss, **apgd)
-            for loss in ("cross_entropy", "difference_logits_ratio")
-        ]
-        stages.append(AutoAttack(estimator, attacks=pair, targeted=True, **ensemble))
-    if version in ("standard", "square"):
-        square = SquareAttack(estimator=estimator, norm=np.inf, eps=eps, max_iter=square_queries,
-                              p_init=SQUARE_P_INIT, nb_restarts=1, batch_size=batch_size, verbose=False)  # fmt: skip
-        stages.append(AutoAttack(estimator, attacks=[square], targeted=False, **ensemble))
-    return stages
+    device = next(model.parameters()).device
+    attack = AutoAttack(PixelSpaceModel(model), attacks=ATTACKS[version], eps=eps, norm="Linf", seed=seed,
+                        version="custom", device=device)  # fmt: skip
+    # The settings of pyautoattack's standard version (AutoAttack._set_version), for every version.
+    attack.apgd.n_restarts = 1
+    attack.apgd_targeted.n_restarts = 1
+    attack.fab.n_restarts = 1
+    attack.apgd_targeted.n_target_classes = attack.fab.n_target_classes = min(9, num_classes - 1)
+    attack.square.n_queries = square_queries
+    attack.verbose = False
+    return attack
 
 
 def autoattack_correct(
@@ -116,26 +92,19 @@ def autoattack_correct(
 ) -> torch.Tensor:
     """Per sample: still classified correctly after every attack of ``version`` (labels ``y`` are the truth);
     ``square_queries`` below AutoAttack's 5000 makes Square cheaper and weaker (``fedvit robustness-check``)."""
+    attack = build_autoattack(model, num_classes, eps, version, seed, square_queries)
     was_training = model.training
     trainable = [p for p in model.parameters() if p.requires_grad]
     model.eval()
-    for p in trainable:  # ART calls backward(): input gradients only, and no .grad left on the weights
+    for p in trainable:  # input gradients only, and no .grad left on the weights
         p.requires_grad_(False)
     try:
+        with _restored_random_state(x.device):
+            adv, _ = attack.run_standard_evaluation(x.detach(), y, batch_size=len(x))
+        if not torch.all((adv - x).abs() <= eps + 1e-6):  # the threat model, checked, not trusted
+            raise RuntimeError("AutoAttack left the L∞ ball")
         with torch.no_grad():
-            correct = classify(model, x).argmax(1) == y
-        for stage in build_stages(model, num_classes, x.shape[-1], eps, version, len(x), square_queries):
-            if not correct.any():
-                break
-            keep = correct.nonzero().flatten()
-            with _seeded(seed):
-                adv = stage.generate(x[keep].detach().cpu().numpy().astype(np.float32), y=y[keep].cpu().numpy())
-            adv_t = torch.as_tensor(adv, device=x.device)
-            if not torch.all((adv_t - x[keep]).abs() <= eps + 1e-6):  # the threat model, checked, not trusted
-                raise RuntimeError("AutoAttack left the L∞ ball")
-            with torch.no_grad():
-                correct[keep] = classify(model, adv_t).argmax(1) == y[keep]
-        return correct
+            return classify(model, adv).argmax(1) == y
     finally:
         model.train(was_training)
         for p in trainable:

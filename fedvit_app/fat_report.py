@@ -120,7 +120,7 @@ def write_fat_report(out: Path, grid: dict[str, dict[str, str]]) -> str:
         "\n\nNT: best accuracy (%). AT: (accuracy, robust accuracy) (%) at the round of the best robust accuracy "
         "(the run's PGD, `robust.*`); **first** and <u>second</u> best robust accuracy per partition marked. "
         "AT AutoAttack: AutoAttack robust accuracy (%) of the last round that has it (`robust.attack = "
-        "\"autoattack\"`: the final round), on the same images and ε; – where the run did not measure it.\n"
+        '"autoattack"`: the final round), on the same images and ε; – where the run did not measure it.\n'
     )
     if weight_plots:
         note += "FedWAvg weights per round (Fig. 1 analogue): " + ", ".join(weight_plots) + "\n"

@@ -137,3 +137,17 @@ def test_a_naturally_trained_model_is_not_robust_under_autoattack_on_photographs
     with torch.no_grad():
         assert (classify(model.eval(), x).argmax(1) == y).float().mean() >= 0.8
     assert autoattack_correct(model, x, y, train.num_classes, 8 / 255, "apgd", seed=0).float().mean() <= 0.1
+
+
+def test_autoattack_standard_is_the_reference_ensemble_and_targets_every_other_class_when_fewer():
+    from clients.autoattack import build_autoattack
+
+    model, _, _ = trained_tiny()
+    standard = build_autoattack(model, 10, 8 / 255, "standard", seed=0)
+    assert standard.attacks_to_run == ["apgd-ce", "apgd-t", "fab-t", "square"]  # FAB-T included (Croce & Hein)
+    assert (standard.apgd_targeted.n_target_classes, standard.fab.n_target_classes) == (9, 9)
+    assert (standard.apgd.n_iter, standard.apgd.n_restarts, standard.square.n_queries) == (100, 1, 5000)
+    four = build_autoattack(model, 4, 8 / 255, "apgd", seed=0)
+    assert four.attacks_to_run == ["apgd-ce", "apgd-t"] and four.apgd_targeted.n_target_classes == 3
+    with pytest.raises(ValueError, match="unknown AutoAttack version"):
+        build_autoattack(model, 10, 8 / 255, "plus", seed=0)

@@ -189,7 +189,9 @@ def test_adversarial_training_with_fedwavg_reports_natural_and_robust_accuracy_e
     assert [r["round"] for r in rounds] == [0, 1, 2]
     # PGD every round, AutoAttack in the last: no weaker than PGD on the same images, and said what it was.
     assert [("central-autoattack-accuracy" in r, "eval-autoattack-accuracy" in r) for r in rounds] == [
-        (False, False), (False, False), (True, True)
+        (False, False),
+        (False, False),
+        (True, True),
     ]
     last = rounds[-1]
     assert last["central-autoattack-accuracy"] <= last["central-robust-accuracy"]
