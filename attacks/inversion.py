@@ -13,7 +13,9 @@ as received (without the key it yields the encrypted-domain image, which is scor
 
 Double backward through timm's fused attention is not implemented on CPU, so the attack's model copy uses the
 explicit attention path (the function is the same). It runs on the run config's ``device`` ("auto": CUDA where
-available); restarts run one after another.
+available). Restarts are batched: every restart is simulated with its own copy of the weights in one vmapped
+forward pass, and one backward pass moves them all (Adam is elementwise, so this is the same as running them one
+after another, only without the sequential passes).
 """
 
 from __future__ import annotations
@@ -76,27 +78,39 @@ def simulate(
     adversary: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
     correction: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The client's update for candidate pixels ``x`` [examples, C, H, W], differentiable in x.
+    """The client's update for candidate pixels ``x`` [restarts, examples, C, H, W], differentiable in x; every
+    entry of the result has a leading restart dimension.
 
     FedSGD: ∇ of the mean cross-entropy. FedAvg/FedProx: w₀ − w_end after the unrolled local SGD (momentum as
     torch's SGD), each epoch in consecutive chunks of B candidates: the client's shuffled order is unknown, and
     the candidates are a set, so the attacker fixes one (an approximation for E > 1 or mismatched label chunks).
-    ``label_logits`` [examples, K] are near-one-hot (recovered labels) or learned soft labels; ``correction``
-    (SCAFFOLD's c − c_i) is added to every local gradient.
+    ``label_logits`` [restarts, examples, K] are near-one-hot (recovered labels) or learned soft labels;
+    ``correction`` (SCAFFOLD's c − c_i) is added to every local gradient. Each restart runs on its own (expanded)
+    copy of the weights, so one ``autograd.grad`` of the summed losses yields every restart's own gradient.
     """
     names = list(params)
-    weights = dict(params)
+    restarts = x.shape[0]
+    start = {n: p.expand(restarts, *p.shape) for n, p in params.items()}
+    weights = dict(start)
+    forward = torch.func.vmap(lambda w, xb: functional_call(model, w, (normalize(model, xb),)), randomness="same")
+    if restarts == 1:  # vmap's batched-weight kernels cost ~40% more on CPU than plain ones for a single restart
+
+        def forward(w: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+            return functional_call(model, {n: t[0] for n, t in w.items()}, (normalize(model, xb[0]),))[None]
+
     velocity: dict[str, torch.Tensor] = {}
     for _ in range(rec.epochs):
-        for start in range(0, rec.examples, rec.batch):
-            xb, yb = x[start : start + rec.batch], label_logits[start : start + rec.batch]
+        for first in range(0, rec.examples, rec.batch):
+            xb, yb = x[:, first : first + rec.batch], label_logits[:, first : first + rec.batch]
             if adversary is not None:
                 xb = adversary(xb, yb)
-            logits = functional_call(model, weights, (normalize(model, xb),))
-            loss = -(torch.softmax(yb, 1) * torch.log_softmax(logits, 1)).sum(1).mean()
+            logits = forward(weights, xb)
+            loss = -(torch.softmax(yb, -1) * torch.log_softmax(logits, -1)).sum(-1).mean(-1)  # [restarts]
             if rec.proximal_mu > 0:
-                loss = loss + rec.proximal_mu / 2 * sum(((weights[n] - params[n]) ** 2).sum() for n in names)
-            grads = torch.autograd.grad(loss, [weights[n] for n in names], create_graph=True, allow_unused=True)
+                loss = loss + rec.proximal_mu / 2 * sum(
+                    _per_restart((weights[n] - start[n]) ** 2, torch.sum) for n in names
+                )
+            grads = torch.autograd.grad(loss.sum(), [weights[n] for n in names], create_graph=True, allow_unused=True)
             grads = [torch.zeros_like(weights[n]) if g is None else g for n, g in zip(names, grads, strict=True)]
             if rec.sends_gradient:
                 return dict(zip(names, grads, strict=True))
@@ -105,7 +119,12 @@ def simulate(
             for n, g in zip(names, grads, strict=True):
                 velocity[n] = g if n not in velocity else rec.momentum * velocity[n] + g
             weights = {n: weights[n] - rec.lr * velocity[n] for n in names}
-    return {n: params[n] - weights[n] for n in names}
+    return {n: start[n] - weights[n] for n in names}
+
+
+def _per_restart(values: torch.Tensor, reduce: Callable = torch.mean) -> torch.Tensor:
+    """``reduce`` over everything but the leading restart dimension."""
+    return reduce(values.flatten(1), 1)
 
 
 def match_loss(
@@ -114,36 +133,37 @@ def match_loss(
     kept: dict[str, torch.Tensor] | None,
     pos_weight: float,
 ) -> torch.Tensor:
-    """1 − cosine between the simulated and observed updates over the entries the attacker sees, plus
-    ``pos_weight`` · (1 − cosine) on the position-embedding gradient alone (when any of it was sent)."""
-    dot = torch.zeros(())
-    sim_sq = torch.zeros(())
+    """Per restart ([restarts]; ``sim`` has a leading restart dimension, ``target`` has none): 1 − cosine between
+    the simulated and observed updates over the entries the attacker sees, plus ``pos_weight`` · (1 − cosine) on
+    the position-embedding gradient alone (when any of it was sent)."""
+    dot = sim_sq = pos_term = torch.zeros(())
     tgt_sq = torch.zeros(())
-    pos_term = torch.zeros(())
     for name, t in target.items():
         s = sim[name]
         if kept is not None:
-            s, t = s[kept[name]], t[kept[name]]
+            s, t = s[:, kept[name]], t[kept[name]]
         if t.numel() == 0:
             continue
-        dot = dot + (s * t).sum()
-        sim_sq = sim_sq + (s * s).sum()
+        s = s.flatten(1)
+        dot = dot + s @ t.flatten()
+        sim_sq = sim_sq + (s * s).sum(1)
         tgt_sq = tgt_sq + (t * t).sum()
         if name == POS_EMBED and pos_weight > 0 and bool(t.any()):
-            pos_term = pos_term + pos_weight * (1 - F.cosine_similarity(s.flatten(), t.flatten(), dim=0))
+            pos_term = pos_term + pos_weight * (1 - F.cosine_similarity(s, t.flatten()[None], dim=1))
     return 1 - dot / (sim_sq.sqrt() * tgt_sq.sqrt() + 1e-12) + pos_term
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
-    """Mean absolute difference of neighbouring pixels (anisotropic TV)."""
-    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+    """Per restart (``x`` [restarts, examples, C, H, W]): mean absolute difference of neighbouring pixels
+    (anisotropic TV)."""
+    return _per_restart((x[..., 1:, :] - x[..., :-1, :]).abs()) + _per_restart((x[..., :, 1:] - x[..., :, :-1]).abs())
 
 
 def patch_border_variation(x: torch.Tensor, patch: int) -> torch.Tensor:
-    """GradViT's patch prior (Hatamizadeh et al. 2022): mean absolute difference of neighbouring pixels across
-    patch borders only, where ViT reconstructions show seams (each patch is embedded on its own)."""
-    rows = (x[..., patch::patch, :] - x[..., patch - 1 : -1 : patch, :]).abs().mean()
-    cols = (x[..., :, patch::patch] - x[..., :, patch - 1 : -1 : patch]).abs().mean()
+    """Per restart: GradViT's patch prior (Hatamizadeh et al. 2022), the mean absolute difference of neighbouring
+    pixels across patch borders only, where ViT reconstructions show seams (each patch is embedded on its own)."""
+    rows = _per_restart((x[..., patch::patch, :] - x[..., patch - 1 : -1 : patch, :]).abs())
+    cols = _per_restart((x[..., :, patch::patch] - x[..., :, patch - 1 : -1 : patch]).abs())
     return rows + cols
 
 
@@ -158,10 +178,10 @@ def madry_simulator(obs: Observation, model: nn.Module, count: int) -> Callable 
     attack = attack_from(obs.config.adversarial)
     generator = torch.Generator().manual_seed(obs.config.seed)
 
-    def adversary(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        hard = yb.argmax(1)
-        delta = pgd(model, xb[:count].detach(), hard[:count], attack, generator) - xb[:count].detach()
-        return torch.cat([xb[:count] + delta, xb[count:]])
+    def adversary(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:  # [restarts, batch, ...]
+        head = xb[:, :count].detach().flatten(0, 1)
+        delta = pgd(model, head, yb[:, :count].argmax(-1).flatten(), attack, generator) - head
+        return torch.cat([xb[:, :count] + delta.view_as(xb[:, :count]), xb[:, count:]], dim=1)
 
     return adversary
 
@@ -216,33 +236,6 @@ def labels_for(obs: Observation, rec: ClientRecipe, num_classes: int) -> tuple[t
 GROUP_EVERY = 50  # Adam steps between updates of the group consensus
 
 
-@dataclasses.dataclass
-class _Run:
-    """One restart's state: its candidate images, label logits, optimiser and step-size schedule."""
-
-    x: torch.Tensor
-    labels: torch.Tensor
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    note: str
-
-    @classmethod
-    def start(cls, x0: torch.Tensor, labels: torch.Tensor, learn: bool, budget: AuditConfig, note: str) -> _Run:
-        x = x0.clone().requires_grad_(True)
-        logits = labels.clone().requires_grad_(learn)
-        optimizer = torch.optim.Adam([x] + ([logits] if learn else []), lr=budget.lr)
-        milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
-        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
-        return cls(x, logits, optimizer, scheduler, note)
-
-
-def _schedule(restarts: int, iterations: int, lockstep: bool):
-    """(restart, step) pairs: one restart after another, or all restarts step by step (group consistency)."""
-    if lockstep:
-        return ((r, s) for s in range(iterations + 1) for r in range(restarts))
-    return ((r, s) for r in range(restarts) for s in range(iterations + 1))
-
-
 def group_consensus(candidates: list[torch.Tensor]) -> list[torch.Tensor]:
     """Group consistency (Yin et al. 2021, "See through gradients"): the restarts' candidate batches registered
     to restart 0's order (one-to-one assignment on pixel distance) and averaged; returned once per restart, in
@@ -292,43 +285,43 @@ def invert(
     deadline = time.monotonic() + budget.max_seconds
     total = budget.iterations * budget.restarts
     best: tuple[float, torch.Tensor, str, float] | None = None  # (ranking value, images, note, gradient match)
-    done = 0
+    done = 0  # Adam steps over all restarts
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
-    labels = labels.to(device)
     known = None if learn_labels else labels.argmax(1)
+    starts = [initial_images(obs, rec, restart, budget, known) for restart in range(budget.restarts)]
+    x = torch.stack([image for image, _ in starts]).to(device).requires_grad_(True)
+    label_logits = labels.to(device).expand(budget.restarts, *labels.shape).clone().requires_grad_(learn_labels)
+    optimizer = torch.optim.Adam([x] + ([label_logits] if learn_labels else []), lr=budget.lr)
+    milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
     patch = image_geometry(obs)[3]
     grouped = budget.group_weight > 0 and budget.restarts > 1
-    runs: dict[int, _Run] = {}
-    consensus: list[torch.Tensor] | None = None
-    for restart, step in _schedule(budget.restarts, budget.iterations, lockstep=grouped):
-        if restart not in runs:
-            x0, start_note = initial_images(obs, rec, restart, budget, known)
-            runs[restart] = _Run.start(x0.to(device), labels, learn_labels, budget, start_note)
-        run = runs[restart]
-        if grouped and restart == 0 and step >= budget.iterations // 2 and step % GROUP_EVERY == 0:
-            consensus = group_consensus([r.x.detach() for r in runs.values()])
-        run.optimizer.zero_grad(set_to_none=True)
-        sim = simulate(model, params, run.x, run.labels, rec, adversary, correction)
+    consensus: torch.Tensor | None = None
+    for step in range(budget.iterations + 1):
+        if grouped and step >= budget.iterations // 2 and step % GROUP_EVERY == 0:
+            consensus = torch.stack(group_consensus(list(x.detach())))
+        optimizer.zero_grad(set_to_none=True)
+        sim = simulate(model, params, x, label_logits, rec, adversary, correction)
         match = match_loss(sim, target, kept, budget.pos_weight)
-        loss = match + budget.tv * total_variation(run.x)
+        loss = match + budget.tv * total_variation(x)
         if budget.patch_tv > 0:
-            loss = loss + budget.patch_tv * patch_border_variation(run.x, patch)
+            loss = loss + budget.patch_tv * patch_border_variation(x, patch)
         if consensus is not None:
-            loss = loss + budget.group_weight * ((run.x - consensus[restart]) ** 2).mean()
-        ranked = float((match if budget.keep == "match" else loss).detach())
-        if best is None or ranked < best[0]:  # the candidate just evaluated (before its step)
-            best = (ranked, run.x.detach().clone(), f"{run.note}; {label_note}", float(match.detach()))
-        if time.monotonic() > deadline:
+            loss = loss + budget.group_weight * _per_restart((x - consensus) ** 2)
+        ranked = (match if budget.keep == "match" else loss).detach()
+        winner = int(ranked.argmin())
+        if best is None or float(ranked[winner]) < best[0]:  # the candidates just evaluated (before their step)
+            note = f"{starts[winner][1]}; {label_note}"
+            best = (float(ranked[winner]), x[winner].detach().clone(), note, float(match[winner].detach()))
+        if time.monotonic() > deadline or step == budget.iterations:
             break
-        if step == budget.iterations:
-            continue
-        loss.backward()
-        run.x.grad.sign_()
-        run.optimizer.step()
-        run.scheduler.step()
+        loss.sum().backward()
+        x.grad.sign_()
+        optimizer.step()
+        scheduler.step()
         with torch.no_grad():
-            run.x.clamp_(0, 1)
-        done += 1
+            x.clamp_(0, 1)
+        done += budget.restarts
         if progress is not None:
             progress(done, total)
     assert best is not None

@@ -179,14 +179,14 @@ class AuditConfig:
     """The attack audit's budget per captured update (attacks/inversion.py; written into every report).
 
     ``iterations`` Adam steps per restart on the candidate images (step size ``lr`` on pixels in [0, 1], signed
-    gradients, decayed ×0.1 at 3/8, 5/8 and 7/8), ``restarts`` random starts (the best update match wins),
+    gradients, decayed ×0.1 at 3/8, 5/8 and 7/8), ``restarts`` random starts, batched (the best update match wins),
     ``max-seconds`` a wall-clock cap per update over all restarts; ``tv`` weights the total-variation prior and
     ``pos-weight`` the extra position-embedding cosine term (APRIL's optimisation variant); ``closed-form-start``
     starts the first restart from APRIL-E's closed form where it applies (one image, FedSGD, position gradient);
     ``keep`` picks the candidate returned: the lowest gradient match ("match") or the lowest total objective,
     match plus TV ("objective", as breaching does); ``patch-tv`` weights GradViT's patch-border prior; ``init``
     starts from uniform noise or, a stronger threat model, from test-split images of the recovered classes;
-    ``group-weight`` > 0 runs the restarts in lockstep and pulls each towards their registered mean from half-way
+    ``group-weight`` > 0 pulls each restart towards the restarts' registered mean from half-way
     (group consistency, Yin et al. 2021).
     """
 
