@@ -26,6 +26,13 @@ def _series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+def _autoattack_version(run_dir: Path) -> str | None:
+    """The AutoAttack version of the run's last round that says what it ran (metrics.json ``autoattack``)."""
+    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    described = [r["autoattack"]["version"] for r in rounds if "autoattack" in r]
+    return described[-1] if described else None
+
+
 def cell_result(run_dir: Path, training: str) -> dict[str, Any] | None:
     """NT: best accuracy. AT: the round with the best robust accuracy, its accuracy and robust accuracy. Both:
     AutoAttack robust accuracy of the last round that has it (``robust.attack = "autoattack"``: the final round).
@@ -35,12 +42,13 @@ def cell_result(run_dir: Path, training: str) -> dict[str, Any] | None:
     series = _series(run_dir)
     autoattack = dict([series["autoattack"][-1]] if series["autoattack"] else [(None, None)])
     ((aa_round, aa),) = autoattack.items()
+    measured = {"autoattack": aa, "autoattack-round": aa_round, "autoattack-version": _autoattack_version(run_dir)}
     if training == "NT" or not series["robust"]:
         best_round, best = max(series["accuracy"], key=lambda p: p[1])
-        return {"round": best_round, "accuracy": best, "robust": None, "autoattack": aa, "autoattack-round": aa_round}
+        return {"round": best_round, "accuracy": best, "robust": None, **measured}
     best_round, robust = max(series["robust"], key=lambda p: p[1])
     accuracy = dict(series["accuracy"]).get(best_round)
-    return {"round": best_round, "accuracy": accuracy, "robust": robust, "autoattack": aa, "autoattack-round": aa_round}
+    return {"round": best_round, "accuracy": accuracy, "robust": robust, **measured}
 
 
 def _check_grid(grid: dict[str, dict[str, str]]) -> None:
@@ -72,8 +80,10 @@ def fat_table(out: Path, grid: dict[str, dict[str, str]]) -> tuple[str, dict]:
             robust = "–" if at["robust"] is None else f"{100 * at['robust']:.2f}"
             robust = {0: f"**{robust}**", 1: f"<u>{robust}</u>"}.get(ranks[p][a], robust) if at["robust"] else robust
             cells.append(f"({100 * at['accuracy']:.2f}, {robust})")
+            version = f"{at['autoattack-version']}, " if at["autoattack-version"] else ""
+            aa_round = at["autoattack-round"]
             cells.append(
-                "–" if at["autoattack"] is None else f"{100 * at['autoattack']:.2f} (round {at['autoattack-round']})"
+                "–" if at["autoattack"] is None else f"{100 * at['autoattack']:.2f} ({version}round {aa_round})"
             )
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
     raw = {".".join(k): v for k, v in results.items()}
@@ -120,7 +130,8 @@ def write_fat_report(out: Path, grid: dict[str, dict[str, str]]) -> str:
         "\n\nNT: best accuracy (%). AT: (accuracy, robust accuracy) (%) at the round of the best robust accuracy "
         "(the run's PGD, `robust.*`); **first** and <u>second</u> best robust accuracy per partition marked. "
         "AT AutoAttack: AutoAttack robust accuracy (%) of the last round that has it (`robust.attack = "
-        '"autoattack"`: the final round), on the same images and ε; – where the run did not measure it.\n'
+        '"autoattack"`: the final round), on the same images and ε, with the version run (`standard`: APGD-CE, '
+        "APGD-T, FAB-T, Square; `apgd`: APGD-CE + APGD-T); – where the run did not measure it.\n"
     )
     if weight_plots:
         note += "FedWAvg weights per round (Fig. 1 analogue): " + ", ".join(weight_plots) + "\n"

@@ -68,13 +68,14 @@ def test_grid_spans_every_combination_and_the_fat_report_follows_the_paper(tmp_p
         rounds += [{"round": 2, "central-accuracy": 0.7, "central-robust-accuracy": 0.2}]
         if partition == "iid":  # AutoAttack in the final round of these runs only
             rounds[-1]["central-autoattack-accuracy"] = 0.15
+            rounds[-1]["autoattack"] = {"version": "apgd", "norm": "Linf", "eps-255": 8.0}
         (tmp_path / label).mkdir()
         (tmp_path / label / "metrics.json").write_text(json.dumps({"rounds": rounds}))
     report = write_fat_report(tmp_path, grid)
     # NT: best accuracy 70.00; AT: accuracy at the best robust round (round 1: 60.00) and that robust accuracy.
     # AT AutoAttack: the final round's, where measured.
-    assert "| fedwavg | 70.00 | (60.00, **35.00**) | 15.00 (round 2) | 70.00 | (60.00, **35.00**) | – |" in report
-    assert "| fedavg | 70.00 | (60.00, <u>30.00</u>) | 15.00 (round 2) |" in report
+    assert "| fedwavg | 70.00 | (60.00, **35.00**) | 15.00 (apgd, round 2) | 70.00 | (60.00, **35.00**) | – |" in report
+    assert "| fedavg | 70.00 | (60.00, <u>30.00</u>) | 15.00 (apgd, round 2) |" in report
     assert (tmp_path / "fig2.png").is_file() and (tmp_path / "fat-table.json").is_file()
     (tmp_path / "iid.fedavg.AT" / "metrics.json").unlink()  # a run that did not finish
     assert "| fedavg | 70.00 | not run | not run |" in write_fat_report(tmp_path, grid)
