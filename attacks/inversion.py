@@ -21,6 +21,7 @@ after another, only without the sequential passes).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
@@ -236,6 +237,14 @@ def labels_for(obs: Observation, rec: ClientRecipe, num_classes: int) -> tuple[t
 GROUP_EVERY = 50  # Adam steps between updates of the group consensus
 
 
+def prior_weight(schedule: str, step: int, iterations: int) -> float:
+    """The image priors' weight factor at ``step`` of ``iterations``: 1 ("constant"), or ½(1 + cos(π·t/T))
+    ("cosine": priors strong early, gradient matching alone at the end)."""
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * step / max(iterations, 1)))
+    return 1.0
+
+
 def group_consensus(candidates: list[torch.Tensor]) -> list[torch.Tensor]:
     """Group consistency (Yin et al. 2021, "See through gradients"): the restarts' candidate batches registered
     to restart 0's order (one-to-one assignment on pixel distance) and averaged; returned once per restart, in
@@ -303,9 +312,10 @@ def invert(
         optimizer.zero_grad(set_to_none=True)
         sim = simulate(model, params, x, label_logits, rec, adversary, correction)
         match = match_loss(sim, target, kept, budget.pos_weight)
-        loss = match + budget.tv * total_variation(x)
+        prior = prior_weight(budget.prior_schedule, step, budget.iterations)
+        loss = match + prior * budget.tv * total_variation(x)
         if budget.patch_tv > 0:
-            loss = loss + budget.patch_tv * patch_border_variation(x, patch)
+            loss = loss + prior * budget.patch_tv * patch_border_variation(x, patch)
         if consensus is not None:
             loss = loss + budget.group_weight * _per_restart((x - consensus) ** 2)
         ranked = (match if budget.keep == "match" else loss).detach()

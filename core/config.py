@@ -26,6 +26,7 @@ ROBUST_ATTACKS = ("pgd", "autoattack")
 AUTOATTACK_VERSIONS = ("standard", "apgd")  # clients/autoattack.py
 AUDIT_INIT = ("noise", "test-split")  # attacks/inversion.py: where the optimisation attack's restarts start
 AUDIT_KEEP = ("match", "objective")  # attacks/inversion.py: which candidate the optimisation attack returns
+AUDIT_PRIOR_SCHEDULE = ("constant", "cosine")  # attacks/inversion.py: the image priors' weight over the steps
 DP_MODES = ("off", "central", "local")
 DP_STRATEGIES = ("fedsgd", "fedavg", "fedprox")  # one plain update per client: clipping bounds its contribution
 HEADS = ("cls", "vis", "cls+vis")
@@ -187,7 +188,9 @@ class AuditConfig:
     match plus TV ("objective", as breaching does); ``patch-tv`` weights GradViT's patch-border prior; ``init``
     starts from uniform noise or, a stronger threat model, from test-split images of the recovered classes;
     ``group-weight`` > 0 pulls each restart towards the restarts' registered mean from half-way
-    (group consistency, Yin et al. 2021).
+    (group consistency, Yin et al. 2021); ``prior-schedule`` = "cosine" scales the image priors (TV, patch-border
+    TV) by ½(1 + cos(π·t/T)) at step t of T: strong early, gradient matching alone at the end (loss scheduling
+    in the spirit of GradViT, whose own schedule balances a pretrained-CNN prior that fedvit cannot download).
     """
 
     iterations: int = 1500
@@ -201,6 +204,7 @@ class AuditConfig:
     patch_tv: float = 0.0
     init: str = "noise"
     group_weight: float = 0.0
+    prior_schedule: str = "constant"
 
     def describe(self) -> str:
         start = "closed-form start where it applies" if self.closed_form_start else "random starts only"
@@ -211,6 +215,7 @@ class AuditConfig:
             + (f", patch-border TV {self.patch_tv:g}" if self.patch_tv else "")
             + (", starts from test-split images of the recovered classes" if self.init == "test-split" else "")
             + (f", group consistency {self.group_weight:g}" if self.group_weight else "")
+            + (", priors on a cosine schedule" if self.prior_schedule == "cosine" else "")
         )
 
 
@@ -417,6 +422,7 @@ _CHECKS: dict[str, Check] = {
     "audit.patch-tv": (lambda v: v >= 0, "a number >= 0"),
     "audit.init": _one_of(AUDIT_INIT),
     "audit.group-weight": (lambda v: v >= 0, "a number >= 0"),
+    "audit.prior-schedule": _one_of(AUDIT_PRIOR_SCHEDULE),
     "capture.rounds": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '1,5,10-12'"),
     "capture.partitions": (_parses(parse_selection), "'' (all) or numbers and ranges, e.g. '0,2-3'"),
 }

@@ -317,7 +317,7 @@ def test_priors_and_test_split_starts_run_and_say_so(tmp_path):
     assert patch_border_variation(flat_patches.contiguous() / 16, 8) > 0  # steps only at the borders
     obs, _, labels = benchmark_update(tmp_path, setting=Setting(4))
     audit = dataclasses.replace(obs.config.audit, iterations=4, restarts=2, group_weight=1.0, init="test-split",
-                                patch_tv=0.1)  # fmt: skip
+                                patch_tv=0.1, prior_schedule="cosine")  # fmt: skip
     rec = invert(obs, audit)
     assert "group consistency 1 over 2 restarts" in rec.note and "test-split start" in rec.note
     assert rec.steps == 8 and len(rec.images) == 4
@@ -357,3 +357,10 @@ def test_batched_restarts_simulate_each_restart_exactly_as_alone(tmp_path, setti
         assert torch.allclose(batched[r], alone[0], rtol=1e-4, atol=1e-6)
         assert torch.allclose(batched_grad[r], alone_grad[0], rtol=1e-3, atol=1e-7)
     assert not torch.allclose(batched[0], batched[1])  # different candidates, different matches
+
+
+def test_the_cosine_prior_schedule_fades_the_priors_out():
+    from attacks.inversion import prior_weight
+
+    assert [prior_weight("cosine", t, 8) for t in (0, 4, 8)] == pytest.approx([1.0, 0.5, 0.0])
+    assert prior_weight("constant", 8, 8) == 1.0
