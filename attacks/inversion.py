@@ -93,12 +93,13 @@ def simulate(
     restarts = x.shape[0]
     start = {n: p.expand(restarts, *p.shape) for n, p in params.items()}
     weights = dict(start)
-    forward = torch.func.vmap(lambda w, xb: functional_call(model, w, (normalize(model, xb),)), randomness="same")
     if restarts == 1:  # vmap's batched-weight kernels cost ~40% more on CPU than plain ones for a single restart
 
         def forward(w: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
             return functional_call(model, {n: t[0] for n, t in w.items()}, (normalize(model, xb[0]),))[None]
 
+    else:
+        forward = torch.func.vmap(lambda w, xb: functional_call(model, w, (normalize(model, xb),)), randomness="same")
     velocity: dict[str, torch.Tensor] = {}
     for _ in range(rec.epochs):
         for first in range(0, rec.examples, rec.batch):
@@ -137,8 +138,7 @@ def match_loss(
     """Per restart ([restarts]; ``sim`` has a leading restart dimension, ``target`` has none): 1 − cosine between
     the simulated and observed updates over the entries the attacker sees, plus ``pos_weight`` · (1 − cosine) on
     the position-embedding gradient alone (when any of it was sent)."""
-    dot = sim_sq = pos_term = torch.zeros(())
-    tgt_sq = torch.zeros(())
+    dot = sim_sq = tgt_sq = pos_term = torch.zeros(())
     for name, t in target.items():
         s = sim[name]
         if kept is not None:

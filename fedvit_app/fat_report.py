@@ -15,9 +15,12 @@ AXES = ("partition", "aggregator", "training")
 TRAININGS = ("NT", "AT")
 
 
-def _series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+def _rounds(run_dir: Path) -> list[dict[str, Any]]:
+    return json.loads((run_dir / "metrics.json").read_text())["rounds"]
+
+
+def _series(rounds: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     """Per-round accuracy and robust accuracy (central when the run had it, else federated)."""
-    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     source = "central" if any("central-accuracy" in r for r in rounds) else "eval"
     out = {}
     keys = {"accuracy": "accuracy", "robust": "robust-accuracy", "autoattack": "autoattack-accuracy"}
@@ -26,9 +29,8 @@ def _series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def _autoattack_version(run_dir: Path) -> str | None:
+def _autoattack_version(rounds: list[dict[str, Any]]) -> str | None:
     """The AutoAttack version of the run's last round that says what it ran (metrics.json ``autoattack``)."""
-    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     described = [r["autoattack"]["version"] for r in rounds if "autoattack" in r]
     return described[-1] if described else None
 
@@ -39,10 +41,11 @@ def cell_result(run_dir: Path, training: str) -> dict[str, Any] | None:
     None when the run has no results (not run yet, or failed)."""
     if not (run_dir / "metrics.json").exists():
         return None
-    series = _series(run_dir)
+    rounds = _rounds(run_dir)
+    series = _series(rounds)
     autoattack = dict([series["autoattack"][-1]] if series["autoattack"] else [(None, None)])
     ((aa_round, aa),) = autoattack.items()
-    measured = {"autoattack": aa, "autoattack-round": aa_round, "autoattack-version": _autoattack_version(run_dir)}
+    measured = {"autoattack": aa, "autoattack-round": aa_round, "autoattack-version": _autoattack_version(rounds)}
     if training == "NT" or not series["robust"]:
         best_round, best = max(series["accuracy"], key=lambda p: p[1])
         return {"round": best_round, "accuracy": best, "robust": None, **measured}
@@ -106,7 +109,7 @@ def plot_fig2(out: Path, grid: dict[str, dict[str, str]]) -> Path:
             ax = axes[row][col]
             for a in aggregators:
                 run_dir = out / f"{p}.{a}.{training}"
-                points = _series(run_dir)[metric] if (run_dir / "metrics.json").exists() else []
+                points = _series(_rounds(run_dir))[metric] if (run_dir / "metrics.json").exists() else []
                 if points:
                     rounds, values = zip(*points, strict=True)
                     ax.plot(rounds, [100 * v for v in values], label=a)
