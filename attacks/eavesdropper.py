@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.common.logger import log
 
 from core.config import Config, ConfigError, parse_config_cached, parse_selection
 from core.results import atomic_save_safetensors, atomic_write
+from core.wire import LAYOUT_RECORD, is_packed, unpack
 
 CAPTURES = "captures"
 GROUND_TRUTH = "ground-truth"
@@ -50,13 +51,18 @@ def selected(config: Config, server_round: int, partition_id: int) -> bool:
     return round_selected(config, server_round) and (partitions is None or partition_id in partitions)
 
 
+def plain_content(msg: Message) -> RecordDict:
+    """A message's records, with fedvit's packed ArrayRecords (:mod:`core.wire`) unpacked."""
+    return unpack(msg.content) if is_packed(msg.content) else msg.content
+
+
 def flatten(msg: Message) -> dict[str, np.ndarray]:
     """All ArrayRecords of a message as ``<record>/<name>`` → array (exact copies of the payload)."""
     if not msg.has_content():
         return {}
     return {
         f"{rec}/{name}": arr.numpy()
-        for rec, record in msg.content.array_records.items()
+        for rec, record in plain_content(msg).array_records.items()
         for name, arr in record.items()
     }
 
@@ -73,7 +79,21 @@ def unflatten(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]
 def _records(msg: Message, kind: str) -> dict[str, Any]:
     if not msg.has_content():
         return {"error": msg.error.reason if msg.has_error() else "no content"}
-    return {name: dict(rec.items()) for name, rec in getattr(msg.content, kind).items()}
+    records = getattr(plain_content(msg), kind)
+    return {name: dict(rec.items()) for name, rec in records.items() if name != LAYOUT_RECORD}
+
+
+def describe(msg: Message, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """One direction of a capture manifest: message type, array shapes, ConfigRecords, MetricRecords, error."""
+    entry = {
+        "message-type": msg.metadata.message_type,
+        "arrays": {k: list(v.shape) for k, v in arrays.items()},
+        "config": _records(msg, "config_records"),
+        "metrics": _records(msg, "metric_records"),
+    }
+    if msg.has_error():
+        entry["error"] = f"{msg.error.code}: {msg.error.reason}"
+    return entry
 
 
 def _has_arrays(msg: Message) -> bool:
@@ -90,14 +110,7 @@ def write_capture(stem: Path, messages: dict[str, Message], **head: Any) -> int:
         path = stem.with_name(f"{stem.name}.{direction}.safetensors")
         atomic_save_safetensors(path, arrays)
         size += os.path.getsize(path)
-        manifest[direction] = {
-            "message-type": msg.metadata.message_type,
-            "arrays": {k: list(v.shape) for k, v in arrays.items()},
-            "config": _records(msg, "config_records"),
-            "metrics": _records(msg, "metric_records"),
-        }
-        if msg.has_error():
-            manifest[direction]["error"] = f"{msg.error.code}: {msg.error.reason}"
+        manifest[direction] = describe(msg, arrays)
     atomic_write(stem.with_name(f"{stem.name}.json"), json.dumps(manifest, indent=1, default=str).encode())
     return size
 
