@@ -268,6 +268,90 @@ def group_consensus(candidates: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class MatchProblem:
+    """What the optimisation matches, model-agnostic: the attack's model copy and its parameters (the weights the
+    client received), the observed update, the entries the attacker sees, the client's recipe, the label logits
+    (fixed, or learned when ``learn_labels``) and one start per restart [restarts, examples, C, H, W]."""
+
+    model: nn.Module
+    params: dict[str, torch.Tensor]
+    target: dict[str, torch.Tensor]
+    kept: dict[str, torch.Tensor] | None
+    recipe: ClientRecipe
+    labels: torch.Tensor
+    learn_labels: bool
+    starts: torch.Tensor
+    start_notes: list[str]
+    adversary: Callable | None = None
+    correction: dict[str, torch.Tensor] | None = None
+    patch: int = 0  # the patch size for the patch-border prior (0: none)
+
+
+def optimise(
+    problem: MatchProblem, budget: AuditConfig, device: torch.device, progress: Callable[[int, int], None] | None
+) -> tuple[torch.Tensor, str, float, int]:
+    """Adam on the candidates until the simulated update matches the target (Inverting Gradients' loop; see the
+    module docstring): returns the best candidate batch, its start's note, its gradient match and the Adam steps
+    taken over all restarts."""
+    model, params, target, kept, rec = problem.model, problem.params, problem.target, problem.kept, problem.recipe
+    deadline = time.monotonic() + budget.max_seconds
+    total = budget.iterations * budget.restarts
+    best: tuple[float, torch.Tensor, str, float] | None = None  # (ranking value, images, note, gradient match)
+    done = 0  # Adam steps over all restarts
+    x = problem.starts.to(device).requires_grad_(True)
+    labels = problem.labels.to(device)
+    label_logits = labels.expand(budget.restarts, *labels.shape).clone().requires_grad_(problem.learn_labels)
+    optimizer = torch.optim.Adam([x] + ([label_logits] if problem.learn_labels else []), lr=budget.lr)
+    milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
+    grouped = budget.group_weight > 0 and budget.restarts > 1
+    consensus: torch.Tensor | None = None
+    for step in range(budget.iterations + 1):
+        if grouped and step >= budget.iterations // 2 and step % GROUP_EVERY == 0:
+            consensus = torch.stack(group_consensus(list(x.detach())))
+        optimizer.zero_grad(set_to_none=True)
+        sim = simulate(model, params, x, label_logits, rec, problem.adversary, problem.correction)
+        match = match_loss(sim, target, kept, budget.pos_weight)
+        prior = prior_weight(budget.prior_schedule, step, budget.iterations)
+        loss = match + prior * budget.tv * total_variation(x)
+        if budget.patch_tv > 0 and problem.patch:
+            loss = loss + prior * budget.patch_tv * patch_border_variation(x, problem.patch)
+        if consensus is not None:
+            loss = loss + budget.group_weight * _per_restart((x - consensus) ** 2)
+        ranked = (match if budget.keep == "match" else loss).detach()
+        winner = int(ranked.argmin())
+        if best is None or float(ranked[winner]) < best[0]:  # the candidates just evaluated (before their step)
+            best = (float(ranked[winner]), x[winner].detach().clone(), problem.start_notes[winner],
+                    float(match[winner].detach()))  # fmt: skip
+        if time.monotonic() > deadline or step == budget.iterations:
+            break
+        loss.sum().backward()
+        x.grad.sign_()
+        optimizer.step()
+        scheduler.step()
+        with torch.no_grad():
+            x.clamp_(0, 1)
+        done += budget.restarts
+        if progress is not None:
+            progress(done, total)
+    assert best is not None
+    _, images, note, match_value = best
+    if grouped:
+        note += f"; group consistency {budget.group_weight:g} over {budget.restarts} restarts"
+    return images, note, match_value, done
+
+
+def steps_note(budget: AuditConfig, rec: ClientRecipe, match_value: float, done: int) -> str:
+    """The optimisation's closing note: the match reached and the steps it took (of those asked)."""
+    total = budget.iterations * budget.restarts
+    capped = " (time cap)" if done < total else ""
+    return (
+        f"gradient match 1−cos {match_value:.2e}; {rec.examples} image(s), {rec.steps} local step(s); "
+        f"{done} of {total} Adam steps{capped}"
+    )
+
+
 def invert(
     obs: Observation,
     budget: AuditConfig | None = None,
@@ -283,67 +367,30 @@ def invert(
     rec = recipe(obs)
     device = resolve_device(obs.config.device)  # "auto": CUDA where there is one
     model = attack_model(obs).to(device)
-    params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
-    target = {n: t.to(device) for n, t in observed_target(obs).items()}
     kept = kept_entries(obs)
-    kept = None if kept is None else {n: m.to(device) for n, m in kept.items()}
-    adversary = madry_simulator(obs, model, rec.adversarial)
     correction = None
     if obs.correction is not None:
         correction = {n: torch.as_tensor(c, dtype=torch.float32, device=device) for n, c in obs.correction.items()}
-    deadline = time.monotonic() + budget.max_seconds
-    total = budget.iterations * budget.restarts
-    best: tuple[float, torch.Tensor, str, float] | None = None  # (ranking value, images, note, gradient match)
-    done = 0  # Adam steps over all restarts
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
     known = None if learn_labels else labels.argmax(1)
     starts = [initial_images(obs, rec, restart, budget, known) for restart in range(budget.restarts)]
-    x = torch.stack([image for image, _ in starts]).to(device).requires_grad_(True)
-    label_logits = labels.to(device).expand(budget.restarts, *labels.shape).clone().requires_grad_(learn_labels)
-    optimizer = torch.optim.Adam([x] + ([label_logits] if learn_labels else []), lr=budget.lr)
-    milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
-    patch = image_geometry(obs)[3]
-    grouped = budget.group_weight > 0 and budget.restarts > 1
-    consensus: torch.Tensor | None = None
-    for step in range(budget.iterations + 1):
-        if grouped and step >= budget.iterations // 2 and step % GROUP_EVERY == 0:
-            consensus = torch.stack(group_consensus(list(x.detach())))
-        optimizer.zero_grad(set_to_none=True)
-        sim = simulate(model, params, x, label_logits, rec, adversary, correction)
-        match = match_loss(sim, target, kept, budget.pos_weight)
-        prior = prior_weight(budget.prior_schedule, step, budget.iterations)
-        loss = match + prior * budget.tv * total_variation(x)
-        if budget.patch_tv > 0:
-            loss = loss + prior * budget.patch_tv * patch_border_variation(x, patch)
-        if consensus is not None:
-            loss = loss + budget.group_weight * _per_restart((x - consensus) ** 2)
-        ranked = (match if budget.keep == "match" else loss).detach()
-        winner = int(ranked.argmin())
-        if best is None or float(ranked[winner]) < best[0]:  # the candidates just evaluated (before their step)
-            note = f"{starts[winner][1]}; {label_note}"
-            best = (float(ranked[winner]), x[winner].detach().clone(), note, float(match[winner].detach()))
-        if time.monotonic() > deadline or step == budget.iterations:
-            break
-        loss.sum().backward()
-        x.grad.sign_()
-        optimizer.step()
-        scheduler.step()
-        with torch.no_grad():
-            x.clamp_(0, 1)
-        done += budget.restarts
-        if progress is not None:
-            progress(done, total)
-    assert best is not None
-    _, images, note, loss_value = best
-    if grouped:
-        note += f"; group consistency {budget.group_weight:g} over {budget.restarts} restarts"
-    capped = " (time cap)" if done < total else ""
-    note += (
-        f"; gradient match 1−cos {loss_value:.2e}; {rec.examples} image(s), {rec.steps} local step(s); "
-        f"{done} of {total} Adam steps{capped}"
+    problem = MatchProblem(
+        model=model,
+        params={n: p.detach().requires_grad_(True) for n, p in model.named_parameters()},
+        target={n: t.to(device) for n, t in observed_target(obs).items()},
+        kept=None if kept is None else {n: m.to(device) for n, m in kept.items()},
+        recipe=rec,
+        labels=labels,
+        learn_labels=learn_labels,
+        starts=torch.stack([image for image, _ in starts]),
+        start_notes=[f"{note}; {label_note}" for _, note in starts],
+        adversary=madry_simulator(obs, model, rec.adversarial),
+        correction=correction,
+        patch=image_geometry(obs)[3],
     )
-    if not obs.update[POS_EMBED].any() or (kept is not None and not kept[POS_EMBED].any()):
+    images, note, match_value, done = optimise(problem, budget, device, progress)
+    note += "; " + steps_note(budget, rec, match_value, done)
+    if not obs.update[POS_EMBED].any() or (problem.kept is not None and not problem.kept[POS_EMBED].any()):
         note += "; no position-embedding gradient"
     batch = images.cpu().numpy().astype(np.float64)
     return Reconstruction(batch[0], note, images=tuple(batch), steps=done)

@@ -1,0 +1,1 @@
+"""cnnapp: a small CNN trained with Flower's FedAvg on offline synthetic images."""

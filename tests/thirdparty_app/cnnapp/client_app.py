@@ -1,0 +1,42 @@
+"""cnnapp: the ClientApp (Flower's Message API, as in Flower's PyTorch quickstart)."""
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from cnnapp.task import Net, load_data, partition_size, test, train
+
+app = ClientApp()
+
+
+def local_data(context: Context):
+    pid = int(context.node_config["partition-id"])
+    size = partition_size(str(context.run_config["partition-sizes"]), pid)
+    return load_data(pid, size, int(context.run_config["seed"]))
+
+
+@app.train()
+def train_fn(msg: Message, context: Context) -> Message:
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    images, labels = local_data(context)
+    config = msg.content["config"]
+    seed = int(context.run_config["seed"]) * 100 + int(config["server-round"])
+    loss = train(model, images, labels, int(config["local-epochs"]), float(config["lr"]),
+                 int(context.run_config["batch-size"]), seed)
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.state_dict()),
+            "metrics": MetricRecord({"train_loss": loss, "num-examples": len(labels)}),
+        }
+    )
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_fn(msg: Message, context: Context) -> Message:
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    images, labels = local_data(context)
+    loss, accuracy = test(model, images, labels)
+    metrics = MetricRecord({"eval_loss": loss, "eval_acc": accuracy, "num-examples": len(labels)})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

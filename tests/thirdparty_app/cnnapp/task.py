@@ -1,0 +1,92 @@
+"""cnnapp: the model, the offline data and the training loop."""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+NUM_CLASSES = 10
+
+
+class Net(nn.Module):
+    """The CNN of Flower's PyTorch quickstart (LeNet-style, 32x32 RGB input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        x = x.flatten(1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)  # the Normalize of Flower's quickstart
+
+
+def make_images(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` offline images in [0, 1] (smooth colour blobs; the class shifts the hue) and their labels."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, NUM_CLASSES, count)
+    yy, xx = np.mgrid[0:32, 0:32] / 31.0
+    images = np.empty((count, 3, 32, 32), np.float32)
+    for i, label in enumerate(labels):
+        cx, cy, r = rng.uniform(0.2, 0.8, 3)
+        blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (0.05 + 0.1 * r))
+        hue = 2 * np.pi * label / NUM_CLASSES
+        for c in range(3):
+            images[i, c] = 0.5 + 0.4 * np.cos(hue + 2 * np.pi * c / 3) * blob + 0.05 * rng.standard_normal((32, 32))
+    return np.clip(images, 0, 1), labels
+
+
+def partition_size(sizes: str, partition_id: int) -> int:
+    """Images held by partition ``partition_id`` (the run config's comma-separated ``partition-sizes``)."""
+    values = [int(s) for s in sizes.split(",")]
+    return values[partition_id % len(values)]
+
+
+def load_data(partition_id: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A client's own images and labels (raw pixels in [0, 1])."""
+    return make_images(size, seed * 1000 + partition_id)
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(STD).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def train(net: Net, images: np.ndarray, labels: np.ndarray, epochs: int, lr: float, batch_size: int, seed: int):
+    """Plain SGD on mean cross-entropy; returns the mean training loss."""
+    torch.manual_seed(seed)
+    data = TensorDataset(normalize(torch.as_tensor(images)), torch.as_tensor(labels))
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    net.train()
+    losses = []
+    for _ in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return float(np.mean(losses))
+
+
+def test(net: Net, images: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    net.eval()
+    with torch.no_grad():
+        logits = net(normalize(torch.as_tensor(images)))
+        loss = F.cross_entropy(logits, torch.as_tensor(labels)).item()
+        accuracy = (logits.argmax(1).numpy() == labels).mean()
+    return float(loss), float(accuracy)
