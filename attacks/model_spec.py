@@ -1,0 +1,163 @@
+"""The audit's one seam to a model: what to build, the input it takes, how pixels are normalised, its loss.
+
+A :class:`ModelSpec` names a user factory (``package.module:callable``, called without arguments, returning the
+``nn.Module`` the app trains) or a timm model name. Everything the attacks need to know about a third-party model
+comes from here: they never read fedvit's ``model.*`` config. The spec comes from ``fedvit audit`` flags and/or a
+``fedvit-audit.toml`` beside the captures (flags win)::
+
+    [model]
+    factory = "cnnapp.task:Net"      # or a timm name, e.g. "resnet18"
+    input = [3, 32, 32]              # C, H, W of the images the client feeds (pixels in [0, 1] before mean/std)
+    mean = [0.5, 0.5, 0.5]
+    std = [0.5, 0.5, 0.5]
+    loss = "cross-entropy"           # or "nll" (the model ends in log_softmax)
+    app-dir = "path/to/app"          # put on sys.path so the factory imports (relative to the TOML)
+    num-classes = 10                 # timm names only (default: the captured head's size)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+SPEC_FILE = "fedvit-audit.toml"
+# Both losses are cross-entropy on the model's output: log_softmax of log-probabilities is the identity, so the
+# attack's simulated loss, softmax(y)·log_softmax(output), equals NLL for a model that ends in log_softmax.
+LOSSES = ("cross-entropy", "nll")
+
+
+class SpecError(ValueError):
+    """A model spec that cannot describe or build the attacked model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The attacked model and its input (see the module docstring)."""
+
+    factory: str
+    input_shape: tuple[int, int, int] = (3, 32, 32)
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    loss: str = "cross-entropy"
+    app_dir: str | None = None
+    num_classes: int | None = None
+    builder: Callable[[], nn.Module] | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise SpecError(f"loss {self.loss!r} is not supported (one of {', '.join(LOSSES)})")
+        if len(self.input_shape) != 3 or min(self.input_shape) < 1:
+            raise SpecError(f"input must be [C, H, W] with positive sizes, got {list(self.input_shape)}")
+        channels = self.input_shape[0]
+        if len(self.mean) != channels or len(self.std) != channels:
+            raise SpecError(f"mean and std need {channels} values (one per channel), got {self.mean} / {self.std}")
+        if min(self.std) <= 0:
+            raise SpecError(f"std must be positive, got {self.std}")
+
+    def build(self, num_classes: int | None = None) -> nn.Module:
+        """A fresh model (its weights are replaced by the captured ones), with the spec's mean/std attached where
+        :func:`core.model.normalize` reads them. ``num_classes`` sizes a timm model's head unless the spec says."""
+        if self.builder is not None:
+            model = self.builder()
+        elif ":" in self.factory:
+            model = self._from_factory()
+        else:
+            model = self._from_timm(self.num_classes or num_classes)
+        if not isinstance(model, nn.Module):
+            raise SpecError(f"{self.factory} returned {type(model).__name__}, not a torch nn.Module")
+        model.pretrained_cfg = {**(getattr(model, "pretrained_cfg", None) or {}), "mean": self.mean, "std": self.std}
+        return model
+
+    def _from_factory(self) -> nn.Module:
+        module_name, _, attr = self.factory.partition(":")
+        if self.app_dir:
+            path = str(Path(self.app_dir).expanduser().resolve())
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            hint = "" if self.app_dir else " (give --app-dir with the folder that holds it)"
+            raise SpecError(f"cannot import {module_name!r} for --model {self.factory}: {err}{hint}") from err
+        factory: Any = module
+        for part in attr.split("."):
+            if not hasattr(factory, part):
+                raise SpecError(f"{module_name} has no {attr!r} (--model {self.factory})")
+            factory = getattr(factory, part)
+        if not callable(factory):
+            raise SpecError(f"--model {self.factory} is not callable")
+        return factory()
+
+    def _from_timm(self, num_classes: int | None) -> nn.Module:
+        import timm
+
+        if not timm.is_model(self.factory):
+            raise SpecError(f"{self.factory!r} is neither package.module:callable nor a timm model name")
+        kwargs: dict[str, Any] = {"pretrained": False, "in_chans": self.input_shape[0]}
+        if num_classes is not None:
+            kwargs["num_classes"] = num_classes
+        try:  # ViTs take the image size; CNNs refuse the argument
+            return timm.create_model(self.factory, img_size=self.input_shape[1:], **kwargs)
+        except TypeError:
+            return timm.create_model(self.factory, **kwargs)
+
+    def describe(self) -> str:
+        c, h, w = self.input_shape
+        return (
+            f"{self.factory} on {c}×{h}×{w} inputs, normalised with mean {list(self.mean)} and std "
+            f"{list(self.std)}, {self.loss} loss"
+        )
+
+
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """The ``[model]`` table of a ``fedvit-audit.toml`` (keys as in the module docstring), ``app-dir`` made
+    relative to the file; other tables are returned under their names for the audit (``recipe``, ``data``)."""
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path}: not valid TOML ({err})") from err
+    model = dict(values.get("model", {}))
+    unknown = sorted(set(model) - {"factory", "input", "mean", "std", "loss", "app-dir", "num-classes"})
+    if unknown:
+        raise SpecError(f"{path}: unknown [model] key(s) {unknown}")
+    if "app-dir" in model:
+        model["app-dir"] = str((path.parent / str(model["app-dir"])).resolve())
+    return {**values, "model": model}
+
+
+def find_spec_file(captures: Path) -> Path | None:
+    """``fedvit-audit.toml`` in the captures folder or one of its two parents (run folder, capture root)."""
+    for folder in [captures, *list(captures.resolve().parents)[:2]]:
+        if (folder / SPEC_FILE).is_file():
+            return folder / SPEC_FILE
+    return None
+
+
+def spec_from(values: dict[str, Any]) -> ModelSpec:
+    """A spec from ``[model]``-style keys (TOML names; flags are merged in by the caller)."""
+    if not values.get("factory"):
+        raise SpecError(f"no model given: pass --model package.module:factory (or a timm name) or write {SPEC_FILE}")
+    kwargs: dict[str, Any] = {"factory": str(values["factory"])}
+    if "input" in values:
+        kwargs["input_shape"] = tuple(int(v) for v in values["input"])
+    channels = kwargs.get("input_shape", (3,))[0]
+    for key in ("mean", "std"):
+        if key in values:
+            v = values[key]
+            kwargs[key] = tuple(float(x) for x in (v if isinstance(v, list | tuple) else [v] * channels))
+    for key in ("mean", "std"):  # the default 0.5 per channel, for any channel count
+        kwargs.setdefault(key, (0.5,) * channels)
+    if "loss" in values:
+        kwargs["loss"] = str(values["loss"])
+    if values.get("app-dir"):
+        kwargs["app_dir"] = str(values["app-dir"])
+    if values.get("num-classes"):
+        kwargs["num_classes"] = int(values["num-classes"])
+    return ModelSpec(**kwargs)

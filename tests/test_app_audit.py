@@ -1,0 +1,147 @@
+"""The audit of a third-party app's captures with the user's own model (attacks/app_audit.py, model_spec.py).
+
+Exchanges are made here as the test app's ClientApp makes them (its own train loop) and recorded by fedvit's
+capture path; the audit sees only the capture folder and the model factory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from attacks.app_audit import UserData, audit_app_captures, sent_kind
+from attacks.app_captures import NOTHING_ON_THE_WIRE, AuditInputError, map_state
+from attacks.capture import add_direction, capture_stem
+from attacks.model_spec import ModelSpec, SpecError, find_spec_file, read_spec_file, spec_from
+from core.config import AuditConfig
+
+APP = Path(__file__).parent / "thirdparty_app"
+sys.path.insert(0, str(APP))
+
+from cnnapp.task import Net, load_data, partition_size, train  # noqa: E402
+
+SPEC = ModelSpec("cnnapp.task:Net", app_dir=str(APP))
+DATA = UserData("cnnapp_partitions:partition", {}, decoy_partitions=tuple(range(4, 40)), app_dir=str(APP))
+BUDGET = AuditConfig(iterations=60, restarts=1, max_seconds=60)
+
+
+def capture_exchange(root: Path, node: int, partition: int, server_round: int = 1, fedsgd: bool = False) -> None:
+    """One train exchange of the test app (FedAvg, 1 local epoch, lr 0.05; or a FedSGD gradient), captured."""
+    torch.manual_seed(server_round)
+    model = Net()
+    received = ArrayRecord(model.state_dict())
+    config = ConfigRecord({"lr": 0.05, "local-epochs": 1, "server-round": server_round})
+    instruction = Message(RecordDict({"arrays": received, "config": config}), dst_node_id=node, message_type="train")
+    images, labels = load_data(partition, partition_size("1,2,3,4", partition), 7)
+    if fedsgd:
+        loss = torch.nn.functional.cross_entropy(model((torch.as_tensor(images) - 0.5) / 0.5), torch.as_tensor(labels))
+        loss.backward()
+        reply_arrays = ArrayRecord({n: p.grad for n, p in model.named_parameters()})
+    else:
+        train(model, images, labels, epochs=1, lr=0.05, batch_size=4, seed=server_round)
+        reply_arrays = ArrayRecord(model.state_dict())
+    metrics = MetricRecord({"train_loss": 1.0, "num-examples": len(labels)})
+    reply = Message(RecordDict({"arrays": reply_arrays, "metrics": metrics}), reply_to=instruction)
+    stem = capture_stem(root, 5, server_round, node, "train")
+    run_config = {"batch-size": 4, "partition-sizes": "1,2,3,4", "seed": 7}
+    head = {"run-id": 5, "round": server_round, "node": node, "run_config": run_config}
+    add_direction(stem, "received", instruction, **head)
+    add_direction(stem, "sent", reply, **head)
+
+
+def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_partitions(tmp_path):
+    for node, partition in ((11, 0), (12, 1), (13, 2), (14, 3)):  # B = 1, 2, 3, 4: one local step each
+        capture_exchange(tmp_path / "cap", node, partition)
+    data = UserData(DATA.loader, {"11": 0, "12": 1, "13": 2, "14": 3}, DATA.decoy_partitions, DATA.app_dir)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data)
+    rows = {r["update"]: r for r in report["rows"]}
+    assert len(rows) == 4
+    for node, partition in ((11, 0), (12, 1), (13, 2), (14, 3)):
+        row = rows[f"run 5 round 1 node {node}"]
+        _, labels = load_data(partition, partition + 1, 7)
+        assert row["labels"] == {int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)}
+        assert row["label-accuracy"] == 1.0 and row["batch"] == partition + 1 and row["steps"] == 1
+        assert row["sent"].startswith("weights")
+        assert "lr 0.05 (ConfigRecord)" in row["recipe"] and "batch-size 4 (run config)" in row["recipe"]
+        assert row["reid-gallery"] > 30 and row["psnr"] is not None
+        assert row["attacks"]["APRIL closed forms"].startswith("not applicable: no patch embedding")
+    assert report["verdict"].startswith("LEAKS: labels recovered for 4 of 4 update(s) (4 of 4 exactly right)")
+    assert (tmp_path / "out" / "grid.png").stat().st_size > 0
+    assert "Verdict" in (tmp_path / "out" / "audit.md").read_text()
+    assert json.loads((tmp_path / "out" / "audit.json").read_text())["rows"][0]["update"].startswith("run 5")
+
+
+def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_path):
+    capture_exchange(tmp_path / "cap", 21, 2, fedsgd=True)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
+    (row,) = report["rows"]
+    _, labels = load_data(2, 3, 7)
+    assert row["sent"].startswith("gradient") and row["batch"] == 3
+    assert sum(row["labels"].values()) == 3 and row["labels"] == {
+        int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)
+    }
+    assert row["psnr"] is None and "unscored" in report["verdict"]
+    assert "unscored" in (tmp_path / "out" / "audit.md").read_text()
+
+
+def test_recipe_overrides_are_used_and_stated(tmp_path):
+    capture_exchange(tmp_path / "cap", 31, 1)
+    budget = AuditConfig(iterations=2, restarts=1)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, budget, overrides={"batch-size": "1"})
+    (row,) = report["rows"]
+    assert row["batch"] == 1 and row["steps"] == 2 and "batch-size 1 (override)" in row["recipe"]
+
+
+def test_arrays_map_by_name_or_order_and_mismatches_are_listed():
+    model = Net()
+    state = {n: t.numpy() for n, t in model.state_dict().items()}
+    assert map_state(state, model, "x").keys() == state.keys()
+    by_order = map_state({str(i): a for i, a in enumerate(state.values())}, model, "x")
+    assert list(by_order) == list(state)
+    renamed = {("features." + n if n.startswith("conv") else n): a for n, a in state.items()}
+    with pytest.raises(AuditInputError, match=r"missing \['conv1.weight'.*unexpected \['features.conv1.weight'"):
+        map_state(renamed, model, "x")
+    wrong = dict(state, **{"fc3.bias": np.zeros(7, np.float32)})
+    with pytest.raises(AuditInputError, match=r"fc3.bias: captured \(7,\), model \(10,\)"):
+        map_state(wrong, model, "x")
+
+
+def test_sent_kind_tells_weights_from_gradients():
+    w = {"a": np.ones(100, np.float32)}
+    assert sent_kind(w, {"a": w["a"] - 0.01}, ["a"])[0] == "weights"
+    assert sent_kind(w, {"a": np.full(100, 0.01, np.float32)}, ["a"])[0] == "gradient"
+
+
+def test_a_tls_only_capture_says_the_wire_shows_nothing(tmp_path):
+    (tmp_path / "cap").mkdir()
+    (tmp_path / "cap" / "connections.jsonl").write_text(json.dumps({"protocol": "tls", "readable": False}) + "\n")
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
+    assert report["verdict"] == NOTHING_ON_THE_WIRE and report["rows"] == []
+    with pytest.raises(AuditInputError, match="no captured train exchanges"):
+        audit_app_captures(tmp_path / "out", tmp_path / "out2", SPEC, BUDGET)
+
+
+def test_model_spec_from_toml_and_clear_errors(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "fedvit-audit.toml").write_text(
+        '[model]\nfactory = "cnnapp.task:Net"\ninput = [3, 32, 32]\nmean = 0.5\napp-dir = "app"\n'
+    )
+    found = find_spec_file(tmp_path / "run")
+    values = read_spec_file(found)["model"]
+    spec = spec_from(values)
+    assert spec.app_dir == str((tmp_path / "app").resolve()) and spec.mean == (0.5, 0.5, 0.5)
+    assert isinstance(ModelSpec("cnnapp.task:Net", app_dir=str(APP)).build(), Net)
+    assert ModelSpec("resnet18").build(num_classes=10).fc.out_features == 10
+    with pytest.raises(SpecError, match="loss 'mse' is not supported"):
+        ModelSpec("x:y", loss="mse")
+    with pytest.raises(SpecError, match="cannot import 'nowhere_pkg.mod'.*--app-dir"):
+        ModelSpec("nowhere_pkg.mod:Net").build()
+    with pytest.raises(SpecError, match="neither package.module:callable nor a timm model name"):
+        ModelSpec("not-a-model").build()
+    with pytest.raises(SpecError, match="mean and std need 1 values"):
+        spec_from({"factory": "a:b", "input": [1, 28, 28], "mean": [0.5, 0.5, 0.5]})

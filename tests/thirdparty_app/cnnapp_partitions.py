@@ -1,0 +1,10 @@
+"""The user's side of ``fedvit audit --data``: cnnapp's partition ``i`` as its default run config makes it
+(``partition-sizes = "1,2,3,4"``, ``seed = 7``); partitions beyond those serve as decoys."""
+
+from cnnapp.task import load_data, partition_size
+
+SIZES, SEED = "1,2,3,4", 7
+
+
+def partition(partition_id: int):
+    return load_data(partition_id, partition_size(SIZES, partition_id), SEED)
