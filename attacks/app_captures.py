@@ -104,10 +104,16 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
                 sent=_model_arrays(sent, stem, "sent"),
                 received_config=_merged(manifest.get("received", {}).get("config", {})),
                 sent_metrics=_merged(manifest.get("sent", {}).get("metrics", {})),
-                run_config=dict(manifest.get("run_config") or {}),
+                run_config=dict(manifest.get("run_config") or {}) | _run_file_config(stem),
             )
         )
     return exchanges, skipped
+
+
+def _run_file_config(stem: Path) -> dict[str, Any]:
+    """The run config a wire tap completed after the fact (``run-<id>/run.json``), else nothing."""
+    run_file = stem.parent.parent.parent / "run.json"  # run-<id>/captures/round-NNNN/<stem>
+    return dict(json.loads(run_file.read_text()).get("run_config", {})) if run_file.is_file() else {}
 
 
 def unreadable_links(path: Path) -> int:

@@ -5,9 +5,11 @@ and returns at once; a worker thread parses the bodies with Flower's generated p
 object of a message's object tree on disk as it completes (a content-addressed spool, bounded in size), and,
 once a tree is whole, rebuilds the Message with Flower's own serde (``inflate_object_from_contents``) and writes
 it in the capture layout of :mod:`attacks.capture`: what the node pulled is ``received``, what it pushed in
-reply is ``sent``. ``get-run`` responses give each run's config, written to ``run-<id>/run.json`` and into every
-manifest. A body that does not parse, an object that does not inflate, a full disk: each is logged and counted,
-and relaying goes on (the recorder never raises into the proxy, never blocks it: a full queue drops records).
+reply is ``sent``. ``get-run`` and ``get-fab`` responses give each run's config (the FAB's defaults fused with the
+run's overrides, by Flower's own function), written to ``run-<id>/run.json`` and into the manifests (a node
+fetches the FAB after its first message of a run, so run.json is the complete record). A body that does not
+parse, an object that does not inflate, a full disk: each is logged and counted, and relaying goes on (the
+recorder never raises into the proxy, never blocks it: a full queue drops records).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Message
+from flwr.common.config import get_fused_config_from_fab
 from flwr.common.serde import message_from_proto, run_from_proto
+from flwr.proto.fab_pb2 import GetFabRequest, GetFabResponse  # pylint: disable=E0611
 from flwr.proto.fleet_pb2 import (  # pylint: disable=E0611
     PullMessagesRequest,
     PullMessagesResponse,
@@ -96,6 +100,8 @@ class WireRecorder:
         self._pending: dict[str, PendingMessage] = {}  # root object id -> message being collected
         self._waiting_for: dict[str, set[str]] = {}  # object id -> roots that need it
         self._runs: dict[int, dict[str, Any]] = {}  # run id -> run config and FAB (from get-run)
+        self._run_protos: dict[int, Any] = {}  # run id -> flwr Run (get-run)
+        self._fab_configs: dict[str, bytes] = {}  # FAB hash -> the bundle (get-fab), for its default config
         self._instructions: OrderedDict[str, tuple[Path, dict[str, Any]]] = OrderedDict()  # message id -> capture
         self._rounds = RoundCounter()
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -138,6 +144,8 @@ class WireRecorder:
         call = path[len(FLEET) :]
         if call == "get-run":
             self._got_run(GetRunRequest.FromString(request), GetRunResponse.FromString(response))
+        elif call == "get-fab":
+            self._got_fab(GetFabRequest.FromString(request), GetFabResponse.FromString(response))
         elif call == "pull-messages":
             reply = PullMessagesResponse.FromString(response)
             node = PullMessagesRequest.FromString(request).node.node_id
@@ -157,16 +165,34 @@ class WireRecorder:
 
     def _got_run(self, request: GetRunRequest, response: GetRunResponse) -> None:
         run = run_from_proto(response.run)
+        self._run_protos[request.run_id] = run
         info = {
             "run-id": run.run_id,
             "fab-id": run.fab_id,
             "fab-version": run.fab_version,
             "fab-hash": run.fab_hash,
             "run_config": dict(run.override_config),
+            "run-config-source": "the run's overrides only (the FAB's defaults were not seen on the wire yet)",
         }
-        if self._runs.get(request.run_id) != info:
-            self._runs[request.run_id] = info
-            atomic_write(self.out / f"run-{request.run_id}" / "run.json", json.dumps(info, indent=1).encode())
+        if run.fab_hash in self._fab_configs:
+            info |= self._fused(run)
+        self._save_run(request.run_id, info)
+
+    def _got_fab(self, request: GetFabRequest, response: GetFabResponse) -> None:
+        """The app bundle a node fetched: its pyproject's defaults complete the run config (Flower's own fuse)."""
+        self._fab_configs[response.fab.hash_str] = response.fab.content
+        run = self._run_protos.get(request.run_id)
+        if run is not None and run.fab_hash == response.fab.hash_str:
+            self._save_run(request.run_id, self._runs.get(request.run_id, {}) | self._fused(run))
+
+    def _fused(self, run: Any) -> dict[str, Any]:
+        config = get_fused_config_from_fab(self._fab_configs[run.fab_hash], run)
+        return {"run_config": dict(config), "run-config-source": "the FAB's defaults with the run's overrides"}
+
+    def _save_run(self, run_id: int, info: dict[str, Any]) -> None:
+        if self._runs.get(run_id) != info:
+            self._runs[run_id] = info
+            atomic_write(self.out / f"run-{run_id}" / "run.json", json.dumps(info, indent=1).encode())
 
     def _announce(self, direction: str, node: int, proto: Any, tree: ObjectTree) -> None:
         ids = {t.object_id for t in iterate_object_tree(tree)}

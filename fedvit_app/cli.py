@@ -9,7 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attacks.model_spec import find_spec_file
 from core.config import AuditConfig, ConfigError, parse_config
+from fedvit_app.app_audit_cli import add_arguments as add_app_audit_arguments
+from fedvit_app.app_audit_cli import audit_app
 from fedvit_app.deployment import cli as deployment_cli
 from fedvit_app.flower_processes import (
     flower_env,
@@ -132,6 +135,9 @@ def audit(args: argparse.Namespace) -> int:
     if args.decoys < 0:
         print("fedvit audit: --decoys must be >= 0", file=sys.stderr)
         return 2
+
+    if args.captures is not None and (args.model or find_spec_file(args.captures)):
+        return audit_app(args)  # a third-party app's captures, attacked with the user's model
     if args.model_from is not None and not args.benchmark:
         print("fedvit audit: --model-from is for --benchmark (a captured run's model is what it sent)", file=sys.stderr)
         return 2
@@ -203,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p_dec.add_argument("--out", type=Path, required=True)
 
     p_audit = sub.add_parser("audit", help="attack captured updates (or --benchmark) and score the reconstructions")
-    p_audit.add_argument("captures", nargs="?", type=Path, help="a run folder or its captures/ folder")
+    p_audit.add_argument(
+        "captures", nargs="?", type=Path, help="a run folder or its captures/ folder (any Flower app's with --model)"
+    )
     p_audit.add_argument("--out", type=Path, required=True, help="where audit.md, audit.json and the grids go")
     p_audit.add_argument("--benchmark", action="store_true", help="no capture needed: make single-image updates")
     p_audit.add_argument("--app", default=".")
@@ -249,6 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         help="test-split images beside the true one in the re-identification gallery (default 99: chance 1%%; 0: off)",
     )
 
+    add_app_audit_arguments(p_audit)
+
+    p_tap = sub.add_parser("tap", help="eavesdrop on a Flower deployment: a Fleet API proxy recording what it relays")
+    p_tap.add_argument("--listen", required=True, help="HOST:PORT the SuperNodes dial (their --superlink)")
+    p_tap.add_argument("--upstream", required=True, help="HOST:PORT of the SuperLink's Fleet API")
+    p_tap.add_argument("--out", type=Path, required=True, help="where captures go (run-<id>/captures/...)")
+    p_tap.add_argument("--spool-mb", type=float, default=2048.0, help="disk cap for objects awaiting their message")
+
     p_rob = sub.add_parser(
         "robustness-check", help="sanity checks of a finished run's robust accuracy (AutoAttack vs PGD, ε sweep, ...)"
     )
@@ -277,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         return keys(args)
     if args.command == "audit":
         return audit(args)
+    if args.command == "tap":
+        from fedvit_app.tap import main as serve_tap
+
+        return serve_tap(args)
     if args.command == "deploy":
         return deployment_cli.main(args)
     if args.command == "robustness-check":

@@ -14,11 +14,14 @@ by its first bytes:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import logging
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -205,3 +208,29 @@ def running_tap(listen: str, upstream: str, out: Path) -> Iterator[Tap]:
     finally:
         loop.call_soon_threadsafe(tap.stop)
         thread.join(60)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; the summary goes to ``<out>/tap.json``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("fedvit").setLevel(logging.INFO)
+    try:
+        split_address(args.listen), split_address(args.upstream)
+        tap = Tap(args.listen, args.upstream, args.out, int(args.spool_mb * 2**20))
+    except (ValueError, OSError) as err:
+        print(f"fedvit tap: {err}", file=sys.stderr)
+        return 2
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, tap.stop)
+        await tap.serve()
+
+    try:
+        asyncio.run(serve())
+    except OSError as err:  # e.g. the listen port is taken
+        print(f"fedvit tap: cannot listen on {args.listen}: {err}", file=sys.stderr)
+        return 2
+    print(f"fedvit tap: records in {tap.out} (summary: {tap.out / 'tap.json'})")
+    return 0

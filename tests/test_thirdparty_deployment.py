@@ -1,0 +1,209 @@
+"""A third-party Flower app (tests/thirdparty_app: Flower's CNN and FedAvg, nothing of fedvit) deployed on
+127.0.0.1 with real SuperLink/SuperNode processes, eavesdropped by ``fedvit tap`` and audited with
+``fedvit audit --model``; the same deployment without the tap (bit-equal final model) and over TLS (nothing
+readable). Node 0 holds partition 0 (1 image), node 1 partition 3 (4 images): B = 1 and B = 4, one local step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedvit_app.deployment.connection import add_connection
+from fedvit_app.deployment.credentials import write_credentials
+from fedvit_app.deployment.loopback import wait_for_port
+from fedvit_app.flower_processes import executable, flower_env, free_ports
+
+pytestmark = pytest.mark.deployment
+APP = Path(__file__).parent / "thirdparty_app"
+PARTITIONS = (0, 3)  # partition-sizes "1,2,3,4": one image and four
+sys.path.insert(0, str(APP))
+
+
+class Federation:
+    """SuperLink and two SuperNodes (subprocess isolation), the SuperNodes dialling ``dial`` (the tap or the
+    SuperLink itself); TLS when ``tls``. Every process in its own session, ended by :meth:`stop`."""
+
+    def __init__(self, workdir: Path, tls: bool = False) -> None:
+        self.workdir, self.tls = workdir, tls
+        self.link_port, self.tap_port, *self.node_ports = free_ports(4)
+        self.procs: list[subprocess.Popen] = []
+        self.credentials = workdir / "credentials"
+        if tls:
+            write_credentials(self.credentials, len(PARTITIONS))
+
+    def env(self, name: str) -> dict[str, str]:
+        return flower_env() | {"FLWR_HOME": str(self.workdir / "homes" / name), "OMP_NUM_THREADS": "1",
+                               "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}  # fmt: skip
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        with open(self.workdir / "logs" / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen([executable(argv[0]), *argv[1:]], env=self.env(name), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def security(self, role: str) -> list[str]:
+        if not self.tls:
+            return ["--insecure"]
+        cred = self.credentials
+        if role == "superlink":
+            return ["--ssl-ca-certfile", str(cred / "ca.crt"), "--ssl-certfile", str(cred / "superlink.crt"),
+                    "--ssl-keyfile", str(cred / "superlink.key")]  # fmt: skip
+        return ["--root-certificates", str(cred / "ca.crt")]
+
+    def start_superlink(self) -> None:
+        link = self.spawn("superlink", ["flower-superlink", *self.security("superlink"), "--host", "127.0.0.1",
+                                        "--port", str(self.link_port), "--disable-runtime-dependency-installation",
+                                        "--database", str(self.workdir / "state.db")])  # fmt: skip
+        wait_for_port(self.link_port, link, self.workdir / "logs" / "superlink.log")
+
+    def start_supernodes(self, dial: int) -> None:
+        for i, (partition, port) in enumerate(zip(PARTITIONS, self.node_ports, strict=True)):
+            node = self.spawn(f"supernode-{i}", ["flower-supernode", *self.security("supernode"),
+                                                  "--superlink", f"127.0.0.1:{dial}", "--port", str(port),
+                                                  "--node-config", f"partition-id={partition} num-partitions=4"])  # fmt: skip
+            wait_for_port(port, node, self.workdir / "logs" / f"supernode-{i}.log")
+
+    def run(self, final_model: Path) -> subprocess.CompletedProcess:
+        home = self.workdir / "homes" / "cli"
+        ca = self.credentials / "ca.crt" if self.tls else None
+        add_connection(home, "thirdparty", f"127.0.0.1:{self.link_port}", ca)
+        argv = [executable("flwr"), "run", str(APP), "thirdparty", "--stream", "-c", f"final-model='{final_model}'"]
+        done = subprocess.run(argv, env=self.env("cli"), capture_output=True, text=True, timeout=420, cwd=APP)
+        print(done.stdout[-3000:], done.stderr[-3000:])
+        return done
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=10)
+                    break
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    continue
+
+
+def fedvit(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedvit_app.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=flower_env())  # fmt: skip
+
+
+def start_tap(fed: Federation, out: Path) -> subprocess.Popen:
+    argv = ["fedvit_app.cli", "tap", "--listen", f"127.0.0.1:{fed.tap_port}", "--upstream",
+            f"127.0.0.1:{fed.link_port}", "--out", str(out)]  # fmt: skip
+    with open(fed.workdir / "logs" / "tap.log", "ab") as log:
+        tap = subprocess.Popen([sys.executable, "-m", *argv], stdout=log, stderr=subprocess.STDOUT,
+                               env=flower_env(), start_new_session=True)  # fmt: skip
+    wait_for_port(fed.tap_port, tap, fed.workdir / "logs" / "tap.log")
+    return tap
+
+
+def stop_tap(tap: subprocess.Popen) -> None:
+    os.killpg(tap.pid, signal.SIGTERM)
+    tap.wait(timeout=60)
+
+
+def deploy(workdir: Path, through_tap: bool, tls: bool = False) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """One 2-round run of the app; returns flwr's result, the final model and the tap's folder."""
+    fed = Federation(workdir, tls)
+    captures, final = workdir / "captures", workdir / "final.pt"
+    tap = None
+    try:
+        fed.start_superlink()
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        if through_tap:
+            tap = start_tap(fed, captures)
+        fed.start_supernodes(fed.tap_port if through_tap else fed.link_port)
+        done = fed.run(final)
+    finally:
+        fed.stop()
+        if tap is not None:
+            stop_tap(tap)
+    return done, final, captures
+
+
+def partition_labels(partition: int) -> dict[int, int]:
+    from cnnapp_partitions import partition as load
+
+    labels = load(partition)[1]
+    return {int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)}
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    return deploy(tmp_path_factory.mktemp("direct"), through_tap=False)
+
+
+def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_the_audit_gets_the_labels(
+    tmp_path, plain_run
+):
+    done, final, captures = deploy(tmp_path / "tapped", through_tap=True)
+    assert final.exists(), done.stdout[-2000:]
+    direct_done, direct_final, _ = plain_run
+    assert direct_final.exists(), direct_done.stdout[-2000:]
+    tapped, direct = torch.load(final), torch.load(direct_final)
+    assert tapped.keys() == direct.keys() and all(torch.equal(tapped[k], direct[k]) for k in tapped)
+
+    summary = json.loads((captures / "tap.json").read_text())
+    assert summary["records"]["parse-errors"] == 0 and summary["records"]["sent"] >= 4, summary
+    manifests = sorted(captures.glob("run-*/captures/round-*/node-*.json"))
+    trains = [m for m in manifests if m.stem.split("-")[-1].isdigit()]
+    assert len(trains) == 4  # 2 rounds x 2 nodes
+    manifest = json.loads(trains[0].read_text())
+    assert manifest["received"]["config"]["config"]["lr"] == 0.05
+    run = json.loads((trains[0].parents[2] / "run.json").read_text())  # the FAB's defaults fused with overrides
+    assert run["run_config"]["batch-size"] == 4 and run["run_config"]["final-model"] == str(final)
+
+    # Which node holds which partition: the user knows their nodes; here each node's batch size tells it.
+    sizes = {json.loads(m.read_text())["node"]: json.loads(m.read_text())["sent"]["metrics"]["metrics"]["num-examples"]
+             for m in trains}  # fmt: skip
+    mapping = [f"--partition={node}={PARTITIONS[0] if size == 1 else PARTITIONS[1]}" for node, size in sizes.items()]
+    out = tmp_path / "audit"
+    audit = fedvit("audit", str(captures), "--out", str(out), "--model", "cnnapp.task:Net", "--app-dir", str(APP),
+                   "--data", "cnnapp_partitions:partition", *mapping, "--decoy-partitions", "4-60",
+                   "--iterations", "40", "--restarts", "1")  # fmt: skip
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-3000:]
+    report = json.loads((out / "audit.json").read_text())
+    assert len(report["rows"]) == 4
+    for row in report["rows"]:
+        partition = row["partition"]
+        assert row["labels"] == partition_labels(partition), row
+        assert row["batch"] == (1 if partition == PARTITIONS[0] else 4) and row["steps"] == 1
+        assert row["label-accuracy"] == 1.0 and row["reid-top1"] is not None
+    assert report["verdict"].startswith("LEAKS: labels recovered for 4 of 4 update(s) (4 of 4 exactly right)")
+    assert (out / "grid.png").exists() and "Verdict" in (out / "audit.md").read_text()
+
+
+def test_over_tls_the_tap_relays_but_records_nothing_readable(tmp_path):
+    done, final, captures = deploy(tmp_path / "tls", through_tap=True, tls=True)
+    assert final.exists(), done.stdout[-2000:]  # the federation trained through the tap
+    assert not list(captures.rglob("*.safetensors")) and not list(captures.rglob("node-*.json"))
+    links = [json.loads(line) for line in (captures / "connections.jsonl").read_text().splitlines()]
+    assert links and all(link["protocol"] == "tls" and not link["readable"] for link in links)
+    out = tmp_path / "audit"
+    audit = fedvit("audit", str(captures), "--out", str(out), "--model", "cnnapp.task:Net", "--app-dir", str(APP))
+    assert audit.returncode == 0, audit.stderr
+    assert "the wire shows nothing; the server still sees every update" in (out / "audit.md").read_text()
+
+
+def test_the_tap_stops_cleanly_and_says_what_it_saw(tmp_path):
+    """A tap with no traffic still writes its summary on SIGTERM (the CLI's shutdown path)."""
+    fed = Federation(tmp_path)
+    (tmp_path / "logs").mkdir()
+    tap = start_tap(fed, tmp_path / "out")
+    time.sleep(0.5)
+    stop_tap(tap)
+    assert tap.returncode == 0
+    assert json.loads((tmp_path / "out" / "tap.json").read_text())["connections"] == {"http": 0, "tls": 0, "http2": 0}
