@@ -138,6 +138,9 @@ class Tap:
         except (TimeoutError, ConnectionError):
             writer.close()
             return
+        if not first:  # closed without a byte (a port probe): nothing to relay or count
+            writer.close()
+            return
         protocol = sniff(first)
         self.connections[protocol] += 1
         target = ("127.0.0.1", self._http_port) if protocol == "http" else self.upstream

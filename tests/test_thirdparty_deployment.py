@@ -70,9 +70,9 @@ class Federation:
 
     def start_supernodes(self, dial: int) -> None:
         for i, (partition, port) in enumerate(zip(PARTITIONS, self.node_ports, strict=True)):
-            node = self.spawn(f"supernode-{i}", ["flower-supernode", *self.security("supernode"),
-                                                  "--superlink", f"127.0.0.1:{dial}", "--port", str(port),
-                                                  "--node-config", f"partition-id={partition} num-partitions=4"])  # fmt: skip
+            argv = ["flower-supernode", *self.security("supernode"), "--superlink", f"127.0.0.1:{dial}",
+                    "--port", str(port), "--node-config", f"partition-id={partition} num-partitions=4"]  # fmt: skip
+            node = self.spawn(f"supernode-{i}", argv)
             wait_for_port(port, node, self.workdir / "logs" / f"supernode-{i}.log")
 
     def run(self, final_model: Path) -> subprocess.CompletedProcess:
@@ -138,7 +138,7 @@ def partition_labels(partition: int) -> dict[int, int]:
     from cnnapp_partitions import partition as load
 
     labels = load(partition)[1]
-    return {int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)}
+    return {str(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)}  # as in JSON
 
 
 @pytest.fixture(scope="module")
