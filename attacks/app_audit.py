@@ -75,7 +75,7 @@ def attack_copy(model: nn.Module, weights: dict[str, np.ndarray]) -> nn.Module:
     """The model with the received weights, set up for the attack: eval mode (no dropout noise) but BatchNorm on
     batch statistics, as the client's training forward used them (running statistics are not tracked, so the
     batched simulation writes no buffers); timm's fused attention switched to the explicit path (double
-    backward on CPU)."""
+    backward on CPU); an output object with ``.logits`` (Hugging Face) read as its logits."""
     model = copy.deepcopy(model)
     model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in weights.items()}, strict=False)
     model = model.float().eval()
@@ -87,7 +87,13 @@ def attack_copy(model: nn.Module, weights: dict[str, np.ndarray]) -> nn.Module:
             module.fused_attn = False
     for p in model.parameters():
         p.requires_grad_(False)
+    model.register_forward_hook(_logits_only)
     return model
+
+
+def _logits_only(module: nn.Module, inputs: Any, output: Any) -> Any:
+    """Hugging Face models return an output object; the attacks need the logits tensor."""
+    return output.logits if hasattr(output, "logits") else output
 
 
 def head_bias(model: nn.Module) -> str | None:

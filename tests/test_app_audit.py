@@ -145,3 +145,32 @@ def test_model_spec_from_toml_and_clear_errors(tmp_path):
         ModelSpec("not-a-model").build()
     with pytest.raises(SpecError, match="mean and std need 1 values"):
         spec_from({"factory": "a:b", "input": [1, 28, 28], "mean": [0.5, 0.5, 0.5]})
+
+
+class HuggingFaceStyle(torch.nn.Module):
+    """A model whose forward returns an output object with ``.logits`` (as Hugging Face's classifiers do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Net()
+
+    def forward(self, x: torch.Tensor):
+        return type("Output", (), {"logits": self.net(x)})()
+
+
+def test_a_model_that_returns_an_output_object_is_attacked_through_its_logits():
+    from attacks.app_audit import attack_copy, noise_softmax
+
+    model = HuggingFaceStyle()
+    spec = ModelSpec("x:y", builder=HuggingFaceStyle)
+    copy = attack_copy(spec.build(), {n: t.numpy() for n, t in model.state_dict().items()})
+    probs = noise_softmax(copy, spec)
+    assert probs.shape == (10,) and abs(probs.sum() - 1) < 1e-6
+    from attacks.app_audit import invert_app_update
+    from attacks.observation import ClientRecipe
+
+    target = {n: np.ones(p.shape, np.float32) for n, p in copy.named_parameters()}
+    rec = ClientRecipe(2, 2, 1, 0.0, 0.0, 0.0, 0, True)
+    budget = AuditConfig(iterations=2, restarts=2)
+    out = invert_app_update(copy, spec, target, rec, None, budget, torch.device("cpu"))
+    assert len(out.images) == 2 and out.steps == 4  # the batched (vmap) path ran through the hook

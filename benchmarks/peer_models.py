@@ -1,0 +1,174 @@
+"""Peer benchmark on models that are not fedvit's: the third-party test app's CNN and a ResNet-18 at 32 px.
+
+fedvit's attack on any model (``attacks.app_audit``: labels from the last linear bias, Inverting Gradients through
+the user's model) against breaching 0.1.2's Inverting Gradients (its defaults; only ``max_iterations`` set), on
+identical FedSGD updates of B natural photographs (``benchmarks/natural_images.py``; train split), each tool
+recovering its own labels, one random start and the same number of steps each, scored by the same code
+(``attacks.audit.score``: matched PSNR/SSIM; re-identification among the true image and 99 test-split decoys).
+"trained" weights: the model trained centrally on the train split (SGD; its test accuracy is reported), since the
+question is what a trained model leaks, not how it was trained. The client's forward is the model in training
+mode (BatchNorm on batch statistics); both attackers get the same copy, which computes that same function.
+
+    uv run --frozen python -m benchmarks.natural_images outputs/natural-32
+    uv run --frozen --group peer python -m benchmarks.peer_models --data outputs/natural-32 --steps 600 --updates 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attacks.app_audit import AppRecipe, attack_copy, invert_app_update, recover_app_labels
+from attacks.audit import score
+from attacks.model_spec import ModelSpec
+from attacks.observation import ClientRecipe, Reconstruction
+from attacks.reidentification import gallery_from_test_split
+from benchmarks.common import ROOT
+from core.config import AuditConfig, parse_config
+from core.data import load_dataset
+from core.model import normalize
+
+MODELS = {
+    "cnn": ModelSpec("cnnapp.task:Net", app_dir=str(ROOT / "tests" / "thirdparty_app")),
+    "resnet18": ModelSpec("resnet18", num_classes=10),
+}
+
+
+def train_centrally(model: torch.nn.Module, data, test, epochs: int, seed: int) -> float:
+    """SGD (lr 0.05, momentum 0.9, batch 32) on every train image for ``epochs``; returns the test accuracy."""
+    torch.manual_seed(seed)
+    x, y = data.batch(np.arange(len(data)), 32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(x)).split(32):
+            optimizer.zero_grad()
+            F.cross_entropy(model(normalize(model, x[idx])), y[idx]).backward()
+            optimizer.step()
+    model.eval()
+    tx, ty = test.batch(np.arange(len(test)), 32)
+    with torch.no_grad():
+        return float((model(normalize(model, tx)).argmax(1) == ty).float().mean())
+
+
+def client_gradient(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, np.ndarray]:
+    """The honest client's FedSGD update: ∇ of the mean cross-entropy, the model in training mode."""
+    client = copy.deepcopy(model).train()
+    client.zero_grad()
+    F.cross_entropy(client(normalize(client, x)), y).backward()
+    return {n: p.grad.detach().numpy().copy() for n, p in client.named_parameters()}
+
+
+def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch: int, steps: int,
+                     seed: int) -> Reconstruction:  # fmt: skip
+    """breaching 0.1.2's Inverting Gradients (its defaults, ``steps`` iterations) on one FedSGD gradient."""
+    import logging
+
+    import breaching
+
+    logging.getLogger("breaching").setLevel(logging.WARNING)
+    cfg = breaching.get_attack_config(
+        "invertinggradients", overrides=[f"optim.max_iterations={steps}", f"optim.callback={10 * steps}"]
+    )
+    metadata = SimpleNamespace(shape=spec.input_shape, mean=spec.mean, std=spec.std, modality="vision", classes=10)
+    names = [n for n, _ in model.named_parameters()]
+    payload = [{"parameters": [p.detach() for p in model.parameters()], "buffers": None, "metadata": metadata}]
+    shared = [{"gradients": [torch.as_tensor(gradient[n]) for n in names], "buffers": None,
+               "metadata": {"num_data_points": batch, "labels": None, "local_hyperparams": None}}]  # fmt: skip
+    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg)
+    torch.manual_seed(seed)
+    out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    mean = torch.as_tensor(spec.mean).view(1, -1, 1, 1)
+    std = torch.as_tensor(spec.std).view(1, -1, 1, 1)
+    images = (out["data"] * std + mean).clamp(0, 1).double().numpy()
+    return Reconstruction(images[0], f"breaching IG, labels {out['labels'].tolist()}", images=tuple(images))
+
+
+def fedvit_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch: int, steps: int,
+                  seed: int) -> Reconstruction:  # fmt: skip
+    """fedvit's audit of a third-party model (``fedvit audit --model``): its labels, then its optimisation."""
+    rec = ClientRecipe(batch, batch, 1, 0.0, 0.0, 0.0, 0, True)
+    counts, _ = recover_app_labels(model, spec, gradient, AppRecipe(rec, True, {}))
+    budget = AuditConfig(iterations=steps, restarts=1, max_seconds=math.inf)
+    images = invert_app_update(model, spec, gradient, rec, counts, budget, torch.device("cpu"), seed=seed)
+    return Reconstruction(images.image, f"{images.note}; labels {counts.nonzero()[0].tolist()}", images.images)
+
+
+def run_cell(model, spec, train, gallery, batch: int, updates: int, steps: int, seed: int) -> list[dict]:
+    rows = []
+    rng = np.random.default_rng(seed)
+    attacked = attack_copy(model, {n: t.numpy() for n, t in model.state_dict().items()})
+    for k in range(updates):
+        idx = rng.choice(len(train), batch, replace=False)
+        x, y = train.batch(idx, spec.input_shape[1])
+        gradient = client_gradient(model, x, y)
+        truths = x.double().numpy()
+        for tool, attack in (("fedvit", fedvit_invert), ("breaching IG", breaching_invert)):
+            start = time.perf_counter()
+            rec = attack(attacked, spec, gradient, batch, steps, seed=k)
+            seconds = time.perf_counter() - start
+            scored = score(rec, truths, gallery)
+            print(f"  update {k} {tool}: {scored['psnr']:.2f} dB, re-id {scored['reid-top1']:.0%}, {seconds:.0f} s "
+                  f"(true labels {sorted(y.tolist())}; {rec.note[-40:]})", flush=True)  # fmt: skip
+            kept = {key: scored[key] for key in ("psnr", "ssim", "reid-top1", "reid-rank", "reid-chance")}
+            rows.append({"tool": tool, "update": k, "seconds": seconds, "note": rec.note} | kept)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="an image folder (benchmarks/natural_images.py)")
+    parser.add_argument("--models", default="cnn,resnet18")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--updates", type=int, default=2, help="updates per cell")
+    parser.add_argument("--batch-sizes", default="1,4")
+    parser.add_argument("--train-epochs", type=int, default=15, help="central training of the 'trained' weights")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peer-models.json")
+    args = parser.parse_args()
+    config = parse_config({"data.name": f"imagefolder:{args.data.resolve()}"})
+    train, test = load_dataset(config.data, config.seed, "train"), load_dataset(config.data, config.seed, "test")
+    gallery = gallery_from_test_split(config, 32)
+    results = []
+    for name in args.models.split(","):
+        spec = MODELS[name]
+        torch.manual_seed(0)
+        random_model = spec.build(num_classes=10)
+        trained = copy.deepcopy(random_model)
+        accuracy = train_centrally(trained, train, test, args.train_epochs, seed=1)
+        print(f"{name}: trained {args.train_epochs} epochs centrally, test accuracy {accuracy:.1%}", flush=True)
+        for weights, model in (("random", random_model), ("trained", trained)):
+            for batch in [int(b) for b in args.batch_sizes.split(",")]:
+                print(f"{name}, {weights} weights, B={batch}:", flush=True)
+                rows = run_cell(model, spec, train, gallery, batch, args.updates, args.steps, seed=batch)
+                for tool in ("fedvit", "breaching IG"):
+                    mine = [r for r in rows if r["tool"] == tool]
+                    results.append(
+                        {"model": name, "weights": weights, "batch": batch, "tool": tool, "steps": args.steps,
+                         "test-accuracy": accuracy if weights == "trained" else None,
+                         **{key: float(np.mean([r[key] for r in mine]))
+                            for key in ("psnr", "ssim", "reid-top1", "reid-rank", "seconds")},
+                         "reid-chance": mine[0]["reid-chance"], "updates": mine}
+                    )  # fmt: skip
+    command = "uv run --frozen --group peer python -m benchmarks.peer_models " + " ".join(sys.argv[1:])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": command, "cells": results}, indent=1))
+    print("| model | weights | B | tool | matched PSNR (dB) | SSIM | re-identified (chance) / mean rank | s/update |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        reid = f"{r['reid-top1']:.0%} ({r['reid-chance']:.0%}) / {r['reid-rank']:.1f}"
+        print(f"| {r['model']} | {r['weights']} | {r['batch']} | {r['tool']} | {r['psnr']:.1f} | {r['ssim']:.3f} | "
+              f"{reid} | {r['seconds']:.0f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
