@@ -224,7 +224,8 @@ def invert_app_update(
     """The optimisation attack (attacks.inversion.optimise) on the user's model: candidates through the client's
     recipe until the simulated update matches ``target`` (gradient, or received − sent weights)."""
     model = model.to(device)
-    num_classes = int(model(normalize(model, torch.zeros(1, *spec.input_shape, device=device))).shape[-1])
+    probe = torch.zeros(2, *spec.input_shape, device=device)  # two images: BatchNorm on batch statistics needs them
+    num_classes = int(model(normalize(model, probe)).shape[-1])
     if counts is not None and int(counts.sum()) == rec.examples:
         labels = torch.full((rec.examples, num_classes), -30.0)
         labels[torch.arange(rec.examples), torch.as_tensor(np.repeat(np.arange(len(counts)), counts))] = 30.0
@@ -410,7 +411,12 @@ def audit_app_captures(
     if not exchanges and not hidden:
         raise AuditInputError(f"no captured train exchanges (node-<id>.json) under {captures}")
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"captures": str(captures), "model": spec.describe(), "budget": budget.describe()}
+    budget_text = (
+        f"{budget.iterations} Adam steps × {budget.restarts} restart(s), ≤ {budget.max_seconds:g} s per update, "
+        f"step {budget.lr:g}, TV {budget.tv:g}, keeps the lowest "
+        + ("gradient match" if budget.keep == "match" else "total objective")
+    )
+    report: dict[str, Any] = {"captures": str(captures), "model": spec.describe(), "budget": budget_text}
     rows, grid_items, cache = [], [], {}
     if exchanges:
         base = spec.build(num_classes=int(list(exchanges[0].received.values())[-1].shape[0]))

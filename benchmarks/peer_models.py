@@ -44,6 +44,11 @@ MODELS = {
 }
 
 
+def has_batchnorm(model: torch.nn.Module) -> bool:
+    """A ResNet-18 at 32 px ends in 1×1 maps: training mode with one image fails in torch (a client cannot do it)."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 def train_centrally(model: torch.nn.Module, data, test, epochs: int, seed: int) -> float:
     """SGD (lr 0.05, momentum 0.9, batch 32) on every train image for ``epochs``; returns the test accuracy."""
     torch.manual_seed(seed)
@@ -80,6 +85,7 @@ def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, ba
     cfg = breaching.get_attack_config(
         "invertinggradients", overrides=[f"optim.max_iterations={steps}", f"optim.callback={10 * steps}"]
     )
+    model = copy.deepcopy(model).requires_grad_(True)  # breaching differentiates with respect to the parameters
     metadata = SimpleNamespace(shape=spec.input_shape, mean=spec.mean, std=spec.std, modality="vision", classes=10)
     names = [n for n, _ in model.named_parameters()]
     payload = [{"parameters": [p.detach() for p in model.parameters()], "buffers": None, "metadata": metadata}]
@@ -131,7 +137,7 @@ def main() -> None:
     parser.add_argument("--models", default="cnn,resnet18")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--updates", type=int, default=2, help="updates per cell")
-    parser.add_argument("--batch-sizes", default="1,4")
+    parser.add_argument("--batch-sizes", default="1,4", help="B = 1 becomes 2 for models with BatchNorm (see below)")
     parser.add_argument("--train-epochs", type=int, default=15, help="central training of the 'trained' weights")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peer-models.json")
     args = parser.parse_args()
@@ -148,6 +154,8 @@ def main() -> None:
         print(f"{name}: trained {args.train_epochs} epochs centrally, test accuracy {accuracy:.1%}", flush=True)
         for weights, model in (("random", random_model), ("trained", trained)):
             for batch in [int(b) for b in args.batch_sizes.split(",")]:
+                if batch == 1 and has_batchnorm(model):  # torch refuses BatchNorm training on one 1x1 map
+                    batch = 2
                 print(f"{name}, {weights} weights, B={batch}:", flush=True)
                 rows = run_cell(model, spec, train, gallery, batch, args.updates, args.steps, seed=batch)
                 for tool in ("fedvit", "breaching IG"):
