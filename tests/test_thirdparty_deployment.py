@@ -75,11 +75,12 @@ class Federation:
             node = self.spawn(f"supernode-{i}", argv)
             wait_for_port(port, node, self.workdir / "logs" / f"supernode-{i}.log")
 
-    def run(self, final_model: Path) -> subprocess.CompletedProcess:
+    def run(self, final_model: Path, rounds: int) -> subprocess.CompletedProcess:
         home = self.workdir / "homes" / "cli"
         ca = self.credentials / "ca.crt" if self.tls else None
         add_connection(home, "thirdparty", f"127.0.0.1:{self.link_port}", ca)
-        argv = [executable("flwr"), "run", str(APP), "thirdparty", "--stream", "-c", f"final-model='{final_model}'"]
+        overrides = f"final-model='{final_model}' num-server-rounds={rounds}"
+        argv = [executable("flwr"), "run", str(APP), "thirdparty", "--stream", "-c", overrides]
         done = subprocess.run(argv, env=self.env("cli"), capture_output=True, text=True, timeout=420, cwd=APP)
         print(done.stdout[-3000:], done.stderr[-3000:])
         return done
@@ -115,8 +116,10 @@ def stop_tap(tap: subprocess.Popen) -> None:
     tap.wait(timeout=60)
 
 
-def deploy(workdir: Path, through_tap: bool, tls: bool = False) -> tuple[subprocess.CompletedProcess, Path, Path]:
-    """One 2-round run of the app; returns flwr's result, the final model and the tap's folder."""
+def deploy(
+    workdir: Path, through_tap: bool, tls: bool = False, rounds: int = 2
+) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """One run of the app; returns flwr's result, the final model and the tap's folder."""
     fed = Federation(workdir, tls)
     captures, final = workdir / "captures", workdir / "final.pt"
     tap = None
@@ -126,7 +129,7 @@ def deploy(workdir: Path, through_tap: bool, tls: bool = False) -> tuple[subproc
         if through_tap:
             tap = start_tap(fed, captures)
         fed.start_supernodes(fed.tap_port if through_tap else fed.link_port)
-        done = fed.run(final)
+        done = fed.run(final, rounds)
     finally:
         fed.stop()
         if tap is not None:
@@ -187,7 +190,7 @@ def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_th
 
 
 def test_over_tls_the_tap_relays_but_records_nothing_readable(tmp_path):
-    done, final, captures = deploy(tmp_path / "tls", through_tap=True, tls=True)
+    done, final, captures = deploy(tmp_path / "tls", through_tap=True, tls=True, rounds=1)
     assert final.exists(), done.stdout[-2000:]  # the federation trained through the tap
     assert not list(captures.rglob("*.safetensors")) and not list(captures.rglob("node-*.json"))
     links = [json.loads(line) for line in (captures / "connections.jsonl").read_text().splitlines()]
