@@ -409,7 +409,10 @@ def audit_app_captures(
     if hidden:
         notes.append(f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded")
     if not exchanges and not hidden:
-        raise AuditInputError(f"no captured train exchanges (node-<id>.json) under {captures}")
+        own = " (these are fedvit's own captures: audit them without --model)" if any(
+            captures.rglob("partition-*.json")
+        ) else ""
+        raise AuditInputError(f"no captured train exchanges (node-<id>.json) under {captures}{own}")
     out.mkdir(parents=True, exist_ok=True)
     budget_text = (
         f"{budget.iterations} Adam steps × {budget.restarts} restart(s), ≤ {budget.max_seconds:g} s per update, "

@@ -1,8 +1,9 @@
 """The audit's one seam to a model: what to build, the input it takes, how pixels are normalised, its loss.
 
 A :class:`ModelSpec` names a user factory (``package.module:callable``, called without arguments, returning the
-``nn.Module`` the app trains) or a timm model name. Everything the attacks need to know about a third-party model
-comes from here: they never read fedvit's ``model.*`` config. The spec comes from ``fedvit audit`` flags and/or a
+``nn.Module`` the app trains), a timm model name, or fedvit's own timm ViT (:func:`fedvit_model_spec`, from a run
+config's ``model.*``). The attacks build every model through a spec; this is the only attack module that knows
+how fedvit builds its ViT. The spec comes from ``fedvit audit`` flags and/or a
 ``fedvit-audit.toml`` beside the captures (flags win)::
 
     [model]
@@ -114,6 +115,27 @@ class ModelSpec:
             f"{self.factory} on {c}×{h}×{w} inputs, normalised with mean {list(self.mean)} and std "
             f"{list(self.std)}, {self.loss} loss"
         )
+
+
+def fedvit_model_spec(config: Any, num_classes: int) -> ModelSpec:
+    """fedvit's own model for a run config (``core.config.Config``): its timm ViT with the configured head and
+    size overrides, never pretrained weights (the attacks take the weights from the capture)."""
+    from core.model import build_model
+
+    model_config = dataclasses.replace(config.model, pretrained="off")
+
+    def builder() -> nn.Module:
+        return build_model(model_config, num_classes, config.seed)
+
+    pretrained = getattr(builder(), "pretrained_cfg", None) or {}
+    size = int(model_config.img_size)
+    return ModelSpec(
+        factory=f"fedvit {model_config.name}",
+        input_shape=(3, size, size),
+        mean=tuple(float(v) for v in pretrained.get("mean", (0.5,) * 3)),
+        std=tuple(float(v) for v in pretrained.get("std", (0.5,) * 3)),
+        builder=builder,
+    )
 
 
 def read_spec_file(path: Path) -> dict[str, Any]:

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
+from attacks.model_spec import fedvit_model_spec
 from core.config import Config
 from core.masks import decode
-from core.model import build_model, set_weights
+from core.model import set_weights
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,7 +71,7 @@ class Reconstruction:
 @functools.lru_cache(maxsize=4)
 def model_skeleton(config: Config, num_classes: int) -> nn.Module:
     """The model architecture of a public run config (cached; its weights are not what a client received)."""
-    return build_model(dataclasses.replace(config.model, pretrained="off"), num_classes, config.seed)
+    return fedvit_model_spec(config, num_classes).build()
 
 
 def public_model(obs: Observation) -> nn.Module:

@@ -174,3 +174,26 @@ def test_a_model_that_returns_an_output_object_is_attacked_through_its_logits():
     budget = AuditConfig(iterations=2, restarts=2)
     out = invert_app_update(copy, spec, target, rec, None, budget, torch.device("cpu"))
     assert len(out.images) == 2 and out.steps == 4  # the batched (vmap) path ran through the hook
+
+
+def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_path, capsys):
+    from fedvit_app.cli import main
+
+    capture_exchange(tmp_path / "cap", 41, 2)
+    (tmp_path / "cap" / "fedvit-audit.toml").write_text(
+        f'[model]\nfactory = "cnnapp.task:Net"\napp-dir = "{APP}"\n'
+        '[recipe]\nbatch-size = 1\n'
+        '[data]\nloader = "cnnapp_partitions:partition"\npartitions = {"41" = 2}\ndecoy-partitions = "4-20"\n'
+    )
+    out = tmp_path / "out"
+    assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--iterations", "2", "--restarts", "1",
+                 "--recipe", "batch-size=3"]) == 0  # fmt: skip
+    (row,) = json.loads((out / "audit.json").read_text())["rows"]
+    assert row["partition"] == 2 and "batch-size 3 (override)" in row["recipe"] and row["reid-gallery"] > 15
+    capsys.readouterr()
+    (tmp_path / "cap" / "fedvit-audit.toml").unlink()
+    assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--model", "nowhere.mod:Net"]) == 2
+    assert "cannot import 'nowhere.mod'" in capsys.readouterr().err
+    assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--model", "cnnapp.task:Net",
+                 "--partition", "41=2"]) == 2  # fmt: skip
+    assert "--partition needs --data" in capsys.readouterr().err
