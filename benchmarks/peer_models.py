@@ -10,7 +10,10 @@ question is what a trained model leaks, not how it was trained. The client's for
 mode (BatchNorm on batch statistics); both attackers get the same copy, which computes that same function.
 
     uv run --frozen python -m benchmarks.natural_images outputs/natural-32
-    uv run --frozen --group peer python -m benchmarks.peer_models --data outputs/natural-32 --steps 600 --updates 2
+    uv run --frozen --group peer python -m benchmarks.peer_models --data outputs/natural-32 --models cnn \
+        --steps 600 --updates 2 --out benchmarks/results/peer-models-cnn.json
+    uv run --frozen --group peer python -m benchmarks.peer_models --data outputs/natural-32 --models resnet18 \
+        --steps 600 --updates 1 --out benchmarks/results/peer-models-resnet18.json
 """
 
 from __future__ import annotations
@@ -100,12 +103,15 @@ def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, ba
     return Reconstruction(images[0], f"breaching IG, labels {out['labels'].tolist()}", images=tuple(images))
 
 
+FEDVIT_OPTIONS: dict[str, float] = {}  # audit.* overrides for fedvit's attack (--fedvit tv=0.2)
+
+
 def fedvit_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch: int, steps: int,
                   seed: int) -> Reconstruction:  # fmt: skip
     """fedvit's audit of a third-party model (``fedvit audit --model``): its labels, then its optimisation."""
     rec = ClientRecipe(batch, batch, 1, 0.0, 0.0, 0.0, 0, True)
     counts, _ = recover_app_labels(model, spec, gradient, AppRecipe(rec, True, {}))
-    budget = AuditConfig(iterations=steps, restarts=1, max_seconds=math.inf)
+    budget = AuditConfig(iterations=steps, restarts=1, max_seconds=math.inf, **FEDVIT_OPTIONS)
     images = invert_app_update(model, spec, gradient, rec, counts, budget, torch.device("cpu"), seed=seed)
     return Reconstruction(images.image, f"{images.note}; labels {counts.nonzero()[0].tolist()}", images.images)
 
@@ -139,8 +145,12 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2, help="updates per cell")
     parser.add_argument("--batch-sizes", default="1,4", help="B = 1 becomes 2 for models with BatchNorm (see below)")
     parser.add_argument("--train-epochs", type=int, default=15, help="central training of the 'trained' weights")
+    parser.add_argument("--fedvit", action="append", default=[], help="KEY=VALUE for fedvit's AuditConfig, e.g. tv=0.2")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peer-models.json")
     args = parser.parse_args()
+    for item in args.fedvit:
+        key, value = item.split("=", 1)
+        FEDVIT_OPTIONS[key.replace("-", "_")] = float(value)
     config = parse_config({"data.name": f"imagefolder:{args.data.resolve()}"})
     train, test = load_dataset(config.data, config.seed, "train"), load_dataset(config.data, config.seed, "test")
     gallery = gallery_from_test_split(config, 32)

@@ -129,7 +129,9 @@ def deploy(
         if through_tap:
             tap = start_tap(fed, captures)
         fed.start_supernodes(fed.tap_port if through_tap else fed.link_port)
+        started = time.monotonic()
         done = fed.run(final, rounds)
+        print(f"flwr run took {time.monotonic() - started:.1f} s ({'tap' if through_tap else 'direct'}, tls {tls})")
     finally:
         fed.stop()
         if tap is not None:
