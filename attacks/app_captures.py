@@ -64,7 +64,7 @@ def _model_arrays(records: dict[str, dict[str, np.ndarray]], stem: Path, directi
 
 def find_manifests(path: Path) -> list[Path]:
     """Train-exchange manifests (``node-<id>.json``) under ``path``, the server's view only when asked for."""
-    server_view = "server" in path.resolve().parts
+    server_view = path.resolve().name == "server"  # pointed at a captures/server folder
     found = [
         p
         for p in sorted(path.rglob("node-*.json"))

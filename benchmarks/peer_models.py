@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from attacks.app_audit import AppRecipe, attack_copy, invert_app_update, recover_app_labels
 from attacks.audit import score
+from attacks.metrics import best_flat_image, psnr
 from attacks.model_spec import ModelSpec
 from attacks.observation import ClientRecipe, Reconstruction
 from attacks.reidentification import gallery_from_test_split
@@ -133,6 +134,7 @@ def run_cell(model, spec, train, gallery, batch: int, updates: int, steps: int, 
             print(f"  update {k} {tool}: {scored['psnr']:.2f} dB, re-id {scored['reid-top1']:.0%}, {seconds:.0f} s "
                   f"(true labels {sorted(y.tolist())}; {rec.note[-40:]})", flush=True)  # fmt: skip
             kept = {key: scored[key] for key in ("psnr", "ssim", "reid-top1", "reid-rank", "reid-chance")}
+            kept["baseline-psnr"] = float(np.mean([psnr(best_flat_image(t), t) for t in truths]))
             rows.append({"tool": tool, "update": k, "seconds": seconds, "note": rec.note} | kept)
     return rows
 
@@ -174,18 +176,19 @@ def main() -> None:
                         {"model": name, "weights": weights, "batch": batch, "tool": tool, "steps": args.steps,
                          "test-accuracy": accuracy if weights == "trained" else None,
                          **{key: float(np.mean([r[key] for r in mine]))
-                            for key in ("psnr", "ssim", "reid-top1", "reid-rank", "seconds")},
+                            for key in ("psnr", "ssim", "reid-top1", "reid-rank", "seconds", "baseline-psnr")},
                          "reid-chance": mine[0]["reid-chance"], "updates": mine}
                     )  # fmt: skip
     command = "uv run --frozen --group peer python -m benchmarks.peer_models " + " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": command, "cells": results}, indent=1))
-    print("| model | weights | B | tool | matched PSNR (dB) | SSIM | re-identified (chance) / mean rank | s/update |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | weights | B | tool | matched PSNR (dB) | SSIM | re-identified (chance) / mean rank | baseline (dB) "
+          "| s/update |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         reid = f"{r['reid-top1']:.0%} ({r['reid-chance']:.0%}) / {r['reid-rank']:.1f}"
         print(f"| {r['model']} | {r['weights']} | {r['batch']} | {r['tool']} | {r['psnr']:.1f} | {r['ssim']:.3f} | "
-              f"{reid} | {r['seconds']:.0f} |")  # fmt: skip
+              f"{reid} | {r['baseline-psnr']:.1f} | {r['seconds']:.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
