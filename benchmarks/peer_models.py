@@ -182,8 +182,8 @@ def main() -> None:
     command = "uv run --frozen --group peer python -m benchmarks.peer_models " + " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": command, "cells": results}, indent=1))
-    print("| model | weights | B | tool | matched PSNR (dB) | SSIM | re-identified (chance) / mean rank | baseline (dB) "
-          "| s/update |")  # fmt: skip
+    print("| model | weights | B | tool | matched PSNR (dB) | SSIM | re-identified (chance) / mean rank "
+          "| baseline (dB) | s/update |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         reid = f"{r['reid-top1']:.0%} ({r['reid-chance']:.0%}) / {r['reid-rank']:.1f}"
