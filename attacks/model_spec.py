@@ -127,11 +127,12 @@ def fedvit_model_spec(config: Any, num_classes: int) -> ModelSpec:
     def builder() -> nn.Module:
         return build_model(model_config, num_classes, config.seed)
 
-    pretrained = getattr(builder(), "pretrained_cfg", None) or {}
-    size = int(model_config.img_size)
+    probe = builder()
+    pretrained = getattr(probe, "pretrained_cfg", None) or {}
+    height, width = (int(v) for v in probe.patch_embed.img_size)  # img-size 0 means timm's default
     return ModelSpec(
         factory=f"fedvit {model_config.name}",
-        input_shape=(3, size, size),
+        input_shape=(int(probe.patch_embed.proj.in_channels), height, width),
         mean=tuple(float(v) for v in pretrained.get("mean", (0.5,) * 3)),
         std=tuple(float(v) for v in pretrained.get("std", (0.5,) * 3)),
         builder=builder,
