@@ -43,6 +43,7 @@ from attacks.app_captures import (
     map_state,
     unreadable_links,
 )
+from attacks.april import EPS_RANK, lstsq
 from attacks.audit import save_grid, score
 from attacks.inversion import MatchProblem, optimise, steps_note
 from attacks.labels import best_counts, label_accuracy, label_counts_unknown_scale
@@ -54,10 +55,6 @@ from core.model import normalize, resolve_device
 
 WEIGHTS_DISTANCE = 0.5  # ‖sent − received‖ / ‖received‖ below this: the reply is weights, above: a gradient
 SCORE_FIELDS = ("psnr", "ssim", "reid-top1", "reid-rank", "reid-gallery", "reid-chance")  # None: unscored
-APRIL_ON_FOREIGN_VIT = (
-    "not run: the model has a ViT's embeddings, but APRIL's closed forms are wired to fedvit's own captures only "
-    "(fedvit audit <run> without --model)"
-)
 RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run config, reply metrics)
     "lr": ("lr", "learning-rate", "learning_rate"),
     "epochs": ("local-epochs", "local_epochs", "epochs"),
@@ -111,6 +108,36 @@ def vit_structure(model: nn.Module) -> str | None:
     if "pos_embed" in names and "patch_embed.proj.weight" in names:
         return None
     return "no patch embedding and position embedding (APRIL's closed forms need a ViT's)"
+
+
+def embedding_route(model: nn.Module, spec: ModelSpec, gradient: dict[str, np.ndarray]) -> Reconstruction:
+    """APRIL-E on the user's ViT (april.md §3.1, as :func:`attacks.april.embedding_route`): X = (G_pᵀ)⁺ ∂L/∂W_E
+    from the position- and patch-embedding gradients of one image; ``gradient`` may be off by a scale
+    (a one-step weight change), which least squares ignores."""
+    g = gradient["pos_embed"][0].astype(np.float64)  # [prefix + N, D]
+    dw = gradient["patch_embed.proj.weight"]
+    c, h, w = spec.input_shape
+    p = int(dw.shape[-1])
+    patches = (h // p) * (w // p)
+    gp = g[g.shape[0] - patches :]  # rows of the patch tokens (the class token's row, if any, comes first)
+    if not np.any(gp):
+        return Reconstruction(None, "no position-embedding gradient in the payload")
+    x = lstsq(gp.T, dw.reshape(dw.shape[0], -1).astype(np.float64))  # [N, C·P·P], normalised pixels
+    grid = x.reshape(h // p, w // p, c, p, p).transpose(2, 0, 3, 1, 4).reshape(c, h, w)
+    mean, std = np.asarray(spec.mean)[:, None, None], np.asarray(spec.std)[:, None, None]
+    rank = np.linalg.matrix_rank(gp, tol=EPS_RANK * np.abs(gp).max() * max(gp.shape))
+    image = np.clip(grid * std + mean, 0.0, 1.0)
+    return Reconstruction(image, f"APRIL-E closed form, rank G_p = {rank} of N = {patches}", images=(image,))
+
+
+def april_status(model: nn.Module, rec: ClientRecipe) -> str | None:
+    """Why APRIL-E cannot run on this update (None when it can: a ViT, one image, one step)."""
+    if vit_structure(model):
+        return vit_structure(model)
+    if rec.examples != 1 or rec.steps != 1:
+        return f"APRIL's closed forms invert one image's gradient; this update holds {rec.examples} image(s) over " \
+               f"{rec.steps} step(s)"
+    return None
 
 
 # ---------------------------------------------------------------------------- the client's recipe
@@ -321,8 +348,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# fedvit audit of {report['captures']}", "", f"**Verdict:** {report['verdict']}", ""]
     lines += [f"Model: {report['model']}", "", f"Budget: {report['budget']}", ""]
     if report["rows"]:
-        lines += ["| update | sent | B × steps | labels (recovered) | PSNR dB | SSIM | re-id top-1 | rank |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += ["| update | sent | B × steps | labels (recovered) | PSNR dB (best attack) | SSIM | re-id top-1 "
+                  "| rank |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in report["rows"]:
 
             def fmt(key: str, spec: str, row: dict[str, Any] = r) -> str:
@@ -338,6 +365,8 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"- **{r['update']}**: recipe: {r['recipe']}")
             for name, status in r["attacks"].items():
                 lines.append(f"  - {name}: {status}")
+            for name, scores in r.get("per-attack", {}).items():
+                lines.append(f"  - scored {name}: {scores['psnr']:.2f} dB, re-identified {scores['reid-top1']:.0%}")
     for note in report["notes"]:
         lines.append(f"- {note}")
     return "\n".join(lines) + "\n"
@@ -353,8 +382,9 @@ def attack_exchange(
     device: torch.device,
     progress: Callable[[int, int], None],
     seed: int,
-) -> tuple[dict[str, Any], np.ndarray | None, Reconstruction]:
-    """Every attack that applies to one exchange: its report row, the recovered label counts, the images."""
+) -> tuple[dict[str, Any], np.ndarray | None, dict[str, Reconstruction]]:
+    """Every attack that applies to one exchange: its report row, the recovered label counts, and each attack's
+    reconstruction by name."""
     names = [n for n, _ in base.named_parameters()]
     received = map_state(ex.received, base, f"{ex.label} (received)")
     sent = map_state(ex.sent, base, f"{ex.label} (sent)")
@@ -366,7 +396,8 @@ def attack_exchange(
     started = time.monotonic()
     counts, label_note = recover_app_labels(model, spec, target, app)
     images = invert_app_update(model, spec, target, app.recipe, counts, budget, device, progress, seed)
-    not_april = vit_structure(model)
+    not_april = april_status(model, app.recipe)
+    closed = None if not_april else embedding_route(model, spec, target)
     row = {
         "update": ex.label,
         "sent": f"{kind} (distance {distance:.3g})" + ("" if sent_as == "auto" else ", as told"),
@@ -383,10 +414,11 @@ def attack_exchange(
                 else f"not applicable: {label_note}"
             ),
             "optimisation (Inverting Gradients, unrolled local steps)": f"applied: {images.note}",
-            "APRIL closed forms": f"not applicable: {not_april}" if not_april else APRIL_ON_FOREIGN_VIT,
+            "APRIL closed forms": f"not applicable: {not_april}" if not_april else f"applied: {closed.note}",
         },
     } | dict.fromkeys(SCORE_FIELDS)
-    return row, counts, images
+    reconstructions = {"inversion": images} | ({"APRIL-E": closed} if closed and closed.image is not None else {})
+    return row, counts, reconstructions
 
 
 def audit_app_captures(
@@ -431,20 +463,23 @@ def audit_app_captures(
             if done == total or done % max(total // 4, 1) == 0:
                 print(f"{prefix} {done}/{total} Adam steps", flush=True)
 
-        row, counts, images = attack_exchange(
+        row, counts, reconstructions = attack_exchange(
             ex, base, spec, budget, overrides or {}, sent_as, resolve_device(device), progress, seed=index
         )
         truth, partition = None, None if data is None else data.partitions.get(str(ex.node), ex.partition)
         if partition is not None:
             truth, own_labels = cache.setdefault(partition, data.load(partition))
-            scores = score(images, truth, gallery_for(data, partition, truth.shape[1:], cache))
-            row |= {k: scores[k] for k in SCORE_FIELDS} | {"partition": partition}
+            gallery = gallery_for(data, partition, truth.shape[1:], cache)
+            scored = {name: score(rec, truth, gallery) for name, rec in reconstructions.items()}
+            best = max(scored, key=lambda name: scored[name]["psnr"])  # the row reports the strongest attack
+            row |= {k: scored[best][k] for k in SCORE_FIELDS} | {"partition": partition, "best-attack": best}
+            row["per-attack"] = {name: {k: v[k] for k in ("psnr", "reid-top1")} for name, v in scored.items()}
             if counts is not None:
                 row["label-accuracy"] = label_accuracy(counts, own_labels)
         elif data is not None:
             notes.append(f"{ex.label}: no partition known for node {ex.node} (give --partition NODE=ID): unscored")
         rows.append(row)
-        grid_items.append((SimpleNamespace(meta={"label": f"r{ex.round} n{ex.node}"}), truth, {"inversion": images}))
+        grid_items.append((SimpleNamespace(meta={"label": f"r{ex.round} n{ex.node}"}), truth, reconstructions))
         scored = "unscored" if row["psnr"] is None else f"PSNR {row['psnr']:.2f} dB, re-id top-1 {row['reid-top1']:.0%}"
         print(f"{prefix} labels {row['labels']}; {scored}", flush=True)
     report |= {"verdict": verdict(rows), "rows": rows, "notes": notes}

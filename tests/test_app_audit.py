@@ -197,3 +197,26 @@ def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_p
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--model", "cnnapp.task:Net",
                  "--partition", "41=2"]) == 2  # fmt: skip
     assert "--partition needs --data" in capsys.readouterr().err
+
+
+def test_april_runs_on_a_users_vit_for_one_image_and_is_refused_for_a_batch(tmp_path):
+    """A timm ViT given by name: APRIL-E's closed form applies to one image's gradient (exact here: N = 4 patches
+    ≤ D − 1) and the report says why it does not apply to a batch."""
+    from attacks.app_audit import april_status, attack_copy, embedding_route
+    from attacks.metrics import psnr
+    from attacks.observation import ClientRecipe
+    from core.model import normalize
+
+    spec = ModelSpec("vit_tiny_patch16_224", input_shape=(3, 32, 32), num_classes=10)
+    torch.manual_seed(0)
+    model = spec.build()
+    images, labels = load_data(3, 1, 7)
+    x = torch.as_tensor(images)
+    torch.nn.functional.cross_entropy(model(normalize(model, x)), torch.as_tensor(labels)).backward()
+    gradient = {n: p.grad.numpy() for n, p in model.named_parameters()}
+    copy = attack_copy(model, {n: t.detach().numpy() for n, t in model.state_dict().items()})
+    assert april_status(copy, ClientRecipe(1, 1, 1, 0.0, 0.0, 0.0, 0, True)) is None
+    assert "4 image(s)" in april_status(copy, ClientRecipe(4, 4, 1, 0.0, 0.0, 0.0, 0, True))
+    rec = embedding_route(copy, spec, {n: 0.05 * g for n, g in gradient.items()})  # a one-step weight change
+    assert psnr(rec.image, images[0]) > 40 and "rank G_p = 4 of N = 4" in rec.note
+    assert april_status(attack_copy(Net(), {}), ClientRecipe(1, 1, 1, 0.0, 0.0, 0.0, 0, True)).startswith("no patch")
