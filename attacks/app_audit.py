@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import json
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,11 +41,11 @@ from attacks.app_captures import (
     map_state,
     unreadable_links,
 )
-from attacks.april import EPS_RANK, lstsq
+from attacks.april import EPS_RANK, lstsq, unpatchify
 from attacks.audit import save_grid, score
 from attacks.inversion import MatchProblem, optimise, steps_note
-from attacks.labels import best_counts, label_accuracy, label_counts_unknown_scale
-from attacks.model_spec import ModelSpec
+from attacks.labels import best_counts, label_accuracy, label_counts_unknown_scale, mean_softmax
+from attacks.model_spec import ModelSpec, import_callable
 from attacks.observation import ClientRecipe, Reconstruction
 from attacks.reidentification import DEFAULT_DECOYS, Gallery
 from core.config import AuditConfig
@@ -123,10 +121,8 @@ def embedding_route(model: nn.Module, spec: ModelSpec, gradient: dict[str, np.nd
     if not np.any(gp):
         return Reconstruction(None, "no position-embedding gradient in the payload")
     x = lstsq(gp.T, dw.reshape(dw.shape[0], -1).astype(np.float64))  # [N, C·P·P], normalised pixels
-    grid = x.reshape(h // p, w // p, c, p, p).transpose(2, 0, 3, 1, 4).reshape(c, h, w)
-    mean, std = np.asarray(spec.mean)[:, None, None], np.asarray(spec.std)[:, None, None]
     rank = np.linalg.matrix_rank(gp, tol=EPS_RANK * np.abs(gp).max() * max(gp.shape))
-    image = np.clip(grid * std + mean, 0.0, 1.0)
+    image = unpatchify(x, (c, h, w, p), np.asarray(spec.mean), np.asarray(spec.std))
     return Reconstruction(image, f"APRIL-E closed form, rank G_p = {rank} of N = {patches}", images=(image,))
 
 
@@ -213,13 +209,6 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> AppRecipe
 # ---------------------------------------------------------------------------- the attacks
 
 
-@torch.no_grad()
-def noise_softmax(model: nn.Module, spec: ModelSpec, samples: int = 64, seed: int = 0) -> np.ndarray:
-    """p̄ as the attacker estimates it: the received model's mean softmax on uniform-noise inputs in [0, 1]."""
-    x = torch.rand(samples, *spec.input_shape, generator=torch.Generator().manual_seed(seed))
-    return torch.softmax(model(normalize(model, x)).float(), dim=1).mean(0).double().numpy()
-
-
 def recover_app_labels(
     model: nn.Module, spec: ModelSpec, target: dict[str, np.ndarray], app: AppRecipe
 ) -> tuple[np.ndarray | None, str]:
@@ -228,7 +217,7 @@ def recover_app_labels(
     if bias is None or bias not in target:
         return None, "no final linear layer with a bias"
     rec = app.recipe
-    probs = noise_softmax(model, spec)
+    probs = mean_softmax(model, spec.input_shape)
     if rec.sends_gradient:
         return best_counts(target[bias], rec.examples, probs)
     if not app.lr_known:  # Δb = lr · steps · ḡ with lr unknown: the scale that makes the counts integral
@@ -291,28 +280,27 @@ class UserData:
     partitions: dict[str, int]
     decoy_partitions: tuple[int, ...] = ()
     app_dir: str | None = None
+    _loaded: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def load(self, partition: int) -> tuple[np.ndarray, np.ndarray]:
-        module_name, _, attr = self.loader.partition(":")
-        if self.app_dir and self.app_dir not in sys.path:
-            sys.path.insert(0, self.app_dir)
-        try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
-            raise AuditInputError(f"--data {self.loader}: {err}") from err
-        images, labels = fn(partition)
-        images = np.asarray(images, dtype=np.float64)
-        if images.ndim != 4 or images.min() < 0 or images.max() > 1:
-            raise AuditInputError(f"--data {self.loader}({partition}) must return images [N, C, H, W] in [0, 1]")
-        return images, np.asarray(labels, dtype=np.int64)
+        """One partition's images and labels, each partition loaded once per audit."""
+        if partition not in self._loaded:
+            images, labels = import_callable(self.loader, self.app_dir, "--data")(partition)
+            images = np.asarray(images, dtype=np.float64)
+            if images.ndim != 4 or images.min() < 0 or images.max() > 1:
+                raise AuditInputError(f"--data {self.loader}({partition}) must return images [N, C, H, W] in [0, 1]")
+            self._loaded[partition] = (images, np.asarray(labels, dtype=np.int64))
+        return self._loaded[partition]
 
 
-def gallery_for(data: UserData, own: int, size: tuple[int, ...], cache: dict[int, Any]) -> Gallery:
+def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
     """Decoys for partition ``own``: every image of the other partitions (mapped and decoy), at most 99."""
     decoys = []
     for pid in sorted(set(data.partitions.values()) | set(data.decoy_partitions)):
         if pid != own:
-            images = cache.setdefault(pid, data.load(pid))[0]
+            images = data.load(pid)[0]
             decoys.extend(im for im in images if im.shape == tuple(size))
     decoys = decoys[:DEFAULT_DECOYS]
     stacked = np.stack(decoys) if decoys else np.zeros((0, *size))
@@ -452,7 +440,8 @@ def audit_app_captures(
         + ("gradient match" if budget.keep == "match" else "total objective")
     )
     report: dict[str, Any] = {"captures": str(captures), "model": spec.describe(), "budget": budget_text}
-    rows, grid_items, cache = [], [], {}
+    rows, grid_items = [], []
+    run_device = resolve_device(device)
     if exchanges:
         base = spec.build(num_classes=int(list(exchanges[0].received.values())[-1].shape[0]))
         print(f"audit: {len(exchanges)} captured update(s) under {captures}; model {spec.factory}", flush=True)
@@ -464,12 +453,12 @@ def audit_app_captures(
                 print(f"{prefix} {done}/{total} Adam steps", flush=True)
 
         row, counts, reconstructions = attack_exchange(
-            ex, base, spec, budget, overrides or {}, sent_as, resolve_device(device), progress, seed=index
+            ex, base, spec, budget, overrides or {}, sent_as, run_device, progress, seed=index
         )
         truth, partition = None, None if data is None else data.partitions.get(str(ex.node), ex.partition)
         if partition is not None:
-            truth, own_labels = cache.setdefault(partition, data.load(partition))
-            gallery = gallery_for(data, partition, truth.shape[1:], cache)
+            truth, own_labels = data.load(partition)
+            gallery = gallery_for(data, partition, truth.shape[1:])
             scored = {name: score(rec, truth, gallery) for name, rec in reconstructions.items()}
             best = max(scored, key=lambda name: scored[name]["psnr"])  # the row reports the strongest attack
             row |= {k: scored[best][k] for k in SCORE_FIELDS} | {"partition": partition, "best-attack": best}

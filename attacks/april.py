@@ -30,12 +30,20 @@ def lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(np.asarray(a, np.float64), np.asarray(b, np.float64), rcond=EPS_RANK)[0]
 
 
-def patches_to_image(patches: np.ndarray, obs: Observation) -> np.ndarray:
-    """X [N, L] (normalised) → image [C, H, W] in [0, 1]: un-patchify, de-normalise, clamp."""
-    c, h, w, p = image_geometry(obs)
+def unpatchify(
+    patches: np.ndarray, geometry: tuple[int, int, int, int], mean: np.ndarray, std: np.ndarray
+) -> np.ndarray:
+    """X [N, L] (normalised) → image [C, H, W] in [0, 1] for ``geometry`` (C, H, W, P): un-patchify,
+    de-normalise, clamp."""
+    c, h, w, p = geometry
     grid = patches.reshape(h // p, w // p, c, p, p).transpose(2, 0, 3, 1, 4).reshape(c, h, w)
-    mean, std = normalization(obs)
+    mean, std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
     return np.clip(grid * std[:, None, None] + mean[:, None, None], 0.0, 1.0)
+
+
+def patches_to_image(patches: np.ndarray, obs: Observation) -> np.ndarray:
+    """:func:`unpatchify` with the observed model's geometry and normalisation."""
+    return unpatchify(patches, image_geometry(obs), *normalization(obs))
 
 
 def image_to_patches(image: np.ndarray, obs: Observation) -> np.ndarray:

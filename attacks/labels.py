@@ -87,10 +87,12 @@ def label_counts_unknown_scale(scaled_grad: np.ndarray, batch_size: int, mean_pr
 
 
 @torch.no_grad()
-def mean_softmax(model: nn.Module, img_size: int, samples: int = 64, seed: int = 0) -> np.ndarray:
-    """p̄ as the attacker estimates it: the model's mean softmax on uniform-noise images in [0, 1]."""
+def mean_softmax(
+    model: nn.Module, input_shape: tuple[int, int, int], samples: int = 64, seed: int = 0
+) -> np.ndarray:
+    """p̄ as the attacker estimates it: the model's mean softmax on uniform-noise images [C, H, W] in [0, 1]."""
     generator = torch.Generator().manual_seed(seed)
-    x = torch.rand(samples, 3, img_size, img_size, generator=generator)
+    x = torch.rand(samples, *input_shape, generator=generator)
     return torch.softmax(classify(model.eval(), x), dim=1).mean(0).double().numpy()
 
 
@@ -116,7 +118,7 @@ def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     client = recipe(obs)
     model = received_model(obs)
     img_size = int(model.patch_embed.img_size[0])
-    mean_probs = mean_softmax(model, img_size, seed=obs.config.seed)
+    mean_probs = mean_softmax(model, (3, img_size, img_size), seed=obs.config.seed)
     if client.sends_gradient:
         grad, examples = obs.update[HEAD_BIAS], client.batch
     else:

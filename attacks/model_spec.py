@@ -77,24 +77,7 @@ class ModelSpec:
         return model
 
     def _from_factory(self) -> nn.Module:
-        module_name, _, attr = self.factory.partition(":")
-        if self.app_dir:
-            path = str(Path(self.app_dir).expanduser().resolve())
-            if path not in sys.path:
-                sys.path.insert(0, path)
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            hint = "" if self.app_dir else " (give --app-dir with the folder that holds it)"
-            raise SpecError(f"cannot import {module_name!r} for --model {self.factory}: {err}{hint}") from err
-        factory: Any = module
-        for part in attr.split("."):
-            if not hasattr(factory, part):
-                raise SpecError(f"{module_name} has no {attr!r} (--model {self.factory})")
-            factory = getattr(factory, part)
-        if not callable(factory):
-            raise SpecError(f"--model {self.factory} is not callable")
-        return factory()
+        return import_callable(self.factory, self.app_dir, "--model")()
 
     def _from_timm(self, num_classes: int | None) -> nn.Module:
         import timm
@@ -115,6 +98,29 @@ class ModelSpec:
             f"{self.factory} on {c}×{h}×{w} inputs, normalised with mean {list(self.mean)} and std "
             f"{list(self.std)}, {self.loss} loss"
         )
+
+
+def import_callable(reference: str, app_dir: str | None, flag: str) -> Callable[..., Any]:
+    """``package.module:name`` imported (``app_dir`` put on sys.path first), with one clear error naming
+    ``flag`` when the module, the name or the call is missing."""
+    module_name, _, attr = reference.partition(":")
+    if app_dir:
+        path = str(Path(app_dir).expanduser().resolve())
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        hint = "" if app_dir else " (give --app-dir with the folder that holds it)"
+        raise SpecError(f"cannot import {module_name!r} for {flag} {reference}: {err}{hint}") from err
+    found: Any = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise SpecError(f"{module_name} has no {attr!r} ({flag} {reference})")
+        found = getattr(found, part)
+    if not callable(found):
+        raise SpecError(f"{flag} {reference} is not callable")
+    return found
 
 
 def fedvit_model_spec(config: Any, num_classes: int) -> ModelSpec:

@@ -47,38 +47,49 @@ from core.config import Config, parse_config  # noqa: E402
 
 def breaching_invert(obs: Observation, steps: int, seed: int) -> Reconstruction:
     """breaching 0.1.2's Inverting Gradients (its defaults, ``steps`` iterations) on a FedSGD update."""
+    model = attack_model(obs)  # the received weights, explicit attention path (double backward on CPU)
+    pretrained = getattr(model, "pretrained_cfg", {}) or {}
+    c, h, w, _ = image_geometry(obs)
+    mean, std = pretrained.get("mean", (0.5, 0.5, 0.5)), pretrained.get("std", (0.5, 0.5, 0.5))
+    gradient = as_gradient(obs).update
+    return breaching_reconstruct(model, (c, h, w), mean, std, obs.num_classes, gradient, obs.meta["batch-size"],
+                                 steps, seed)  # fmt: skip
+
+
+def breaching_reconstruct(
+    model: torch.nn.Module,
+    shape: tuple[int, int, int],
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    classes: int,
+    gradient: dict[str, np.ndarray],
+    batch: int,
+    steps: int,
+    seed: int,
+) -> Reconstruction:
+    """breaching's Inverting Gradients on one FedSGD ``gradient`` (by parameter name) of ``model``, whose
+    parameters must require grad; images in [0, 1]."""
     import breaching
 
     logging.getLogger("breaching").setLevel(logging.WARNING)
     cfg = breaching.get_attack_config(
         "invertinggradients", overrides=[f"optim.max_iterations={steps}", f"optim.callback={10 * steps}"]
     )
-    model = attack_model(obs)  # the received weights, explicit attention path (double backward on CPU)
-    pretrained = getattr(model, "pretrained_cfg", {}) or {}
-    c, h, w, _ = image_geometry(obs)
-    metadata = SimpleNamespace(
-        shape=(c, h, w),
-        mean=pretrained.get("mean", (0.5, 0.5, 0.5)),
-        std=pretrained.get("std", (0.5, 0.5, 0.5)),
-        modality="vision",
-        classes=obs.num_classes,
-    )
-    gradient = as_gradient(obs).update
+    metadata = SimpleNamespace(shape=shape, mean=mean, std=std, modality="vision", classes=classes)
     names = [n for n, _ in model.named_parameters()]
     payload = [{"parameters": [p.detach() for p in model.parameters()], "buffers": None, "metadata": metadata}]
     shared = [
         {
             "gradients": [torch.as_tensor(gradient[n], dtype=torch.float32) for n in names],
             "buffers": None,
-            "metadata": {"num_data_points": obs.meta["batch-size"], "labels": None, "local_hyperparams": None},
+            "metadata": {"num_data_points": batch, "labels": None, "local_hyperparams": None},
         }
     ]
     attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg)
     torch.manual_seed(seed)
     out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
-    mean = torch.as_tensor(metadata.mean).view(1, -1, 1, 1)
-    std = torch.as_tensor(metadata.std).view(1, -1, 1, 1)
-    images = (out["data"] * std + mean).clamp(0, 1).double().numpy()
+    images = (out["data"] * torch.as_tensor(std).view(1, -1, 1, 1) + torch.as_tensor(mean).view(1, -1, 1, 1))
+    images = images.clamp(0, 1).double().numpy()
     return Reconstruction(images[0], f"breaching IG, labels {out['labels'].tolist()}", images=tuple(images))
 
 

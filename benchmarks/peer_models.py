@@ -25,7 +25,6 @@ import math
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -38,6 +37,7 @@ from attacks.model_spec import ModelSpec
 from attacks.observation import ClientRecipe, Reconstruction
 from attacks.reidentification import gallery_from_test_split
 from benchmarks.common import ROOT
+from benchmarks.peer_breaching import breaching_reconstruct
 from core.config import AuditConfig, parse_config
 from core.data import load_dataset
 from core.model import normalize
@@ -81,27 +81,8 @@ def client_gradient(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) ->
 def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch: int, steps: int,
                      seed: int) -> Reconstruction:  # fmt: skip
     """breaching 0.1.2's Inverting Gradients (its defaults, ``steps`` iterations) on one FedSGD gradient."""
-    import logging
-
-    import breaching
-
-    logging.getLogger("breaching").setLevel(logging.WARNING)
-    cfg = breaching.get_attack_config(
-        "invertinggradients", overrides=[f"optim.max_iterations={steps}", f"optim.callback={10 * steps}"]
-    )
     model = copy.deepcopy(model).requires_grad_(True)  # breaching differentiates with respect to the parameters
-    metadata = SimpleNamespace(shape=spec.input_shape, mean=spec.mean, std=spec.std, modality="vision", classes=10)
-    names = [n for n, _ in model.named_parameters()]
-    payload = [{"parameters": [p.detach() for p in model.parameters()], "buffers": None, "metadata": metadata}]
-    shared = [{"gradients": [torch.as_tensor(gradient[n]) for n in names], "buffers": None,
-               "metadata": {"num_data_points": batch, "labels": None, "local_hyperparams": None}}]  # fmt: skip
-    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg)
-    torch.manual_seed(seed)
-    out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
-    mean = torch.as_tensor(spec.mean).view(1, -1, 1, 1)
-    std = torch.as_tensor(spec.std).view(1, -1, 1, 1)
-    images = (out["data"] * std + mean).clamp(0, 1).double().numpy()
-    return Reconstruction(images[0], f"breaching IG, labels {out['labels'].tolist()}", images=tuple(images))
+    return breaching_reconstruct(model, spec.input_shape, spec.mean, spec.std, 10, gradient, batch, steps, seed)
 
 
 FEDVIT_OPTIONS: dict[str, float] = {}  # audit.* overrides for fedvit's attack (--fedvit tv=0.2)

@@ -26,7 +26,7 @@ def test_counts_are_exact_when_the_softmax_is_known_duplicates_included():
         model.head.bias.zero_()
     labels = torch.tensor([3, 3, 3, 7, 0, 0, 9, 3])
     x = torch.rand(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    counts = label_counts(head_bias_gradient(model, x, labels), 8, mean_softmax(model, 32))
+    counts = label_counts(head_bias_gradient(model, x, labels), 8, mean_softmax(model, (3, 32, 32)))
     assert counts.tolist() == np.bincount(labels.numpy(), minlength=10).tolist()
     assert label_accuracy(counts, labels.numpy()) == 1.0
 
@@ -37,7 +37,7 @@ def test_counts_on_a_random_model_beat_the_top_b_guess():
     labels = torch.from_numpy(rng.choice(10, size=16, replace=True))
     x = torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     g = head_bias_gradient(model, x, labels)
-    counts = label_counts(g, 16, mean_softmax(model, 32))
+    counts = label_counts(g, 16, mean_softmax(model, (3, 32, 32)))
     top_b = np.zeros(10, np.int64)
     top_b[np.argsort(g)[: len(set(labels.tolist()))]] = 1  # the naive guess: one image per most-negative entry
     assert counts.sum() == 16
