@@ -1,4 +1,4 @@
-"""``fedvit deploy credentials | register | compose | base-images | loopback``."""
+"""``fedvit deploy credentials | register | compose | bundle | check-bundles | base-images | loopback``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,24 @@ def add_parser(sub) -> None:
     comp.add_argument("--superlink-address", default=None, help="host:port SuperNodes dial (remote machines)")
     comp.add_argument("--out", type=Path, default=Path("."))
 
+    bundle = deploy.add_parser(
+        "bundle", help="one folder per host (server, client-1..N), each with only its own credentials"
+    )
+    bundle.add_argument("out", type=Path, help="where the host folders go (server/, client-1/, ...)")
+    bundle.add_argument("--superlink-address", required=True, help="host:port the client hosts dial")
+    bundle.add_argument("--supernodes", type=int, default=5)
+    bundle.add_argument("--credentials", type=Path, default=DEFAULT_CREDENTIALS, help="from `deploy credentials`")
+    bundle.add_argument(
+        "--encryption-key", type=Path, default=None, help="clients' key (`fedvit keygen`), clients only"
+    )
+    bundle.add_argument(
+        "--source", type=Path, default=None, help="fedvit checkout path on the hosts (default: this one), for the build"
+    )
+    bundle.add_argument("--force", action="store_true", help="replace existing bundles")
+
+    check = deploy.add_parser("check-bundles", help="fail if any bundle holds private material not its own")
+    check.add_argument("out", type=Path)
+
     images = deploy.add_parser(
         "base-images",
         help="make Flower's base images present: pull them, or build local stand-ins where Docker Hub is out of reach",
@@ -63,6 +81,8 @@ def main(args: argparse.Namespace) -> int:
             return 0
         if args.deploy_command == "register":
             return register(args)
+        if args.deploy_command in ("bundle", "check-bundles"):
+            return bundles(args)
     except (CredentialsError, ValueError) as err:
         print(f"fedvit deploy: {err}", file=sys.stderr)
         return 2
@@ -82,6 +102,30 @@ def main(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
         return 0
     return loopback(args)
+
+
+def bundles(args: argparse.Namespace) -> int:
+    from fedvit_app.deployment.bundle import BundleError, check_bundles, write_bundles
+
+    try:
+        if args.deploy_command == "bundle":
+            folders = write_bundles(
+                args.out, args.credentials, args.supernodes, args.superlink_address,
+                args.encryption_key, args.source, args.force,
+            )  # fmt: skip
+            for folder in folders:
+                print(f"wrote {folder}/ (commands: {folder / 'README.md'})")
+            print("checked: no bundle holds another host's private key or secret; the CA key stays where it is")
+            return 0
+    except BundleError as err:
+        print(f"fedvit deploy bundle: {err}", file=sys.stderr)
+        return 2
+    problems = check_bundles(args.out)
+    for problem in problems:
+        print(f"fedvit deploy check-bundles: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"{args.out}: every private key and secret is in its owner's bundle only")
+    return 1 if problems else 0
 
 
 def register(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ ClientApp executors only.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import yaml
@@ -28,6 +29,19 @@ COMPOSE_FILE = "docker-compose.yml"
 GPU_FILE = "docker-compose.gpu.yml"
 DOCKERFILE = "deploy/superexec.Dockerfile"
 CREDENTIALS_DIR = "./deploy/credentials"  # host side, written by `fedvit deploy credentials`
+# flower-supernode exits with Flower's SUPERNODE_CONNECTION_ERROR (305, i.e. status 49) when the SuperLink refuses to
+# activate it. After a crash that is what a restarted SuperNode meets: the SuperLink still counts its node as online
+# until the last heartbeat's patience runs out (Flower 1.41: 2 x 30 s, not configurable), so Docker's restart policy,
+# whose back-off doubles from 0.1 s, kept it down for the rest of a short run. This loop retries every 5 s instead,
+# forwards SIGTERM (so `docker compose stop` still deactivates the node), and passes any other exit on to Docker.
+REJOIN_RETRY_S = 5
+REJOIN_LOOP = (
+    'trap \'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143\' TERM INT; '
+    'while :; do flower-supernode "$@" & child=$!; wait "$child"; code=$?; '
+    '[ "$code" -eq 49 ] || exit "$code"; '
+    f'echo "fedvit: the SuperLink refused activation (after a crash it counts the node online for up to 60 s); '
+    f'retrying in {REJOIN_RETRY_S} s" >&2; sleep {REJOIN_RETRY_S}; done'
+)
 SUPEREXEC_IMAGE = "fedvit-superexec:latest"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 GPU_TORCH_INDEX = "https://download.pytorch.org/whl/cu126"
@@ -64,28 +78,40 @@ def compose_layout(num_supernodes: int = 5, superlink_address: str | None = None
     )
 
 
+@dataclass(frozen=True)
+class HostPaths:
+    """Host-side folders a compose file mounts, relative to it (defaults: this repository's layout)."""
+
+    credentials: str = CREDENTIALS_DIR
+    superlink_state: str = "./deploy/state/superlink"
+    keys: str = "./deploy/keys"  # the clients' encryption key folder
+    source: str = "."  # build context of the SuperExec image: a fedvit checkout
+
+
 def _secrets(process: Process, layout: Layout) -> list[dict]:
     return [{"source": name, "target": str(layout.credentials / name)} for name in process.credentials]
 
 
-def _superexec_build() -> dict:
-    return {"context": ".", "dockerfile": DOCKERFILE, "args": {"TORCH_INDEX": CPU_TORCH_INDEX}}
+def _superexec_build(source: str = ".") -> dict:
+    return {"context": source, "dockerfile": DOCKERFILE, "args": {"TORCH_INDEX": CPU_TORCH_INDEX}}
 
 
-def service(process: Process, layout: Layout) -> dict:
+def service(process: Process, layout: Layout, paths: HostPaths = HostPaths()) -> dict:
     """One compose service: Flower's image (or the fedvit SuperExec image) with the process's arguments."""
     spec: dict = {"image": IMAGES[process.program]}
     if IMAGES[process.program] == SUPEREXEC_IMAGE:
-        spec["build"] = _superexec_build()
+        spec["build"] = _superexec_build(paths.source)
     if process.program == "fedvit-superexec":  # the image's entrypoint is flower-superexec
         spec["entrypoint"] = [process.program]
+    if process.role == "supernode":
+        spec["entrypoint"] = ["/bin/sh", "-c", REJOIN_LOOP.replace("$", "$$"), process.program]  # $$: compose escape
     spec["command"] = process.argv[1:]
     if process.env:  # defaults the host's environment can override: VAR=... docker compose up
         spec["environment"] = {name: f"${{{name}:-{value}}}" for name, value in process.env.items()}
     spec["secrets"] = _secrets(process, layout)
     if process.role == "superlink":
         spec["ports"] = [f"{layout.superlink_port}:{layout.superlink_port}"]
-        spec["volumes"] = ["./deploy/state/superlink:/app/state"]
+        spec["volumes"] = [f"{paths.superlink_state}:/app/state"]
     elif process.role == "supernode":
         spec["depends_on"] = ["superlink"]
     elif process.role == "superexec-serverapp":
@@ -102,9 +128,9 @@ def service(process: Process, layout: Layout) -> dict:
             "./outputs:/app/outputs",
             "./data:/app/data",
             f"client-state-{index}:/app/state",
-            "./deploy/keys:/app/keys:ro",
+            f"{paths.keys}:/app/keys:ro",
         ]
-    # SuperNodes restart until their key is registered (`fedvit deploy register`), then stay up.
+    # SuperNodes retry until their key is registered (`fedvit deploy register`), then stay up.
     spec["restart"] = "unless-stopped"
     return spec
 

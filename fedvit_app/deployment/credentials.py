@@ -28,7 +28,7 @@ class CredentialsError(RuntimeError):
     """Credentials exist already (and would be replaced) or are missing."""
 
 
-def _write(path: Path, data: bytes, private: bool) -> None:
+def write_file(path: Path, data: bytes, private: bool) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
     with os.fdopen(fd, "wb") as f:
@@ -97,21 +97,21 @@ def write_credentials(
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = _name("fedvit deployment CA")
     ca_cert = _certificate(ca_name, ca_name, ca_key.public_key(), ca_key, ca=True, names=[])
-    _write(out / "ca.crt", ca_cert.public_bytes(serialization.Encoding.PEM), private=False)
-    _write(out / "ca.key", _key_pem(ca_key), private=True)
+    write_file(out / "ca.crt", ca_cert.public_bytes(serialization.Encoding.PEM), private=False)
+    write_file(out / "ca.key", _key_pem(ca_key), private=True)
     for server, sans in names.items():
         key = ec.generate_private_key(ec.SECP384R1())
         cert = _certificate(_name(server), ca_name, key.public_key(), ca_key, ca=False, names=sans)
-        _write(out / f"{server}.crt", cert.public_bytes(serialization.Encoding.PEM), private=False)
-        _write(out / f"{server}.key", _key_pem(key), private=True)
+        write_file(out / f"{server}.crt", cert.public_bytes(serialization.Encoding.PEM), private=False)
+        write_file(out / f"{server}.key", _key_pem(key), private=True)
     for i in range(num_supernodes):
         key = ec.generate_private_key(ec.SECP384R1())
         private = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
         )
         public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        _write(out / f"{supernode_name(i)}.auth", private, private=True)
-        _write(out / f"{supernode_name(i)}.auth.pub", public + f" {supernode_name(i)}\n".encode(), private=False)
+        write_file(out / f"{supernode_name(i)}.auth", private, private=True)
+        write_file(out / f"{supernode_name(i)}.auth.pub", public + f" {supernode_name(i)}\n".encode(), private=False)
     return [out / f for f in files]
 
 
