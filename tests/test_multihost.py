@@ -1,0 +1,183 @@
+"""Per-host bundles run as separate hosts on a real Docker engine, and the faults a real federation meets.
+
+Marked ``compose`` (CI: ``uv run --frozen --group compose pytest -m compose``; runs after tests/test_compose.py,
+whose images it reuses). ``fedvit deploy bundle`` writes a server bundle and one per client; each is brought up as
+its own compose project with its own network, and the SuperNodes dial the SuperLink only at the host's published
+port (the docker0 address, as a remote machine would dial the server's address), TLS and SuperNode authentication
+on. Then: a 2-round run; a client host that dies and comes back; a client host cut from the network for a round;
+the SuperLink restarting mid-run; the ServerApp executor crashing. Each fault's figures (time to recover, rounds
+lost, the run's status) are printed and written to ``benchmarks/results/multihost-faults.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from fedvit_app.deployment.bundle import check_bundles
+from fedvit_app.deployment.topology import SUPERLINK_PORT
+from tests.docker_engine import compose_env, docker_engine, install_missing
+from tests.test_compose import APP_UID, copy_app, metrics, port_free
+
+pytestmark = pytest.mark.compose
+ROOT = Path(__file__).resolve().parents[1]
+CLIENTS = 3
+PREFIX = "fedvit-mh"  # compose project names: fedvit-mh-server, fedvit-mh-client-1, ...
+CONNECTION = "fedvit-mh"
+FIGURES_FILE = ROOT / "benchmarks" / "results" / "multihost-faults.json"
+RUN_TIMEOUT_S = 900
+
+
+def bridge_address() -> str:
+    """The host's address on docker0: what a container on any network dials to reach a published port."""
+    done = subprocess.run(["ip", "-4", "-o", "addr", "show", "docker0"], capture_output=True, text=True, check=True)
+    return done.stdout.split()[3].split("/")[0]
+
+
+class Federation:
+    """The bundles' compose projects, the app copy the CLI runs, and the figures the fault tests measure."""
+
+    def __init__(self, work: Path, app: Path, bundles: Path, env: dict[str, str]) -> None:
+        self.work, self.app, self.bundles, self.env = work, app, bundles, env
+        self.figures: dict[str, dict] = {}
+
+    def sh(self, *cmd: str, cwd: Path | None = None, check: bool = True, timeout: float = 1800):
+        done = subprocess.run(
+            list(cmd), cwd=cwd or self.app, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} -> {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+        return done
+
+    def compose(self, host: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.sh("docker", "compose", "-p", f"{PREFIX}-{host}", *args, cwd=self.bundles / host, check=check)
+
+    def container(self, host: str, service: str) -> str:
+        (cid,) = self.compose(host, "ps", "-a", "-q", service).stdout.split()
+        return cid
+
+    def logs(self, host: str, service: str, since: float | None = None) -> str:
+        extra = ["--since", f"{since:.3f}"] if since is not None else []
+        return self.compose(host, "logs", "--no-color", *extra, service, check=False).stdout
+
+    def run_dir(self, name: str) -> Path:
+        return self.bundles / "server" / "outputs" / name
+
+    def start_run(self, name: str, rounds: int, extra: str = "") -> subprocess.Popen:
+        config = f"run-name='{name}' num-server-rounds={rounds} round-timeout=240.0 {extra}".strip()
+        cmd = [sys.executable, "-m", "fedvit_app.cli", "run", ".", CONNECTION, "-c", config]
+        return subprocess.Popen(
+            cmd, cwd=self.app, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def run(self, name: str, rounds: int, fault: Callable[[], None] | None = None, after_round: int = 1, extra=""):
+        """Start a run, call ``fault`` once round ``after_round`` is recorded, wait for the end; (exit, output)."""
+        proc = self.start_run(name, rounds, extra)
+        try:
+            if fault is not None:
+                self.wait_for_round(name, after_round, proc)
+                fault()
+            output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return proc.returncode, output
+
+    def wait_for_round(self, name: str, rnd: int, proc: subprocess.Popen | None = None) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        path = self.run_dir(name) / "metrics.json"
+        while not (path.exists() and rnd in metrics(self.run_dir(name))):
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"the run ended before round {rnd}:\n{proc.stdout.read()[-6000:]}")
+            assert time.monotonic() < deadline, f"round {rnd} of {name} did not finish"
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    installed = install_missing()
+    work = tmp_path_factory.mktemp("multihost")
+    env = compose_env(work / "docker-config") | {
+        "FLWR_HOME": str(work / "flwr-home"),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+    }
+    env.pop("COMPOSE_PROJECT_NAME", None)
+    root = Path(tempfile.mkdtemp(prefix="fedvit-multihost-"))  # outside pytest's 0700 temp root (user 49999)
+    root.chmod(0o755)
+    app, bundles = root / "app", root / "hosts"
+    app.mkdir()
+    copy_app(app)
+    with docker_engine(work):
+        fed = Federation(work, app, bundles, env)
+        started = time.perf_counter()
+        try:
+            assert port_free(SUPERLINK_PORT), f"port {SUPERLINK_PORT} is taken; the server bundle publishes it"
+            fed.sh(sys.executable, "-m", "fedvit_app.cli", "deploy", "base-images")
+            address = bridge_address()
+            creds = root / "admin-credentials"  # stays with the admin: the CA key is in no bundle
+            fed.sh(sys.executable, "-m", "fedvit_app.cli", "deploy", "credentials", str(creds),
+                   "--supernodes", str(CLIENTS), "--superlink-name", address)  # fmt: skip
+            fed.sh(sys.executable, "-m", "fedvit_app.cli", "deploy", "bundle", str(bundles), "--credentials",
+                   str(creds), "--supernodes", str(CLIENTS), "--superlink-address", f"{address}:{SUPERLINK_PORT}",
+                   "--source", str(app))  # fmt: skip
+            for path in [bundles, *bundles.rglob("*")]:  # each bundle README's one root step
+                os.chown(path, APP_UID, APP_UID)
+            fed.compose("server", "build")
+            fed.compose("server", "up", "-d")
+            fed.sh(sys.executable, "-m", "fedvit_app.cli", "deploy", "register", "--connection", CONNECTION,
+                   "--credentials", str(bundles / "server" / "credentials"), "--supernodes", str(CLIENTS),
+                   "--address", f"127.0.0.1:{SUPERLINK_PORT}")  # fmt: skip
+            for i in range(1, CLIENTS + 1):
+                fed.compose(f"client-{i}", "up", "-d")
+            fed.figures["bring-up"] = {"seconds": round(time.perf_counter() - started, 1), "installed": installed}
+            yield fed
+        except Exception:
+            print(fed.logs("server", "superlink")[-3000:])
+            raise
+        finally:
+            for host in ["server"] + [f"client-{i}" for i in range(1, CLIENTS + 1)]:
+                if (bundles / host).is_dir():
+                    fed.compose(host, "down", "-v", "--remove-orphans", check=False)
+            FIGURES_FILE.parent.mkdir(parents=True, exist_ok=True)
+            FIGURES_FILE.write_text(json.dumps(fed.figures, indent=1) + "\n")
+            print("\nmulti-host figures: " + json.dumps(fed.figures))
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def networks(fed: Federation, host: str, service: str) -> set[str]:
+    cid = fed.container(host, service)
+    out = fed.sh("docker", "inspect", "-f", "{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}", cid)
+    return set(out.stdout.split())
+
+
+def model(fed: Federation, name: str) -> dict[str, np.ndarray]:
+    return load_file(str(fed.run_dir(name) / "model.safetensors"))
+
+
+def test_bundles_hold_only_their_own_secrets_and_run_on_their_own_networks(federation):
+    assert check_bundles(federation.bundles) == []
+    assert networks(federation, "server", "superlink") == {f"{PREFIX}-server_default"}
+    for i in range(1, CLIENTS + 1):
+        assert networks(federation, f"client-{i}", f"supernode-{i}") == {f"{PREFIX}-client-{i}_default"}
+
+
+def test_two_rounds_across_hosts(federation):
+    start = time.perf_counter()
+    code, output = federation.run("mh-plain", rounds=2)
+    assert code == 0 and "finished:completed" in output, output[-6000:]
+    rounds = metrics(federation.run_dir("mh-plain"))
+    for rnd in (1, 2):
+        assert sorted(rounds[rnd]["sampled"]) == list(range(CLIENTS)) and rounds[rnd]["rejected"] == {}
+    federation.figures["2 rounds"] = {"seconds": round(time.perf_counter() - start, 1)}
