@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from attacks.model_spec import find_spec_file
@@ -26,6 +27,7 @@ from fedvit_app.run_config import check_config, merge_overrides, resolved_run_co
 
 DEFAULT_FEDERATION = "num-supernodes=5 client-resources-num-cpus=1"
 RUN_STARTED = re.compile(r"Successfully started run (\d+)")
+REATTACH_S = 600.0  # how long `fedvit run` waits for a SuperLink that stopped answering mid-run
 
 
 def flwr_run_command(args: argparse.Namespace, override_file: Path) -> list[str]:
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     env = flower_env()
     no_install = env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"  # unless the user asked otherwise
     setting = "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
-    stale = superlink_pids(flwr_home(), with_env=setting) if local and no_install else []
+    flag = "--disable-runtime-dependency-installation"
+    stale = superlink_pids(flwr_home(), with_env=setting, or_flag=flag) if local and no_install else []
     if stale:
         print(
             f"fedvit: the local SuperLink (pid {stale[0]}) was started without "
@@ -59,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.ray_address:
+        code = join_ray_cluster(args.ray_address, local, env)
+        if code:
+            return code
     with tempfile.TemporaryDirectory(prefix="fedvit-run-") as tmp:
         cmd = flwr_run_command(args, Path(tmp) / "run-config.toml")
         print("$", " ".join(cmd), flush=True)
@@ -70,11 +77,52 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             if run_id is None and (match := RUN_STARTED.search(line)):
                 run_id = match.group(1)
-        if proc.wait() != 0 or run_id is None:
+        if proc.wait() != 0 and run_id is None:
             return proc.returncode or 1
-    status = run_status(run_id, args.superlink, env)
+    if run_id is None:
+        return 1
+    status = follow_run(run_id, args.superlink, env)
     print(f"fedvit: run {run_id} {status}", flush=True)
     return 0 if status == "finished:completed" else 1
+
+
+def follow_run(run_id: str, superlink: str | None, env: dict[str, str]) -> str:
+    """The run's final status. When the log stream ended before the run did (the SuperLink restarted, the network
+    dropped), the run may go on without us: ask for its status until the SuperLink answers again and re-attach to
+    its log; give up only after :data:`REATTACH_S` without an answer."""
+    unanswered_since = None
+    while not (status := run_status(run_id, superlink, env)).startswith("finished"):
+        if status.startswith("unknown"):  # no answer from the SuperLink
+            unanswered_since = unanswered_since or time.monotonic()
+            if time.monotonic() - unanswered_since > REATTACH_S:
+                return f"{status}: no answer from the SuperLink for {REATTACH_S:.0f} s; the run may still go on"
+            time.sleep(5.0)
+            continue
+        unanswered_since = None
+        print(f"fedvit: the log stream of run {run_id} ended while it is {status}; re-attaching", flush=True)
+        subprocess.run([flwr_executable(), "log", run_id, *([superlink] if superlink else []), "--stream"], env=env)
+    return status
+
+
+def join_ray_cluster(address: str, local: bool, env: dict[str, str]) -> int:
+    """Point the simulation's Ray backend at a running cluster: Flower 1.41 calls ``ray.init()`` without an
+    address (its init-args carry none), and Ray then joins the cluster named by ``RAY_ADDRESS``. The variable must
+    be in the environment of the local SuperLink, which ``flwr run`` starts once and then keeps."""
+    if not local:
+        print("fedvit run: --ray-address is for simulations; a deployment scales out with SuperNodes", file=sys.stderr)
+        return 2
+    setting = f"RAY_ADDRESS={address}"
+    stale = superlink_pids(flwr_home(), with_env=setting)
+    if stale:
+        print(
+            f"fedvit run: the local SuperLink (pid {stale[0]}) was started without {setting}, so its simulations "
+            "would start a Ray instance of their own; stop it with 'fedvit stop-superlink' and run again",
+            file=sys.stderr,
+        )
+        return 2
+    env["RAY_ADDRESS"] = address
+    print(f"fedvit: the simulation joins the Ray cluster at {address}", flush=True)
+    return 0
 
 
 def keys(args: argparse.Namespace) -> int:
@@ -188,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("-c", "--run-config", action="append", default=[], help="key=value ... or a TOML file")
     p_run.add_argument(
         "--federation-config", default=DEFAULT_FEDERATION, help=f"simulation settings (default: {DEFAULT_FEDERATION!r})"
+    )
+    p_run.add_argument(
+        "--ray-address",
+        default=None,
+        help="simulate on a running Ray cluster: its head's address (host:port, as `ray start --head` prints it)",
     )
 
     p_check = sub.add_parser(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
+from logging import INFO
 from pathlib import Path
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from attacks.eavesdropper import capture_mod, ground_truth_hook
 from clients import runner
@@ -70,6 +73,14 @@ def _process_age_s() -> float:
     return time.time() - (boot + int(fields[19]) / os.sysconf("SC_CLK_TCK"))
 
 
+def ray_placement() -> str | None:
+    """Where this ClientApp runs when the simulation's Ray backend placed it (a Ray worker), else None."""
+    ray = sys.modules.get("ray")  # imported by Flower's Ray backend; never imported here
+    if ray is None or not ray.is_initialized():
+        return None
+    return f"Ray node {ray.get_runtime_context().get_node_id()} ({ray.util.get_node_ip_address()}, pid {os.getpid()})"
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local training for one round; replies with 'arrays' (gradient or weights), 'masks' when masking, 'metrics',
@@ -78,6 +89,8 @@ def train(msg: Message, context: Context) -> Message:
     config = runner.client_config(context.run_config)
     round_config = msg.content["config"]
     server_round, partition = int(round_config["server-round"]), _partition(context)
+    if placement := ray_placement():  # a simulation on a Ray cluster: say where each client ran
+        log(INFO, "round %d, partition %d: on %s", server_round, partition[0], placement)
     mask_seed = context.node_config.get("mask-seed")  # client-only; never in the run config
     locked = context.state.array_records.get("locked-mask")
     locked_cache = {k: v.numpy() for k, v in locked.items()} if locked is not None else {}

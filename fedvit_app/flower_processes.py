@@ -82,10 +82,11 @@ def flwr_home() -> Path:
     return Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
 
 
-def superlink_pids(flwr_home: Path, with_env: str | None = None) -> list[int]:
+def superlink_pids(flwr_home: Path, with_env: str | None = None, or_flag: str | None = None) -> list[int]:
     """PIDs of local SuperLink/SuperExec processes started with this FLWR_HOME (Linux /proc).
 
-    With ``with_env`` (``NAME=value``), only SuperLinks whose environment lacks that setting.
+    With ``with_env`` (``NAME=value``), only SuperLinks whose environment lacks that setting (and whose command
+    line lacks ``or_flag``, a flag that has the same effect).
     """
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
@@ -100,7 +101,7 @@ def superlink_pids(flwr_home: Path, with_env: str | None = None) -> list[int]:
         if Path(home or Path.home() / ".flwr").resolve() != flwr_home.resolve():
             continue
         if with_env is not None:
-            explicit = "--disable-runtime-dependency-installation" in cmdline
+            explicit = or_flag is not None and or_flag in cmdline
             if "flower-superlink" not in cmdline or explicit or with_env.encode() in environ:
                 continue
         pids.append(int(proc.name))

@@ -84,6 +84,8 @@ def run_dir_for(config: Config) -> Path:
 
 def _num_classes(strategy: FedVitStrategy) -> int:
     reported = {info["num-classes"] for info in strategy.node_info.values()}
+    if not reported:
+        raise ClientSetupError("no connected node reported its partition (see the warnings above for each node)")
     if len(reported) != 1:
         raise ClientSetupError(f"clients disagree on the number of classes: {sorted(reported)}")
     return int(reported.pop())

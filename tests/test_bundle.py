@@ -12,7 +12,7 @@ import yaml
 
 from clients.encryption import EncryptionKey
 from fedvit_app.deployment.bundle import BundleError, check_bundles, write_bundles
-from fedvit_app.deployment.compose import REJOIN_LOOP
+from fedvit_app.deployment.compose import SUPERVISOR_TARGET
 from fedvit_app.deployment.credentials import write_credentials
 from tests.test_deployment_files import validate
 
@@ -49,7 +49,8 @@ def test_each_host_holds_exactly_its_own_material(made):
     assert files(out / "server") == common | public_keys | {"credentials/superlink.crt", "credentials/superlink.key"}
     for i in range(1, NODES + 1):
         own = {f"credentials/supernode-{i}.{ext}" for ext in ("crt", "key", "auth")}
-        assert files(out / f"client-{i}") == common | own | {"keys/encryption-key.safetensors"}
+        extra = {"keys/encryption-key.safetensors", "supernode_supervisor.py"}
+        assert files(out / f"client-{i}") == common | own | extra
     for path in out.rglob("*"):
         if path.suffix in (".key", ".auth") or path.name.endswith(".safetensors"):
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
@@ -96,7 +97,9 @@ def test_compose_files_are_separate_projects_that_dial_the_published_port(made):
         assert "networks" not in document  # each project gets its own default network, nothing shared
         for spec in document["services"].values():
             for volume in spec.get("volumes", []):
-                assert volume.startswith(("./", "client-state-")), volume  # inside the bundle or its own volume
+                assert volume.startswith(("./", "client-state-")), volume
+                if volume.startswith("./"):
+                    assert (folder / volume.split(":")[0]).exists(), volume  # inside the bundle or its own volume
             for secret in spec["secrets"]:
                 assert (folder / document["secrets"][secret["source"]]["file"]).is_file()
     assert len(names) == NODES + 1
@@ -106,7 +109,8 @@ def test_compose_files_are_separate_projects_that_dial_the_published_port(made):
     assert (out / "server" / ".env").read_text() == "FEDVIT_SOURCE=/srv/fedvit\nSUPERLINK_PORT=8443\n"
     client = yaml.safe_load((out / "client-2" / "docker-compose.yml").read_text())["services"]
     node = client["supernode-2"]
-    assert "depends_on" not in node and node["entrypoint"][2] == REJOIN_LOOP.replace("$", "$$")
+    assert "depends_on" not in node and node["entrypoint"] == ["python", SUPERVISOR_TARGET]
+    assert node["volumes"] == [f"./supernode_supervisor.py:{SUPERVISOR_TARGET}:ro"]
     assert node["command"][node["command"].index("--superlink") + 1].startswith("${SUPERLINK_ADDRESS:?")
     assert "partition-id=1 num-partitions=3" in node["command"]
     assert f"SUPERLINK_ADDRESS={ADDRESS}" in (out / "client-2" / ".env").read_text()

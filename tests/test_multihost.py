@@ -11,6 +11,7 @@ lost, the run's status) are printed and written to ``benchmarks/results/multihos
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -74,34 +75,36 @@ class Federation:
     def run_dir(self, name: str) -> Path:
         return self.bundles / "server" / "outputs" / name
 
-    def start_run(self, name: str, rounds: int, extra: str = "") -> subprocess.Popen:
+    def run(self, name: str, rounds: int, fault: Callable[[], None] | None = None, after_round: int = 1, extra=""):
+        """Start a run, call ``fault`` once round ``after_round`` is recorded, wait for the end; (exit, output).
+        The CLI's output goes to a file: a fault may take minutes, and a full pipe would stall the run."""
         config = f"run-name='{name}' num-server-rounds={rounds} round-timeout=240.0 {extra}".strip()
         cmd = [sys.executable, "-m", "fedvit_app.cli", "run", ".", CONNECTION, "-c", config]
-        return subprocess.Popen(
-            cmd, cwd=self.app, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        log = self.work / f"{name}-{time.monotonic_ns()}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, cwd=self.app, env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True)
+            self.current = (proc, log)
+            try:
+                if fault is not None:
+                    self.wait_for_round(name, after_round)
+                    fault()
+                proc.wait(timeout=RUN_TIMEOUT_S)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        return proc.returncode, log.read_text()
 
-    def run(self, name: str, rounds: int, fault: Callable[[], None] | None = None, after_round: int = 1, extra=""):
-        """Start a run, call ``fault`` once round ``after_round`` is recorded, wait for the end; (exit, output)."""
-        proc = self.start_run(name, rounds, extra)
-        try:
-            if fault is not None:
-                self.wait_for_round(name, after_round, proc)
-                fault()
-            output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        return proc.returncode, output
-
-    def wait_for_round(self, name: str, rnd: int, proc: subprocess.Popen | None = None) -> None:
+    def wait_for_round(self, name: str, rnd: int) -> float:
+        """Block until round ``rnd`` of the current run is in metrics.json; returns when (time.time())."""
+        proc, log = self.current
         deadline = time.monotonic() + RUN_TIMEOUT_S
         path = self.run_dir(name) / "metrics.json"
         while not (path.exists() and rnd in metrics(self.run_dir(name))):
-            if proc is not None and proc.poll() is not None:
-                raise AssertionError(f"the run ended before round {rnd}:\n{proc.stdout.read()[-6000:]}")
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended before round {rnd}:\n{log.read_text()[-6000:]}")
             assert time.monotonic() < deadline, f"round {rnd} of {name} did not finish"
             time.sleep(0.5)
+        return time.time()
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +184,127 @@ def test_two_rounds_across_hosts(federation):
     for rnd in (1, 2):
         assert sorted(rounds[rnd]["sampled"]) == list(range(CLIENTS)) and rounds[rnd]["rejected"] == {}
     federation.figures["2 rounds"] = {"seconds": round(time.perf_counter() - start, 1)}
+
+
+def figures_of_rounds(rounds: dict[int, dict], partition: int, fault_round: int) -> dict:
+    """Rounds from ``fault_round`` on in which ``partition`` did not train, and the first in which it did again."""
+    trained = [r for r in sorted(rounds) if r >= fault_round and partition in rounds[r]["sampled"]
+               and str(partition) not in rounds[r]["rejected"]]  # fmt: skip
+    back = trained[0] if trained else None
+    lost = [r for r in sorted(rounds) if r >= fault_round and (back is None or r < back)]
+    return {"rounds lost": lost, "trained again in round": back}
+
+
+def activation_after(fed: Federation, since: float) -> float | None:
+    """When the SuperLink next logged an activation (seconds after ``since``), from its timestamped log."""
+    out = fed.compose("server", "logs", "-t", "--no-color", "--since", f"{since:.3f}", "superlink", check=False).stdout
+    for line in out.splitlines():
+        if "Activated node_id" in line:
+            stamp = line.split("|", 1)[1].split()[0] if "|" in line else line.split()[0]
+            when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            return round(when - since, 1)
+    return None
+
+
+def test_client_host_dies_and_rejoins_within_the_run(federation):
+    """Client host 3 is killed in round 2 (both containers, as a power cut) and comes back 15 s later: its
+    SuperNode retries the refused activation until the SuperLink counts the old session offline, then trains
+    again in a later round of the same run."""
+    fed, host, partition = federation, "client-3", 2
+    when: dict[str, float] = {}
+
+    def power_cut() -> None:
+        when["down"] = time.time()
+        fed.compose(host, "kill")
+        time.sleep(15)
+        when["back"] = time.time()
+        fed.compose(host, "up", "-d")
+
+    code, output = fed.run("mh-rejoin", rounds=5, fault=power_cut)
+    assert code == 0 and "finished:completed" in output, output[-6000:]
+    rounds = metrics(fed.run_dir("mh-rejoin"))
+    figures = figures_of_rounds(rounds, partition, fault_round=2)
+    figures["activated s after coming back"] = activation_after(fed, when["back"])
+    figures["round 2 s"] = round(rounds[2]["round-s"], 1)
+    fed.figures["client host dies in round 2, back after 15 s"] = figures
+    print(figures)
+    assert figures["trained again in round"] is not None, rounds
+    assert all(rounds[r]["num-examples"] > 0 for r in rounds if r >= 1)  # every round aggregated someone
+
+
+def test_client_host_loses_the_network_for_a_round(federation):
+    fed, host, partition = federation, "client-2", 1
+    network = f"{PREFIX}-{host}_default"
+    when: dict[str, float] = {}
+
+    def cut() -> None:
+        cid = fed.container(host, "supernode-2")
+        when["cut"] = time.time()
+        fed.sh("docker", "network", "disconnect", network, cid)
+        when["round 2 done"] = fed.wait_for_round("mh-netcut", 2)
+        fed.sh("docker", "network", "connect", "--alias", "supernode-2", network, cid)
+        when["reconnected"] = time.time()
+
+    code, output = fed.run("mh-netcut", rounds=6, fault=cut)
+    assert code == 0 and "finished:completed" in output, output[-6000:]
+    rounds = metrics(fed.run_dir("mh-netcut"))
+    assert rounds[2]["num-examples"] > 0  # the others were aggregated
+    assert partition not in rounds[2]["sampled"] or str(partition) in rounds[2]["rejected"]
+    figures = figures_of_rounds(rounds, partition, fault_round=2)
+    figures["round 2 s (waiting for the cut client)"] = round(when["round 2 done"] - when["cut"], 1)
+    fed.figures["client host cut from the network for round 2"] = figures
+    print(figures)
+    assert figures["trained again in round"] is not None, rounds
+
+
+def test_superlink_restart_mid_run_then_resume_is_bit_equal(federation):
+    fed = federation
+    when: dict[str, float] = {}
+
+    def restart() -> None:
+        when["restart"] = time.time()
+        fed.compose("server", "restart", "superlink")
+
+    code, output = fed.run("mh-superlink", rounds=2, fault=restart)
+    figures: dict = {"exit": code, "status": status_line(output)}
+    if code != 0:  # the run stopped: resume it from its last checkpoint
+        start = time.perf_counter()
+        code, output = fed.run("mh-superlink", rounds=2, extra="resume-from='outputs/mh-superlink'")
+        figures["resume s"] = round(time.perf_counter() - start, 1)
+        assert code == 0 and "finished:completed" in output, output[-6000:]
+    fed.figures["SuperLink restarted after round 1"] = figures
+    print(figures, output[-3000:])
+    compare_models(model(fed, "mh-superlink"), model(fed, "mh-plain"))
+
+
+def test_serverapp_executor_crash_fails_the_run_and_resume_is_bit_equal(federation):
+    fed = federation
+
+    def crash() -> None:
+        cid = fed.container("server", "superexec-serverapp")
+        pid = fed.sh("docker", "inspect", "-f", "{{.State.Pid}}", cid).stdout.strip()
+        os.kill(int(pid), 9)
+
+    start = time.perf_counter()
+    code, output = fed.run("mh-executor", rounds=2, fault=crash)
+    figures: dict = {"exit": code, "status": status_line(output), "until the CLI returned s": 0.0}
+    figures["until the CLI returned s"] = round(time.perf_counter() - start, 1)
+    assert code != 0, output[-6000:]
+    start = time.perf_counter()
+    code, output = fed.run("mh-executor", rounds=2, extra="resume-from='outputs/mh-executor'")
+    figures["resume s"] = round(time.perf_counter() - start, 1)
+    fed.figures["ServerApp executor SIGKILLed after round 1"] = figures
+    print(figures)
+    assert code == 0 and "finished:completed" in output, output[-6000:]
+    compare_models(model(fed, "mh-executor"), model(fed, "mh-plain"))
+
+
+def status_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if "finished:" in line or "Error" in line or "error" in line]
+    return lines[-1].strip()[-300:] if lines else output.strip().splitlines()[-1][-300:]
+
+
+def compare_models(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert got.keys() == want.keys()
+    differ = [k for k in want if not np.array_equal(got[k], want[k])]
+    assert not differ, f"{len(differ)} tensors differ from the uninterrupted run, e.g. {differ[:3]}"

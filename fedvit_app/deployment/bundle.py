@@ -24,11 +24,13 @@ from fedvit_app.deployment.topology import Process, credential_names, processes,
 SERVER = "server"
 KEY_FILE = "encryption-key.safetensors"
 ENCRYPTION_KEY_FORMAT = "fedvit-encryption-key/1"  # clients.encryption.KEY_FORMAT (deployment must not import clients)
+SUPERVISOR_FILE = "supernode_supervisor.py"
 BUNDLE_PATHS = HostPaths(
     credentials="./credentials",
     superlink_state="./state",
     keys="./keys",
     source="${FEDVIT_SOURCE:?set FEDVIT_SOURCE in .env}",
+    supervisor=f"./{SUPERVISOR_FILE}",
 )
 # What the client compose files dial: set per host in its .env, so a bundle moves without being re-rendered.
 ADDRESS_VARIABLE = "${SUPERLINK_ADDRESS:?set SUPERLINK_ADDRESS in .env}"
@@ -187,6 +189,8 @@ def write_bundles(
         writable = ["outputs", "data"] + (["state"] if host == SERVER else ["keys"])
         for name in writable:
             (folder / name).mkdir()
+        if host != SERVER:  # the SuperNode's entrypoint (see supernode_supervisor.py)
+            shutil.copyfile(Path(__file__).with_name(SUPERVISOR_FILE), folder / SUPERVISOR_FILE)
         if encryption_key is not None and host != SERVER:
             write_file(folder / "keys" / KEY_FILE, encryption_key.read_bytes(), private=True)
         document = _compose_document(host, num_supernodes, superlink_address)

@@ -29,19 +29,9 @@ COMPOSE_FILE = "docker-compose.yml"
 GPU_FILE = "docker-compose.gpu.yml"
 DOCKERFILE = "deploy/superexec.Dockerfile"
 CREDENTIALS_DIR = "./deploy/credentials"  # host side, written by `fedvit deploy credentials`
-# flower-supernode exits with Flower's SUPERNODE_CONNECTION_ERROR (305, i.e. status 49) when the SuperLink refuses to
-# activate it. After a crash that is what a restarted SuperNode meets: the SuperLink still counts its node as online
-# until the last heartbeat's patience runs out (Flower 1.41: 2 x 30 s, not configurable), so Docker's restart policy,
-# whose back-off doubles from 0.1 s, kept it down for the rest of a short run. This loop retries every 5 s instead,
-# forwards SIGTERM (so `docker compose stop` still deactivates the node), and passes any other exit on to Docker.
-REJOIN_RETRY_S = 5
-REJOIN_LOOP = (
-    'trap \'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143\' TERM INT; '
-    'while :; do flower-supernode "$@" & child=$!; wait "$child"; code=$?; '
-    '[ "$code" -eq 49 ] || exit "$code"; '
-    f'echo "fedvit: the SuperLink refused activation (after a crash it counts the node online for up to 60 s); '
-    f'retrying in {REJOIN_RETRY_S} s" >&2; sleep {REJOIN_RETRY_S}; done'
-)
+# Every SuperNode runs under supernode_supervisor.py (why: its docstring), mounted read-only from this package.
+SUPERVISOR = "fedvit_app/deployment/supernode_supervisor.py"
+SUPERVISOR_TARGET = "/app/supervisor/supernode_supervisor.py"
 SUPEREXEC_IMAGE = "fedvit-superexec:latest"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 GPU_TORCH_INDEX = "https://download.pytorch.org/whl/cu126"
@@ -85,6 +75,7 @@ class HostPaths:
     credentials: str = CREDENTIALS_DIR
     superlink_state: str = "./deploy/state/superlink"
     keys: str = "./deploy/keys"  # the clients' encryption key folder
+    supervisor: str = f"./{SUPERVISOR}"
     source: str = "."  # build context of the SuperExec image: a fedvit checkout
 
 
@@ -104,7 +95,7 @@ def service(process: Process, layout: Layout, paths: HostPaths = HostPaths()) ->
     if process.program == "fedvit-superexec":  # the image's entrypoint is flower-superexec
         spec["entrypoint"] = [process.program]
     if process.role == "supernode":
-        spec["entrypoint"] = ["/bin/sh", "-c", REJOIN_LOOP.replace("$", "$$"), process.program]  # $$: compose escape
+        spec["entrypoint"] = ["python", SUPERVISOR_TARGET]
     spec["command"] = process.argv[1:]
     if process.env:  # defaults the host's environment can override: VAR=... docker compose up
         spec["environment"] = {name: f"${{{name}:-{value}}}" for name, value in process.env.items()}
@@ -114,6 +105,7 @@ def service(process: Process, layout: Layout, paths: HostPaths = HostPaths()) ->
         spec["volumes"] = [f"{paths.superlink_state}:/app/state"]
     elif process.role == "supernode":
         spec["depends_on"] = ["superlink"]
+        spec["volumes"] = [f"{paths.supervisor}:{SUPERVISOR_TARGET}:ro"]
     elif process.role == "superexec-serverapp":
         spec["depends_on"] = ["superlink"]
         spec["volumes"] = ["./outputs:/app/outputs", "./data:/app/data"]

@@ -1,0 +1,73 @@
+"""Keeps a Flower 1.41 SuperNode connected: the entrypoint of the SuperNode containers (``python <this> args``).
+
+It runs ``flower-supernode args``, echoes its output, and restarts it in the two cases where Flower 1.41 leaves a
+SuperNode out of the federation for good (both measured by tests/test_multihost.py):
+
+* activation refused (exit status 49, Flower's SUPERNODE_CONNECTION_ERROR 305): after a crash the SuperLink still
+  counts the node as online until its last heartbeat's patience runs out (2 x 30 s, not configurable), and Docker's
+  restart back-off, doubling from 0.1 s, kept the node down for the rest of a short run. Retried every 5 s.
+* "Giving up reconnection": when the SuperLink restarts, the SuperNode's next request ends in a TLS EOF, which
+  Flower's retry rule treats as a handshake error; it gives up, and the process stays alive but disconnected, so
+  no restart policy ever sees it. The supervisor stops it and starts a fresh one.
+
+Any other exit is passed on (Docker's restart policy applies); SIGTERM/SIGINT are forwarded, so ``docker compose
+stop`` still lets the SuperNode deactivate itself. Standard library only: it runs in Flower's own image.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ACTIVATION_REFUSED = 305 % 256  # flwr.supercore.exit.ExitCode.SUPERNODE_CONNECTION_ERROR as an exit status
+GAVE_UP = "Giving up reconnection"
+RETRY_S = 5.0
+STOP_GRACE_S = 15.0  # after SIGTERM, a SuperNode that has not exited is killed
+PROGRAM = "flower-supernode"
+
+
+def supervise(argv: list[str], retry_s: float = RETRY_S) -> int:
+    """Run ``argv`` until it exits for a reason a restart would not cure; returns that exit status."""
+    stopping = False
+    child: subprocess.Popen | None = None
+
+    def forward(signum, _frame) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while True:
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        gave_up = False
+        for line in child.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if GAVE_UP in line and not gave_up:
+                gave_up = True
+                say("the SuperNode gave up on the SuperLink but kept running; restarting it")
+                child.terminate()
+                threading.Timer(STOP_GRACE_S, child.kill).start()
+        code = child.wait()
+        if stopping:
+            return code
+        if gave_up:
+            continue
+        if code != ACTIVATION_REFUSED:
+            return code
+        say(f"the SuperLink refused activation (after a crash it counts the node online for up to 60 s); "
+            f"retrying in {retry_s:g} s")  # fmt: skip
+        time.sleep(retry_s)
+
+
+def say(text: str) -> None:
+    print(f"fedvit supervisor: {text}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(supervise([PROGRAM, *sys.argv[1:]]))
