@@ -121,6 +121,7 @@ def join_ray_cluster(address: str, local: bool, env: dict[str, str]) -> int:
         )
         return 2
     env["RAY_ADDRESS"] = address
+    env.setdefault("RAY_DEDUP_LOGS", "0")  # Ray folds log lines that differ only in numbers: keep each placement
     print(f"fedvit: the simulation joins the Ray cluster at {address}", flush=True)
     return 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,8 @@ PLACEMENT = re.compile(r"round (\d+), partition (\d+): on Ray node ([0-9a-f]+)")
 def ray_cluster():
     from ray.cluster_utils import Cluster
 
-    # A short temp dir: Ray's socket paths must fit in 107 bytes.
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     head = {"num_cpus": 1, "num_gpus": 0, "object_store_memory": 150 * 2**20, "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args=head | {"_temp_dir": temp})
+    cluster = Cluster(initialize_head=True, head_node_args=head)  # Ray's default temp dir, /tmp/ray
     try:
         cluster.add_node(num_cpus=1, num_gpus=0, object_store_memory=150 * 2**20)
         cluster.wait_for_nodes()
