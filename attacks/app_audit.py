@@ -131,8 +131,10 @@ def april_status(model: nn.Module, rec: ClientRecipe) -> str | None:
     if vit_structure(model):
         return vit_structure(model)
     if rec.examples != 1 or rec.steps != 1:
-        return f"APRIL's closed forms invert one image's gradient; this update holds {rec.examples} image(s) over " \
-               f"{rec.steps} step(s)"
+        return (
+            f"APRIL's closed forms invert one image's gradient; this update holds {rec.examples} image(s) over "
+            f"{rec.steps} step(s)"
+        )
     return None
 
 
@@ -429,9 +431,11 @@ def audit_app_captures(
     if hidden:
         notes.append(f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded")
     if not exchanges and not hidden:
-        own = " (these are fedvit's own captures: audit them without --model)" if any(
-            captures.rglob("partition-*.json")
-        ) else ""
+        own = (
+            " (these are fedvit's own captures: audit them without --model)"
+            if any(captures.rglob("partition-*.json"))
+            else ""
+        )
         raise AuditInputError(f"no captured train exchanges (node-<id>.json) under {captures}{own}")
     out.mkdir(parents=True, exist_ok=True)
     budget_text = (

@@ -87,9 +87,7 @@ def label_counts_unknown_scale(scaled_grad: np.ndarray, batch_size: int, mean_pr
 
 
 @torch.no_grad()
-def mean_softmax(
-    model: nn.Module, input_shape: tuple[int, int, int], samples: int = 64, seed: int = 0
-) -> np.ndarray:
+def mean_softmax(model: nn.Module, input_shape: tuple[int, int, int], samples: int = 64, seed: int = 0) -> np.ndarray:
     """p̄ as the attacker estimates it: the model's mean softmax on uniform-noise images [C, H, W] in [0, 1]."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand(samples, *input_shape, generator=generator)

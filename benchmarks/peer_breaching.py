@@ -88,7 +88,7 @@ def breaching_reconstruct(
     attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg)
     torch.manual_seed(seed)
     out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
-    images = (out["data"] * torch.as_tensor(std).view(1, -1, 1, 1) + torch.as_tensor(mean).view(1, -1, 1, 1))
+    images = out["data"] * torch.as_tensor(std).view(1, -1, 1, 1) + torch.as_tensor(mean).view(1, -1, 1, 1)
     images = images.clamp(0, 1).double().numpy()
     return Reconstruction(images[0], f"breaching IG, labels {out['labels'].tolist()}", images=tuple(images))
 

@@ -71,8 +71,16 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     spec = spec_from(model)
     overrides = {str(k): str(v) for k, v in values.get("recipe", {}).items()} | _pairs(args.recipe, "--recipe")
     budget = AuditConfig(
-        **{k: v for k, v in (("iterations", args.iterations), ("restarts", args.restarts),
-                              ("max_seconds", args.max_seconds), ("tv", args.tv)) if v is not None}  # fmt: skip
+        **{
+            k: v
+            for k, v in (
+                ("iterations", args.iterations),
+                ("restarts", args.restarts),
+                ("max_seconds", args.max_seconds),
+                ("tv", args.tv),
+            )
+            if v is not None
+        }  # fmt: skip
     )
     if budget.iterations < 1 or budget.restarts < 1 or budget.max_seconds <= 0 or budget.tv < 0:
         raise ValueError("--iterations, --restarts and --max-seconds must be positive, --tv not negative")

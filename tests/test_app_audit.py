@@ -183,7 +183,7 @@ def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_p
     capture_exchange(tmp_path / "cap", 41, 2)
     (tmp_path / "cap" / "fedvit-audit.toml").write_text(
         f'[model]\nfactory = "cnnapp.task:Net"\napp-dir = "{APP}"\n'
-        '[recipe]\nbatch-size = 1\n'
+        "[recipe]\nbatch-size = 1\n"
         '[data]\nloader = "cnnapp_partitions:partition"\npartitions = {"41" = 2}\ndecoy-partitions = "4-20"\n'
     )
     out = tmp_path / "out"

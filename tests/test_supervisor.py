@@ -43,8 +43,10 @@ def standin(tmp_path: Path):
             "COUNTER": str(tmp_path / "count"),
             "BEHAVIOURS": behaviours,
         }
-        code = f"from fedvit_app.deployment import supernode_supervisor as s; import sys; sys.exit(s.supervise(" \
-               f"['flower-supernode', '--superlink', 'x:8000'], retry_s=0.05))"  # fmt: skip
+        code = (
+            "from fedvit_app.deployment import supernode_supervisor as s; import sys; "
+            "sys.exit(s.supervise(['flower-supernode', '--superlink', 'x:8000'], retry_s=0.05))"
+        )
         return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
 
     return start
