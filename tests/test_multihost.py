@@ -38,6 +38,8 @@ PREFIX = "fedvit-mh"  # compose project names: fedvit-mh-server, fedvit-mh-clien
 CONNECTION = "fedvit-mh"
 FIGURES_FILE = ROOT / "benchmarks" / "results" / "multihost-faults.json"
 RUN_TIMEOUT_S = 900
+# Runs compared bit for bit wait until every client is connected (the others let a lost client go).
+ALL_CLIENTS = f"min-nodes={CLIENTS}"
 
 
 def bridge_address() -> str:
@@ -178,7 +180,7 @@ def test_bundles_hold_only_their_own_secrets_and_run_on_their_own_networks(feder
 
 def test_two_rounds_across_hosts(federation):
     start = time.perf_counter()
-    code, output = federation.run("mh-plain", rounds=2)
+    code, output = federation.run("mh-plain", rounds=2, extra=ALL_CLIENTS)
     assert code == 0 and "finished:completed" in output, output[-6000:]
     rounds = metrics(federation.run_dir("mh-plain"))
     for rnd in (1, 2):
@@ -265,11 +267,11 @@ def test_superlink_restart_mid_run_then_resume_is_bit_equal(federation):
         when["restart"] = time.time()
         fed.compose("server", "restart", "superlink")
 
-    code, output = fed.run("mh-superlink", rounds=2, fault=restart)
+    code, output = fed.run("mh-superlink", rounds=2, fault=restart, extra=ALL_CLIENTS)
     figures: dict = {"exit": code, "status": status_line(output)}
     if code != 0:  # the run stopped: resume it from its last checkpoint
         start = time.perf_counter()
-        code, output = fed.run("mh-superlink", rounds=2, extra="resume-from='outputs/mh-superlink'")
+        code, output = fed.run("mh-superlink", rounds=2, extra=f"resume-from='outputs/mh-superlink' {ALL_CLIENTS}")
         figures["resume s"] = round(time.perf_counter() - start, 1)
         assert code == 0 and "finished:completed" in output, output[-6000:]
     fed.figures["SuperLink restarted after round 1"] = figures
@@ -286,12 +288,12 @@ def test_serverapp_executor_crash_fails_the_run_and_resume_is_bit_equal(federati
         os.kill(int(pid), 9)
 
     start = time.perf_counter()
-    code, output = fed.run("mh-executor", rounds=2, fault=crash)
+    code, output = fed.run("mh-executor", rounds=2, fault=crash, extra=ALL_CLIENTS)
     figures: dict = {"exit": code, "status": status_line(output), "until the CLI returned s": 0.0}
     figures["until the CLI returned s"] = round(time.perf_counter() - start, 1)
     assert code != 0, output[-6000:]
     start = time.perf_counter()
-    code, output = fed.run("mh-executor", rounds=2, extra="resume-from='outputs/mh-executor'")
+    code, output = fed.run("mh-executor", rounds=2, extra=f"resume-from='outputs/mh-executor' {ALL_CLIENTS}")
     figures["resume s"] = round(time.perf_counter() - start, 1)
     fed.figures["ServerApp executor SIGKILLed after round 1"] = figures
     print(figures)
