@@ -122,6 +122,31 @@ def test_cli_refuses_a_local_superlink_that_would_reinstall_dependencies(tmp_pat
         fine.kill()
 
 
+def test_ray_address_refuses_a_superlink_that_would_not_join_and_a_deployment(tmp_path, monkeypatch, capsys):
+    """--ray-address works through the local SuperLink's environment: one running without that RAY_ADDRESS would
+    start its own Ray instance, so the run is refused (exit 2) before anything is submitted."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from fedvit_app import cli
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)", "flower-superlink"]
+    env = dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", FLWR_HOME=str(tmp_path))
+    other = subprocess.Popen(sleeper, env=env | {"RAY_ADDRESS": "10.0.0.9:6379"})
+    try:
+        time.sleep(0.5)
+        root = str(Path(__file__).parents[1])
+        assert cli.main(["run", root, "--ray-address", "10.0.0.1:6379"]) == 2
+        assert f"pid {other.pid}) was started without RAY_ADDRESS=10.0.0.1:6379" in capsys.readouterr().err
+        assert cli.main(["run", root, "remote-link", "--ray-address", "10.0.0.1:6379"]) == 2
+        assert "--ray-address is for simulations" in capsys.readouterr().err
+    finally:
+        other.kill()
+
+
 def test_flower_env_finds_this_environments_flower_commands_without_activation():
     import sys
     from pathlib import Path
