@@ -23,6 +23,7 @@ case "$behaviour" in
   refused) exit 49 ;;
   gives-up) echo "WARNING: Giving up reconnection after 0.28 seconds and 2 tries."; trap 'exit 0' TERM; \
             while :; do sleep 0.1; done ;;
+  tls-eof) echo "ERROR: SSL/TLS handshake error detected."; trap 'exit 0' TERM; while :; do sleep 0.1; done ;;
   runs) trap 'echo "deactivated"; exit 0' TERM; while :; do sleep 0.1; done ;;
   *) exit "$behaviour" ;;
 esac
@@ -63,10 +64,10 @@ def test_retries_a_refused_activation_then_passes_other_exits_on(standin):
 
 
 def test_restarts_a_supernode_that_gave_up_but_kept_running(standin):
-    done = standin("gives-up,0")
+    done = standin("gives-up,tls-eof,0")
     out, _ = done.communicate(timeout=30)
     assert done.returncode == 0
-    assert "gave up on the SuperLink but kept running; restarting it" in out and "start 2: 0" in out
+    assert out.count("gave up on the SuperLink but kept running; restarting it") == 2 and "start 3: 0" in out
 
 
 def test_sigterm_reaches_the_supernode_and_ends_the_supervisor(standin):

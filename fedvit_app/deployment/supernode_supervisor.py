@@ -6,9 +6,10 @@ SuperNode out of the federation for good (both measured by tests/test_multihost.
 * activation refused (exit status 49, Flower's SUPERNODE_CONNECTION_ERROR 305): after a crash the SuperLink still
   counts the node as online until its last heartbeat's patience runs out (2 x 30 s, not configurable), and Docker's
   restart back-off, doubling from 0.1 s, kept the node down for the rest of a short run. Retried every 5 s.
-* "Giving up reconnection": when the SuperLink restarts, the SuperNode's next request ends in a TLS EOF, which
-  Flower's retry rule treats as a handshake error; it gives up, and the process stays alive but disconnected, so
-  no restart policy ever sees it. The supervisor stops it and starts a fresh one.
+* it gave up on the SuperLink: when the SuperLink restarts, the SuperNode's next request ends in a TLS EOF, which
+  Flower's retry rule takes for a handshake error ("SSL/TLS handshake error detected", then "Giving up
+  reconnection" when it had retried); it gives up, and the process stays alive but disconnected, so no restart
+  policy ever sees it. The supervisor stops it and starts a fresh one after 5 s.
 
 Any other exit is passed on (Docker's restart policy applies); SIGTERM/SIGINT are forwarded, so ``docker compose
 stop`` still lets the SuperNode deactivate itself. Standard library only: it runs in Flower's own image.
@@ -23,7 +24,7 @@ import threading
 import time
 
 ACTIVATION_REFUSED = 305 % 256  # flwr.supercore.exit.ExitCode.SUPERNODE_CONNECTION_ERROR as an exit status
-GAVE_UP = "Giving up reconnection"
+GAVE_UP = ("SSL/TLS handshake error detected", "Giving up reconnection")  # what Flower 1.41 logs as it gives up
 RETRY_S = 5.0
 STOP_GRACE_S = 15.0  # after SIGTERM, a SuperNode that has not exited is killed
 PROGRAM = "flower-supernode"
@@ -48,7 +49,7 @@ def supervise(argv: list[str], retry_s: float = RETRY_S) -> int:
         for line in child.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
-            if GAVE_UP in line and not gave_up:
+            if not gave_up and any(marker in line for marker in GAVE_UP):
                 gave_up = True
                 say("the SuperNode gave up on the SuperLink but kept running; restarting it")
                 child.terminate()
@@ -56,13 +57,12 @@ def supervise(argv: list[str], retry_s: float = RETRY_S) -> int:
         code = child.wait()
         if stopping:
             return code
-        if gave_up:
-            continue
-        if code != ACTIVATION_REFUSED:
+        if not gave_up and code != ACTIVATION_REFUSED:
             return code
-        say(f"the SuperLink refused activation (after a crash it counts the node online for up to 60 s); "
-            f"retrying in {retry_s:g} s")  # fmt: skip
-        time.sleep(retry_s)
+        if not gave_up:
+            say(f"the SuperLink refused activation (after a crash it counts the node online for up to 60 s); "
+                f"retrying in {retry_s:g} s")  # fmt: skip
+        time.sleep(retry_s)  # also after giving up: a SuperLink that is restarting needs a moment
 
 
 def say(text: str) -> None:
