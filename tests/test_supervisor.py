@@ -20,7 +20,7 @@ n=$(cat "$COUNTER" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$COUNTER"
 behaviour=$(echo "$BEHAVIOURS" | cut -d, -f"$n")
 echo "start $n: $behaviour $*"
 case "$behaviour" in
-  refused) exit 49 ;;
+  refused) printf 'ERROR: Exit Code: 305\nFailed to initialize the connection to the SuperLink.\n'; exit 1 ;;
   gives-up) echo "WARNING: Giving up reconnection after 0.28 seconds and 2 tries."; trap 'exit 0' TERM; \
             while :; do sleep 0.1; done ;;
   tls-eof) echo "ERROR: SSL/TLS handshake error detected."; trap 'exit 0' TERM; while :; do sleep 0.1; done ;;
@@ -79,7 +79,14 @@ def test_sigterm_reaches_the_supernode_and_ends_the_supervisor(standin):
     assert "deactivated" in out and proc.returncode == 0
 
 
-def test_the_exit_status_is_flowers_connection_error():
-    from flwr.supercore.exit import ExitCode
-
-    assert supernode_supervisor.ACTIVATION_REFUSED == ExitCode.SUPERNODE_CONNECTION_ERROR % 256
+def test_the_refusal_marker_is_what_flower_logs_for_its_connection_error():
+    """flwr_exit logs "Exit Code: <code>" and exits with status 1; the supervisor keys on that line. (In a child
+    process: flwr_exit also arms a thread that would end the test run.)"""
+    code = (
+        "from flwr.supercore.exit import ExitCode, flwr_exit; "
+        "flwr_exit(ExitCode.SUPERNODE_CONNECTION_ERROR, 'test', emit_telemetry=False)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    lines = (done.stdout + done.stderr).splitlines()
+    assert any(line.rstrip().endswith(supernode_supervisor.ACTIVATION_REFUSED) for line in lines), lines
