@@ -136,7 +136,7 @@ def _readme(host: str, spec: BundleSpec) -> str:
         f"{common}\n"
         "```bash\n"
         "docker compose build && docker compose up -d\n"
-        "docker compose logs -f   # 'Activated' once the server host has registered this node's key\n"
+        "docker compose logs -f   # 'SuperNode ID: ...' once the server side has registered this node's key\n"
         "```\n\n"
         "Holds: ca.crt, this SuperNode's TLS certificate and key, its authentication key and, for encrypted\n"
         "runs, the clients' shared encryption key (keys/). Never holds another host's private material.\n"
