@@ -21,15 +21,8 @@ def train_fn(msg: Message, context: Context) -> Message:
     images, labels = local_data(context)
     config = msg.content["config"]
     seed = int(context.run_config["seed"]) * 100 + int(config["server-round"])
-    loss = train(
-        model,
-        images,
-        labels,
-        int(config["local-epochs"]),
-        float(config["lr"]),
-        int(context.run_config["batch-size"]),
-        seed,
-    )
+    loss = train(model, images, labels, int(config["local-epochs"]), float(config["lr"]),
+                 int(context.run_config["batch-size"]), seed)
     content = RecordDict(
         {
             "arrays": ArrayRecord(model.state_dict()),
