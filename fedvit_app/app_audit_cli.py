@@ -80,7 +80,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                 ("tv", args.tv),
             )
             if v is not None
-        }  # fmt: skip
+        }
     )
     if budget.iterations < 1 or budget.restarts < 1 or budget.max_seconds <= 0 or budget.tv < 0:
         raise ValueError("--iterations, --restarts and --max-seconds must be positive, --tv not negative")

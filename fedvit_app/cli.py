@@ -77,10 +77,9 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             if run_id is None and (match := RUN_STARTED.search(line)):
                 run_id = match.group(1)
-        if proc.wait() != 0 and run_id is None:
-            return proc.returncode or 1
-    if run_id is None:
-        return 1
+        proc.wait()
+    if run_id is None:  # nothing was submitted: flwr's own error is above
+        return proc.returncode or 1
     status = follow_run(run_id, args.superlink, env)
     print(f"fedvit: run {run_id} {status}", flush=True)
     return 0 if status == "finished:completed" else 1

@@ -17,7 +17,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from fedvit_app.deployment.compose import HEADER, HostPaths, compose_layout, service, to_yaml
+from fedvit_app.deployment.compose import HEADER, HostPaths, compose_document, compose_layout, to_yaml
 from fedvit_app.deployment.credentials import CredentialsError, write_file
 from fedvit_app.deployment.topology import Process, credential_names, processes, supernode_name
 
@@ -66,27 +66,15 @@ def _compose_document(host: str, num_supernodes: int, superlink_address: str) ->
     # On the server host the ServerApp executor dials the SuperLink on their own network; clients dial the address.
     layout = compose_layout(num_supernodes)
     plan = host_processes(processes(layout), host)
+    document = compose_document(f"fedvit-{host}", plan, layout, BUNDLE_PATHS)
     published = superlink_address.rpartition(":")[2]
-    services = {}
     for p in plan:
-        spec = service(p, layout, BUNDLE_PATHS)
+        spec = document["services"][p.name]
         if p.role == "supernode":
             del spec["depends_on"]  # the SuperLink is on another host
-            command = spec["command"]
-            command[command.index("--superlink") + 1] = ADDRESS_VARIABLE
+            spec["command"][spec["command"].index("--superlink") + 1] = ADDRESS_VARIABLE
         if p.role == "superlink":
             spec["ports"] = [f"${{SUPERLINK_PORT:-{published}}}:{layout.superlink_port}"]
-        services[p.name] = spec
-    secret_files = sorted({name for p in plan for name in p.credentials})
-    document = {
-        "name": f"fedvit-{host}",
-        "services": services,
-        "secrets": {name: {"file": f"{BUNDLE_PATHS.credentials}/{name}"} for name in secret_files},
-    }
-    volumes = [v.split(":")[0] for spec in services.values() for v in spec.get("volumes", [])]
-    named = [v for v in volumes if not v.startswith((".", "/", "$"))]
-    if named:
-        document["volumes"] = {v: {} for v in named}
     return document
 
 
@@ -217,8 +205,9 @@ def _bundle_header(host: str) -> str:
 # ---- the secrets check ----------------------------------------------------------------------------------------
 
 
-def _public_bytes(key) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+def _openssh(public_key) -> bytes:
+    """A public key as OpenSSH writes it without a comment: one form for certificates, auth keys, private keys."""
+    return public_key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
 
 
 def _identities(out: Path) -> dict[bytes, str]:
@@ -226,11 +215,11 @@ def _identities(out: Path) -> dict[bytes, str]:
     owners: dict[bytes, str] = {}
     for path in sorted(out.glob("*/credentials/*")):
         if path.suffix == ".crt":
-            cert = x509.load_pem_x509_certificate(path.read_bytes())
-            public = cert.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-            owners[public] = "the CA" if path.name == "ca.crt" else path.stem
+            public = x509.load_pem_x509_certificate(path.read_bytes()).public_key()
+            owners[_openssh(public)] = "the CA" if path.name == "ca.crt" else path.stem
         elif path.name.endswith(".auth.pub"):
-            owners[b" ".join(path.read_bytes().split()[:2])] = path.name.removesuffix(".auth.pub") + " (auth)"
+            public = serialization.load_ssh_public_key(path.read_bytes())
+            owners[_openssh(public)] = path.name.removesuffix(".auth.pub") + " (auth)"
     return owners
 
 
@@ -270,7 +259,7 @@ def check_bundles(out: Path) -> list[str]:
                 problems.append(f"{where}: the clients' encryption key is in the server's bundle")
             for block in PRIVATE_BLOCK.findall(path.read_bytes()):
                 try:
-                    owner = owners.get(b" ".join(_public_bytes(_load_private(block)).split()[:2]), "an unknown party")
+                    owner = owners.get(_openssh(_load_private(block).public_key()), "an unknown party")
                 except (ValueError, TypeError) as err:
                     problems.append(f"{where}: a private key that cannot be read ({err}); remove it")
                     continue

@@ -83,6 +83,11 @@ def _secrets(process: Process, layout: Layout) -> list[dict]:
     return [{"source": name, "target": str(layout.credentials / name)} for name in process.credentials]
 
 
+def client_state_volume(partition_id: int) -> str:
+    """The named volume holding one client's private state (mask seeds, SCAFFOLD's c_i)."""
+    return f"client-state-{partition_id + 1}"
+
+
 def _superexec_build(source: str = ".") -> dict:
     return {"context": source, "dockerfile": DOCKERFILE, "args": {"TORCH_INDEX": CPU_TORCH_INDEX}}
 
@@ -110,7 +115,6 @@ def service(process: Process, layout: Layout, paths: HostPaths = HostPaths()) ->
         spec["depends_on"] = ["superlink"]
         spec["volumes"] = ["./outputs:/app/outputs", "./data:/app/data"]
     else:  # superexec-clientapp: its own private state volume; the encryption key folder (clients only)
-        index = process.partition_id + 1
         spec["depends_on"] = [supernode_name(process.partition_id)]
         spec["environment"] = spec.get("environment", {}) | {
             "FEDVIT_CLIENT_STATE": "/app/state",
@@ -119,7 +123,7 @@ def service(process: Process, layout: Layout, paths: HostPaths = HostPaths()) ->
         spec["volumes"] = [
             "./outputs:/app/outputs",
             "./data:/app/data",
-            f"client-state-{index}:/app/state",
+            f"{client_state_volume(process.partition_id)}:/app/state",
             f"{paths.keys}:/app/keys:ro",
         ]
     # SuperNodes retry until their key is registered (`fedvit deploy register`), then stay up.
@@ -127,18 +131,24 @@ def service(process: Process, layout: Layout, paths: HostPaths = HostPaths()) ->
     return spec
 
 
+def compose_document(name: str, plan: list[Process], layout: Layout, paths: HostPaths = HostPaths()) -> dict:
+    """A compose project of ``plan``'s processes: their services, the secrets they read, their state volumes."""
+    secret_files = sorted({secret for p in plan for secret in p.credentials})
+    document = {
+        "name": name,
+        "services": {p.name: service(p, layout, paths) for p in plan},
+        "secrets": {secret: {"file": f"{paths.credentials}/{secret}"} for secret in secret_files},
+    }
+    volumes = [client_state_volume(p.partition_id) for p in plan if p.role == "superexec-clientapp"]
+    if volumes:
+        document["volumes"] = {volume: {} for volume in volumes}
+    return document
+
+
 def render(num_supernodes: int = 5, superlink_address: str | None = None) -> dict:
     """The compose document as a dict."""
     layout = compose_layout(num_supernodes, superlink_address)
-    plan = processes(layout)
-    services = {p.name: service(p, layout) for p in plan}
-    secret_files = sorted({name for p in plan for name in p.credentials})
-    return {
-        "name": "fedvit",
-        "services": services,
-        "secrets": {name: {"file": f"{CREDENTIALS_DIR}/{name}"} for name in secret_files},
-        "volumes": {f"client-state-{i + 1}": {} for i in range(num_supernodes)},
-    }
+    return compose_document("fedvit", processes(layout), layout)
 
 
 def render_gpu(num_supernodes: int = 5) -> dict:
