@@ -43,7 +43,7 @@ from attacks.app_captures import (
 )
 from attacks.april import EPS_RANK, lstsq, unpatchify
 from attacks.audit import save_grid, score
-from attacks.inversion import MatchProblem, optimise, steps_note
+from attacks.inversion import MatchProblem, noise_start, optimise, steps_note
 from attacks.labels import best_counts, label_accuracy, label_counts_unknown_scale, mean_softmax
 from attacks.model_spec import ModelSpec, import_callable
 from attacks.observation import ClientRecipe, Reconstruction
@@ -251,7 +251,8 @@ def invert_app_update(
     else:
         labels, learn, label_note = torch.zeros(rec.examples, num_classes), True, "labels learned"
     generator = torch.Generator().manual_seed(seed)
-    starts = torch.rand(budget.restarts, rec.examples, *spec.input_shape, generator=generator)
+    shape = (budget.restarts, rec.examples, *spec.input_shape)
+    starts = noise_start(budget.init, shape, model, generator)  # normalize reads only the model's statistics
     names = [n for n, _ in model.named_parameters()]
     problem = MatchProblem(
         model=model,
@@ -273,32 +274,83 @@ def invert_app_update(
 # ---------------------------------------------------------------------------- the user's data
 
 
+def is_dataset_name(source: str) -> bool:
+    """A fedvit ``data.name`` (synthetic, cifar10, imagefolder:PATH) rather than a ``package.module:loader``."""
+    return source in ("synthetic", "cifar10") or source.startswith("imagefolder:")
+
+
 @dataclasses.dataclass(frozen=True)
 class UserData:
-    """The user's loader (``callable(partition_id) -> (images [N, C, H, W] in [0, 1], labels [N])``), the
-    node → partition mapping, and the partitions that serve as decoys."""
+    """The client data that scores reconstructions, and the node → partition mapping.
 
-    loader: str
+    ``source`` is either the user's loader (``package.module:callable``, ``callable(partition_id) -> (images
+    [N, C, H, W] in [0, 1], labels [N])``; decoys: the other partitions named in ``partitions`` and
+    ``decoy_partitions``) or a fedvit dataset name as ``data.name`` takes it, partitioned as fedvit's own app
+    partitions it (``settings``: further ``data.*`` keys and ``seed``; ``num_partitions``, else the count the
+    captured node config recorded; decoys: the dataset's test split)."""
+
+    source: str
     partitions: dict[str, int]
     decoy_partitions: tuple[int, ...] = ()
     app_dir: str | None = None
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    num_partitions: int | None = None
+    image_size: int = 32  # a named dataset's images are resized to the model's input (square)
     _loaded: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
 
-    def load(self, partition: int) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def named(self) -> bool:
+        return is_dataset_name(self.source)
+
+    def config(self) -> Any:
+        """The fedvit Config of a named dataset (its errors name the key that is wrong)."""
+        from core.config import ConfigError, parse_config
+
+        keys = {("seed" if k == "seed" else f"data.{k}"): v for k, v in self.settings.items()}
+        try:
+            return parse_config({"data.name": self.source} | keys)
+        except ConfigError as err:
+            raise AuditInputError(f"--data {self.source}: {err}") from None
+
+    def load(self, partition: int, recorded_partitions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One partition's images and labels, each partition loaded once per audit."""
         if partition not in self._loaded:
-            images, labels = import_callable(self.loader, self.app_dir, "--data")(partition)
+            if self.named:
+                images, labels = self._named_partition(partition, self.num_partitions or recorded_partitions)
+            else:
+                images, labels = import_callable(self.source, self.app_dir, "--data")(partition)
             images = np.asarray(images, dtype=np.float64)
             if images.ndim != 4 or images.min() < 0 or images.max() > 1:
-                raise AuditInputError(f"--data {self.loader}({partition}) must return images [N, C, H, W] in [0, 1]")
+                raise AuditInputError(f"--data {self.source}({partition}) must return images [N, C, H, W] in [0, 1]")
             self._loaded[partition] = (images, np.asarray(labels, dtype=np.int64))
         return self._loaded[partition]
 
+    def _named_partition(self, partition: int, count: int | None) -> tuple[np.ndarray, np.ndarray]:
+        from core.data import DatasetUnavailableError, client_data
+
+        if count is None:
+            raise AuditInputError(
+                f"--data {self.source}: how many partitions the data was split into is unknown (the captures did "
+                "not record the node config's num-partitions): give --num-partitions"
+            )
+        config = self.config()
+        try:
+            part = client_data(config.data, config.seed, partition, count)
+        except (DatasetUnavailableError, ValueError) as err:
+            raise AuditInputError(f"--data {self.source}, partition {partition} of {count}: {err}") from None
+        x, y = part.images.batch(part.train, self.image_size)
+        return x.numpy(), y.numpy()
+
 
 def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
-    """Decoys for partition ``own``: every image of the other partitions (mapped and decoy), at most 99."""
+    """Decoys for partition ``own``: a named dataset's test split (99 images), else every image of the other
+    partitions (mapped and decoy), at most 99."""
+    if data.named:
+        from attacks.reidentification import gallery_from_test_split
+
+        return gallery_from_test_split(data.config(), int(size[-1]))
     decoys = []
     for pid in sorted(set(data.partitions.values()) | set(data.decoy_partitions)):
         if pid != own:
@@ -306,7 +358,7 @@ def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
             decoys.extend(im for im in images if im.shape == tuple(size))
     decoys = decoys[:DEFAULT_DECOYS]
     stacked = np.stack(decoys) if decoys else np.zeros((0, *size))
-    return Gallery(stacked, f"{len(decoys)} images of other partitions ({data.loader})")
+    return Gallery(stacked, f"{len(decoys)} images of other partitions ({data.source})")
 
 
 # ---------------------------------------------------------------------------- the report
@@ -461,13 +513,18 @@ def audit_app_captures(
         )
         truth, partition = None, None if data is None else data.partitions.get(str(ex.node), ex.partition)
         if partition is not None:
-            truth, own_labels = data.load(partition)
+            truth, own_labels = data.load(partition, ex.num_partitions)
             gallery = gallery_for(data, partition, truth.shape[1:])
             scored = {name: score(rec, truth, gallery) for name, rec in reconstructions.items()}
             best = max(scored, key=lambda name: scored[name]["psnr"])  # the row reports the strongest attack
             row |= {k: scored[best][k] for k in SCORE_FIELDS} | {"partition": partition, "best-attack": best}
             row["per-attack"] = {name: {k: v[k] for k in ("psnr", "reid-top1")} for name, v in scored.items()}
-            if counts is not None:
+            if len(truth) != row["examples"]:  # which of the partition's images the update used is unknown
+                notes.append(
+                    f"{ex.label}: partition {partition} holds {len(truth)} images, the update {row['examples']}: "
+                    "each reconstruction is scored against its closest partition image (optimistic); labels unscored"
+                )
+            elif counts is not None:
                 row["label-accuracy"] = label_accuracy(counts, own_labels)
         elif data is not None:
             notes.append(f"{ex.label}: no partition known for node {ex.node} (give --partition NODE=ID): unscored")

@@ -35,6 +35,7 @@ class Exchange:
     round: int
     node: Any
     partition: int | None  # where the capture knew it (capture_mod records the node config)
+    num_partitions: int | None  # the node config's num-partitions, where recorded
     received: dict[str, np.ndarray]
     sent: dict[str, np.ndarray]
     received_config: dict[str, Any]
@@ -93,6 +94,7 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
             skipped.append(f"{stem}: no arrays in one direction")
             continue
         partition = manifest.get("partition")
+        num_partitions = (manifest.get("node-config") or {}).get("num-partitions")
         exchanges.append(
             Exchange(
                 stem=stem,
@@ -100,6 +102,7 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
                 round=int(manifest.get("round", 0)),
                 node=manifest.get("node"),
                 partition=None if partition in (None, "") else int(partition),
+                num_partitions=None if num_partitions in (None, "") else int(num_partitions),
                 received=_model_arrays(received, stem, "received"),
                 sent=_model_arrays(sent, stem, "sent"),
                 received_config=_merged(manifest.get("received", {}).get("config", {})),

@@ -202,7 +202,18 @@ def initial_images(
     generator = torch.Generator().manual_seed(obs.config.seed * 1000 + restart)
     if budget.init == "test-split":
         return test_split_start(obs, rec.examples, h, labels, generator), "test-split start (stronger threat model)"
-    return torch.rand(rec.examples, c, h, w, generator=generator), "random start"
+    model = received_model(obs) if budget.init == "gaussian" else None
+    return noise_start(budget.init, (rec.examples, c, h, w), model, generator), "random start"
+
+
+def noise_start(init: str, shape: tuple[int, ...], model: nn.Module | None, generator: torch.Generator) -> torch.Tensor:
+    """Random candidate pixels in [0, 1]: uniform ("noise"), or N(0, 1) on the model's normalised scale clamped to
+    the pixel box ("gaussian", breaching's start: most mass near the mean, many saturated pixels)."""
+    if init != "gaussian":
+        return torch.rand(*shape, generator=generator)
+    normalised = torch.randn(*shape, generator=generator)
+    zero, one = normalize(model, torch.zeros(1, shape[-3], 1, 1)), normalize(model, torch.ones(1, shape[-3], 1, 1))
+    return ((normalised - zero) / (one - zero)).clamp(0, 1)  # normalize is affine: invert it per channel
 
 
 def test_split_start(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import sys
@@ -85,21 +86,38 @@ def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, ba
     return breaching_reconstruct(model, spec.input_shape, spec.mean, spec.std, 10, gradient, batch, steps, seed)
 
 
-FEDVIT_OPTIONS: dict[str, float] = {}  # audit.* overrides for fedvit's attack (--fedvit tv=0.2)
+def variant_options(text: str) -> dict[str, float | str]:
+    """``"tv=0.4,init=gaussian"`` -> AuditConfig overrides (numbers as floats); ``""`` -> fedvit's defaults."""
+    options: dict[str, float | str] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            options[key.strip().replace("-", "_")] = float(value)
+        except ValueError:
+            options[key.strip().replace("-", "_")] = value.strip()
+    return options
 
 
 def fedvit_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch: int, steps: int,
-                  seed: int) -> Reconstruction:  # fmt: skip
+                  seed: int, options: dict[str, float | str]) -> Reconstruction:  # fmt: skip
     """fedvit's audit of a third-party model (``fedvit audit --model``): its labels, then its optimisation."""
     rec = ClientRecipe(batch, batch, 1, 0.0, 0.0, 0.0, 0, True)
     counts, _ = recover_app_labels(model, spec, gradient, AppRecipe(rec, True, {}))
-    budget = AuditConfig(iterations=steps, restarts=1, max_seconds=math.inf, **FEDVIT_OPTIONS)
+    budget = AuditConfig(iterations=steps, restarts=1, max_seconds=math.inf, **options)
     images = invert_app_update(model, spec, gradient, rec, counts, budget, torch.device("cpu"), seed=seed)
     return Reconstruction(images.image, f"{images.note}; labels {counts.nonzero()[0].tolist()}", images.images)
 
 
-def run_cell(model, spec, train, gallery, batch: int, updates: int, steps: int, seed: int) -> list[dict]:
+def tool_name(variant: str) -> str:
+    return f"fedvit {variant}".strip()
+
+
+def run_cell(model, spec, train, gallery, batch: int, updates: int, steps: int, seed: int,
+             variants: list[str]) -> list[dict]:  # fmt: skip
+    """Each tool (every fedvit variant, then breaching) on ``updates`` FedSGD updates of ``batch`` train images."""
     rows = []
+    tools = {tool_name(v): functools.partial(fedvit_invert, options=variant_options(v)) for v in variants}
+    tools["breaching IG"] = breaching_invert
     rng = np.random.default_rng(seed)
     attacked = attack_copy(model, {n: t.numpy() for n, t in model.state_dict().items()})
     for k in range(updates):
@@ -107,7 +125,7 @@ def run_cell(model, spec, train, gallery, batch: int, updates: int, steps: int, 
         x, y = train.batch(idx, spec.input_shape[1])
         gradient = client_gradient(model, x, y)
         truths = x.double().numpy()
-        for tool, attack in (("fedvit", fedvit_invert), ("breaching IG", breaching_invert)):
+        for tool, attack in tools.items():
             start = time.perf_counter()
             rec = attack(attacked, spec, gradient, batch, steps, seed=k)
             seconds = time.perf_counter() - start
@@ -128,12 +146,15 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2, help="updates per cell")
     parser.add_argument("--batch-sizes", default="1,4", help="B = 1 becomes 2 for models with BatchNorm (see below)")
     parser.add_argument("--train-epochs", type=int, default=15, help="central training of the 'trained' weights")
-    parser.add_argument("--fedvit", action="append", default=[], help="KEY=VALUE for fedvit's AuditConfig, e.g. tv=0.2")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        help="fedvit's AuditConfig overrides, e.g. "
+        "'tv=0.4,init=gaussian' (repeatable; '' = its defaults, the only variant when none is given)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peer-models.json")
     args = parser.parse_args()
-    for item in args.fedvit:
-        key, value = item.split("=", 1)
-        FEDVIT_OPTIONS[key.replace("-", "_")] = float(value)
+    variants = args.variant or [""]
     config = parse_config({"data.name": f"imagefolder:{args.data.resolve()}"})
     train, test = load_dataset(config.data, config.seed, "train"), load_dataset(config.data, config.seed, "test")
     gallery = gallery_from_test_split(config, 32)
@@ -150,8 +171,8 @@ def main() -> None:
                 if batch == 1 and has_batchnorm(model):  # torch refuses BatchNorm training on one 1x1 map
                     batch = 2
                 print(f"{name}, {weights} weights, B={batch}:", flush=True)
-                rows = run_cell(model, spec, train, gallery, batch, args.updates, args.steps, seed=batch)
-                for tool in ("fedvit", "breaching IG"):
+                rows = run_cell(model, spec, train, gallery, batch, args.updates, args.steps, batch, variants)
+                for tool in [*map(tool_name, variants), "breaching IG"]:
                     mine = [r for r in rows if r["tool"] == tool]
                     results.append(
                         {"model": name, "weights": weights, "batch": batch, "tool": tool, "steps": args.steps,

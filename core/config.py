@@ -24,7 +24,7 @@ CLIENT_EVAL = ("split", "test-shard")
 ENCRYPTION_MODES = ("off", "paper", "private-init")
 ROBUST_ATTACKS = ("pgd", "autoattack")
 AUTOATTACK_VERSIONS = ("standard", "apgd")  # clients/autoattack.py
-AUDIT_INIT = ("noise", "test-split")  # attacks/inversion.py: where the optimisation attack's restarts start
+AUDIT_INIT = ("noise", "gaussian", "test-split")  # attacks/inversion.py: where the optimisation attack's restarts start
 AUDIT_KEEP = ("match", "objective")  # attacks/inversion.py: which candidate the optimisation attack returns
 AUDIT_PRIOR_SCHEDULE = ("constant", "cosine")  # attacks/inversion.py: the image priors' weight over the steps
 DP_MODES = ("off", "central", "local")
@@ -186,7 +186,9 @@ class AuditConfig:
     starts the first restart from APRIL-E's closed form where it applies (one image, FedSGD, position gradient);
     ``keep`` picks the candidate returned: the lowest gradient match ("match") or the lowest total objective,
     match plus TV ("objective", as breaching does); ``patch-tv`` weights GradViT's patch-border prior; ``init``
-    starts from uniform noise or, a stronger threat model, from test-split images of the recovered classes;
+    starts from uniform noise, from Gaussian noise on the normalised scale (N(0, 1) after the model's
+    normalisation, clamped to the pixel box: breaching's start) or, a stronger threat model, from test-split
+    images of the recovered classes;
     ``group-weight`` > 0 pulls each restart towards the restarts' registered mean from half-way
     (group consistency, Yin et al. 2021); ``prior-schedule`` = "cosine" scales the image priors (TV, patch-border
     TV) by ½(1 + cos(π·t/T)) at step t of T: strong early, gradient matching alone at the end (loss scheduling
@@ -214,6 +216,7 @@ class AuditConfig:
             f"lowest {'gradient match' if self.keep == 'match' else 'total objective'}"
             + (f", patch-border TV {self.patch_tv:g}" if self.patch_tv else "")
             + (", starts from test-split images of the recovered classes" if self.init == "test-split" else "")
+            + (", starts from Gaussian noise on the normalised scale" if self.init == "gaussian" else "")
             + (f", group consistency {self.group_weight:g}" if self.group_weight else "")
             + (", priors on a cosine schedule" if self.prior_schedule == "cosine" else "")
         )

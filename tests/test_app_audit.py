@@ -57,7 +57,7 @@ def capture_exchange(root: Path, node: int, partition: int, server_round: int = 
 def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_partitions(tmp_path):
     for node, partition in ((11, 0), (12, 1), (13, 2), (14, 3)):  # B = 1, 2, 3, 4: one local step each
         capture_exchange(tmp_path / "cap", node, partition)
-    data = UserData(DATA.loader, {"11": 0, "12": 1, "13": 2, "14": 3}, DATA.decoy_partitions, DATA.app_dir)
+    data = UserData(DATA.source, {"11": 0, "12": 1, "13": 2, "14": 3}, DATA.decoy_partitions, DATA.app_dir)
     report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data)
     rows = {r["update"]: r for r in report["rows"]}
     assert len(rows) == 4
@@ -197,7 +197,50 @@ def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_p
     assert "cannot import 'nowhere.mod'" in capsys.readouterr().err
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--model", "cnnapp.task:Net",
                  "--partition", "41=2"]) == 2  # fmt: skip
-    assert "--partition needs --data" in capsys.readouterr().err
+    assert "need --data (the clients' data)" in capsys.readouterr().err
+
+
+def test_a_dataset_name_scores_against_fedvits_partition_and_its_test_split(tmp_path, capsys):
+    """``--data synthetic``: the partition is fedvit's (as its own app splits the data, node config's
+    num-partitions from the capture), decoys the test split; bad settings and a missing count are refused."""
+    from core.config import parse_config
+    from core.data import client_data
+    from fedvit_app.cli import main
+
+    settings = {"synthetic-train-size": 40}
+    config = parse_config({"data.name": "synthetic", "data.synthetic-train-size": 40})
+    part = client_data(config.data, config.seed, 2, 10)
+    x, y = part.images.batch(part.train, 32)
+    model = Net()
+    torch.nn.functional.cross_entropy(model((x - 0.5) / 0.5), y).backward()
+    instruction = Message(RecordDict({"arrays": ArrayRecord(model.state_dict())}), dst_node_id=51, message_type="train")
+    grads = ArrayRecord({n: p.grad for n, p in model.named_parameters()})
+    reply = Message(
+        RecordDict({"arrays": grads, "metrics": MetricRecord({"num-examples": len(y)})}), reply_to=instruction
+    )
+    for node, node_config in ((51, {"partition-id": 2, "num-partitions": 10}), (52, {})):
+        stem = capture_stem(tmp_path / "cap" / str(node), 6, 1, node, "train")
+        head = {"run-id": 6, "round": 1, "node": node, "partition": 2, "node-config": node_config, "run_config": {}}
+        add_direction(stem, "received", instruction, **head)
+        add_direction(stem, "sent", reply, **head)
+
+    data = UserData("synthetic", {}, settings=settings, image_size=32)
+    assert np.array_equal(data.load(2, 10)[0], x.numpy())  # exactly the images the client trained on
+    report = audit_app_captures(tmp_path / "cap" / "51", tmp_path / "out", SPEC, BUDGET, data=data)
+    (row,) = report["rows"]
+    assert row["partition"] == 2 and row["reid-gallery"] == 100 and row["psnr"] is not None
+    assert row["label-accuracy"] == 1.0 and not report["notes"]
+    with pytest.raises(AuditInputError, match="give --num-partitions"):
+        audit_app_captures(tmp_path / "cap" / "52", tmp_path / "out", SPEC, BUDGET, data=UserData("synthetic", {}))
+    base = ["audit", str(tmp_path / "cap" / "52"), "--out", str(tmp_path / "out"), "--model", "cnnapp.task:Net",
+            "--app-dir", str(APP), "--iterations", "2", "--restarts", "1", "--data", "synthetic"]  # fmt: skip
+    assert main([*base, "--data-option", "partitioner=nope"]) == 2
+    assert "data.partitioner" in capsys.readouterr().err
+    assert main([*base, "--num-partitions", "10", "--data-option", "synthetic-train-size=40"]) == 0
+    (row,) = json.loads((tmp_path / "out" / "audit.json").read_text())["rows"]
+    assert row["partition"] == 2 and row["reid-gallery"] == 100
+    assert main([*base[:-1], "cnnapp_partitions:partition", "--num-partitions", "10"]) == 2
+    assert "apply to a dataset name" in capsys.readouterr().err
 
 
 def test_april_runs_on_a_users_vit_for_one_image_and_is_refused_for_a_batch(tmp_path):

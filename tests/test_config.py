@@ -29,7 +29,7 @@ from fedvit_app.run_config import check_config
         ("robust.eps-255", 0.0, "(0, 255]"),
         ("robust.eps-255", -8.0, "(0, 255]"),
         ("audit.keep", "last", "match, objective"),
-        ("audit.init", "imagenet", "noise, test-split"),
+        ("audit.init", "imagenet", "noise, gaussian, test-split"),
         ("audit.prior-schedule", "linear", "constant, cosine"),
         ("audit.patch-tv", -0.1, ">= 0"),
     ],
