@@ -108,6 +108,19 @@ def vit_structure(model: nn.Module) -> str | None:
     return "no patch embedding and position embedding (APRIL's closed forms need a ViT's)"
 
 
+VIT_TV, OTHER_TV = 0.05, 0.4  # the TV weights that did best per model family (benchmarks/README.md, peer tables)
+
+
+def model_tv(model: nn.Module) -> float:
+    """The total-variation weight for the optimisation attack on ``model``: fedvit's ViT-tuned 0.05 where the model
+    has a ViT's embeddings, else 0.4 (breaching's weight in fedvit's units), which led on a CNN and a ResNet-18."""
+    return VIT_TV if vit_structure(model) is None else OTHER_TV
+
+
+def tv_reason(model: nn.Module) -> str:
+    return "tuned on ViTs" if vit_structure(model) is None else "the weight that led on CNNs; not a ViT"
+
+
 def embedding_route(model: nn.Module, spec: ModelSpec, gradient: dict[str, np.ndarray]) -> Reconstruction:
     """APRIL-E on the user's ViT (april.md §3.1, as :func:`attacks.april.embedding_route`): X = (G_pᵀ)⁺ ∂L/∂W_E
     from the position- and patch-embedding gradients of one image; ``gradient`` may be off by a scale
@@ -472,9 +485,11 @@ def audit_app_captures(
     sent_as: str = "auto",
     data: UserData | None = None,
     device: str = "auto",
+    tv_by_model: bool = False,
 ) -> dict[str, Any]:
     """Audit every captured train exchange under ``captures`` with the user's model; writes ``audit.md``,
-    ``audit.json`` and ``grid.png`` under ``out`` and returns the report."""
+    ``audit.json`` and ``grid.png`` under ``out`` and returns the report. ``tv_by_model``: the TV weight is
+    :func:`model_tv`'s choice for the model, not ``budget.tv``."""
     if not captures.exists():
         raise AuditInputError(f"no such folder: {captures}")
     exchanges, skipped = load_exchanges(captures)
@@ -490,17 +505,20 @@ def audit_app_captures(
         )
         raise AuditInputError(f"no captured train exchanges (node-<id>.json) under {captures}{own}")
     out.mkdir(parents=True, exist_ok=True)
+    tv_note = ""
+    if exchanges:
+        base = spec.build(num_classes=int(list(exchanges[0].received.values())[-1].shape[0]))
+        print(f"audit: {len(exchanges)} captured update(s) under {captures}; model {spec.factory}", flush=True)
+        if tv_by_model:
+            budget, tv_note = dataclasses.replace(budget, tv=model_tv(base)), f" ({tv_reason(base)}; --tv sets it)"
     budget_text = (
         f"{budget.iterations} Adam steps × {budget.restarts} restart(s), ≤ {budget.max_seconds:g} s per update, "
-        f"step {budget.lr:g}, TV {budget.tv:g}, keeps the lowest "
+        f"step {budget.lr:g}, TV {budget.tv:g}{tv_note}, keeps the lowest "
         + ("gradient match" if budget.keep == "match" else "total objective")
     )
     report: dict[str, Any] = {"captures": str(captures), "model": spec.describe(), "budget": budget_text}
     rows, grid_items = [], []
     run_device = resolve_device(device)
-    if exchanges:
-        base = spec.build(num_classes=int(list(exchanges[0].received.values())[-1].shape[0]))
-        print(f"audit: {len(exchanges)} captured update(s) under {captures}; model {spec.factory}", flush=True)
     for index, ex in enumerate(exchanges, 1):
         prefix = f"audit: [{index}/{len(exchanges)}] {ex.label}:"
 

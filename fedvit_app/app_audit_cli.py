@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--iterations", type=int, help="Adam steps per restart (default 1500)")
     g.add_argument("--restarts", type=int, help="random starts (default 2)")
     g.add_argument("--max-seconds", type=float, help="wall-clock cap per update (default 90)")
-    g.add_argument("--tv", type=float, help="total-variation prior weight (default 0.05; 0.2 did better on a CNN)")
+    g.add_argument("--tv", type=float, help="total-variation prior weight (default by model: 0.05 for a ViT, "
+                   "0.4 otherwise; benchmarks/README.md)")  # fmt: skip
     g.add_argument("--device", default="auto", help="auto (CUDA where there is one), cpu or cuda")
 
 
@@ -144,7 +145,7 @@ def audit_app(args: argparse.Namespace) -> int:
         chosen = options(args)
         audit_app_captures(
             args.captures, args.out, chosen["spec"], chosen["budget"], chosen["overrides"], args.sent,
-            chosen["data"], args.device,
+            chosen["data"], args.device, tv_by_model=args.tv is None,
         )  # fmt: skip
     except (AuditInputError, SpecError, ValueError, FileNotFoundError) as err:
         print(f"fedvit audit: {err}", file=sys.stderr)
