@@ -11,9 +11,13 @@ mode (BatchNorm on batch statistics); both attackers get the same copy, which co
 
     uv run --frozen python -m benchmarks.natural_images outputs/natural-32
     uv run --frozen --group peer python -m benchmarks.peer_models --data outputs/natural-32 --models cnn \
-        --steps 600 --updates 2 --out benchmarks/results/peer-models-cnn.json
+        --steps 600 --updates 8 --variant tv=0.05 --variant tv=0.2 --variant tv=0.4 \
+        --out benchmarks/results/peer-models-cnn.json
     uv run --frozen --group peer python -m benchmarks.peer_models --data outputs/natural-32 --models resnet18 \
-        --steps 600 --updates 1 --out benchmarks/results/peer-models-resnet18.json
+        --steps 600 --updates 1 --variant tv=0.05 --variant tv=0.2 --variant tv=0.4 \
+        --out benchmarks/results/peer-models-resnet18.json
+
+Every ``--variant`` (``audit.*`` overrides; ``''`` = what ``fedvit audit --model`` does) attacks the same updates.
 """
 
 from __future__ import annotations
