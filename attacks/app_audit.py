@@ -48,7 +48,7 @@ from attacks.labels import best_counts, label_accuracy, label_counts_unknown_sca
 from attacks.model_spec import ModelSpec, import_callable
 from attacks.observation import ClientRecipe, Reconstruction
 from attacks.reidentification import DEFAULT_DECOYS, Gallery
-from core.config import AuditConfig
+from core.config import AuditConfig, is_dataset_name
 from core.model import normalize, resolve_device
 
 WEIGHTS_DISTANCE = 0.5  # ‖sent − received‖ / ‖received‖ below this: the reply is weights, above: a gradient
@@ -111,14 +111,12 @@ def vit_structure(model: nn.Module) -> str | None:
 VIT_TV, OTHER_TV = 0.05, 0.4  # the TV weights that did best per model family (benchmarks/README.md, peer tables)
 
 
-def model_tv(model: nn.Module) -> float:
-    """The total-variation weight for the optimisation attack on ``model``: fedvit's ViT-tuned 0.05 where the model
-    has a ViT's embeddings, else 0.4 (breaching's weight in fedvit's units), which led on a CNN and a ResNet-18."""
-    return VIT_TV if vit_structure(model) is None else OTHER_TV
-
-
-def tv_reason(model: nn.Module) -> str:
-    return "tuned on ViTs" if vit_structure(model) is None else "the weight that led on CNNs; not a ViT"
+def model_tv(model: nn.Module) -> tuple[float, str]:
+    """The total-variation weight for the optimisation attack on ``model`` and why: fedvit's ViT-tuned 0.05 where the
+    model has a ViT's embeddings, else 0.4 (breaching's weight in fedvit's units), which led on a CNN."""
+    if vit_structure(model) is None:
+        return VIT_TV, "tuned on ViTs"
+    return OTHER_TV, "the weight that led on CNNs; not a ViT"
 
 
 def embedding_route(model: nn.Module, spec: ModelSpec, gradient: dict[str, np.ndarray]) -> Reconstruction:
@@ -287,11 +285,6 @@ def invert_app_update(
 # ---------------------------------------------------------------------------- the user's data
 
 
-def is_dataset_name(source: str) -> bool:
-    """A fedvit ``data.name`` (synthetic, cifar10, imagefolder:PATH) rather than a ``package.module:loader``."""
-    return source in ("synthetic", "cifar10") or source.startswith("imagefolder:")
-
-
 @dataclasses.dataclass(frozen=True)
 class UserData:
     """The client data that scores reconstructions, and the node → partition mapping.
@@ -312,6 +305,7 @@ class UserData:
     _loaded: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
+    _galleries: dict[int, Gallery] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def named(self) -> bool:
@@ -360,10 +354,12 @@ class UserData:
 def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
     """Decoys for partition ``own``: a named dataset's test split (99 images), else every image of the other
     partitions (mapped and decoy), at most 99."""
-    if data.named:
+    if data.named:  # the same decoys for every partition: built once per audit
         from attacks.reidentification import gallery_from_test_split
 
-        return gallery_from_test_split(data.config(), int(size[-1]))
+        if size[-1] not in data._galleries:
+            data._galleries[size[-1]] = gallery_from_test_split(data.config(), int(size[-1]))
+        return data._galleries[size[-1]]
     decoys = []
     for pid in sorted(set(data.partitions.values()) | set(data.decoy_partitions)):
         if pid != own:
@@ -510,7 +506,8 @@ def audit_app_captures(
         base = spec.build(num_classes=int(list(exchanges[0].received.values())[-1].shape[0]))
         print(f"audit: {len(exchanges)} captured update(s) under {captures}; model {spec.factory}", flush=True)
         if tv_by_model:
-            budget, tv_note = dataclasses.replace(budget, tv=model_tv(base)), f" ({tv_reason(base)}; --tv sets it)"
+            tv, why = model_tv(base)
+            budget, tv_note = dataclasses.replace(budget, tv=tv), f" ({why}; --tv sets it)"
     budget_text = (
         f"{budget.iterations} Adam steps × {budget.restarts} restart(s), ≤ {budget.max_seconds:g} s per update, "
         f"step {budget.lr:g}, TV {budget.tv:g}{tv_note}, keeps the lowest "

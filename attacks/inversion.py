@@ -188,11 +188,17 @@ def madry_simulator(obs: Observation, model: nn.Module, count: int) -> Callable 
 
 
 def initial_images(
-    obs: Observation, rec: ClientRecipe, restart: int, budget: AuditConfig, labels: torch.Tensor | None = None
+    obs: Observation,
+    model: nn.Module,
+    rec: ClientRecipe,
+    restart: int,
+    budget: AuditConfig,
+    labels: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, str]:
     """Restart 0 starts from APRIL-E's closed form where it applies (one image, FedSGD, position-embedding
-    gradient sent); every other start is seeded uniform noise, or with ``audit.init = "test-split"`` test-split
-    images of the recovered classes (``labels``: one per candidate; random test images where unknown)."""
+    gradient sent); every other start is seeded noise (:func:`noise_start`; ``model``: the attack's copy, whose
+    normalisation the Gaussian start inverts), or with ``audit.init = "test-split"`` test-split images of the
+    recovered classes (``labels``: one per candidate; random test images where unknown)."""
     c, h, w, _ = image_geometry(obs)
     closed_form = budget.closed_form_start and rec.examples == 1 and rec.sends_gradient
     if restart == 0 and closed_form and obs.masks is None and obs.update[POS_EMBED].any():
@@ -202,11 +208,10 @@ def initial_images(
     generator = torch.Generator().manual_seed(obs.config.seed * 1000 + restart)
     if budget.init == "test-split":
         return test_split_start(obs, rec.examples, h, labels, generator), "test-split start (stronger threat model)"
-    model = received_model(obs) if budget.init == "gaussian" else None
     return noise_start(budget.init, (rec.examples, c, h, w), model, generator), "random start"
 
 
-def noise_start(init: str, shape: tuple[int, ...], model: nn.Module | None, generator: torch.Generator) -> torch.Tensor:
+def noise_start(init: str, shape: tuple[int, ...], model: nn.Module, generator: torch.Generator) -> torch.Tensor:
     """Random candidate pixels in [0, 1]: uniform ("noise"), or N(0, 1) on the model's normalised scale clamped to
     the pixel box ("gaussian", breaching's start: most mass near the mean, many saturated pixels)."""
     if init != "gaussian":
@@ -384,7 +389,7 @@ def invert(
         correction = {n: torch.as_tensor(c, dtype=torch.float32, device=device) for n, c in obs.correction.items()}
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
     known = None if learn_labels else labels.argmax(1)
-    starts = [initial_images(obs, rec, restart, budget, known) for restart in range(budget.restarts)]
+    starts = [initial_images(obs, model, rec, restart, budget, known) for restart in range(budget.restarts)]
     problem = MatchProblem(
         model=model,
         params={n: p.detach().requires_grad_(True) for n, p in model.named_parameters()},

@@ -108,7 +108,7 @@ def fedvit_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch
     """fedvit's audit of a third-party model (``fedvit audit --model``): its labels, then its optimisation."""
     rec = ClientRecipe(batch, batch, 1, 0.0, 0.0, 0.0, 0, True)
     counts, _ = recover_app_labels(model, spec, gradient, AppRecipe(rec, True, {}))
-    options = {"tv": model_tv(model)} | options  # fedvit audit --model's TV for this model unless the variant sets it
+    options = {"tv": model_tv(model)[0]} | options  # fedvit audit --model's TV unless the variant sets it
     budget = AuditConfig(iterations=steps, restarts=1, max_seconds=math.inf, **options)
     images = invert_app_update(model, spec, gradient, rec, counts, budget, torch.device("cpu"), seed=seed)
     return Reconstruction(images.image, f"{images.note}; labels {counts.nonzero()[0].tolist()}", images.images)

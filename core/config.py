@@ -314,7 +314,8 @@ def _one_of(options: tuple[str, ...]) -> Check:
     return (lambda v: v in options, "one of " + ", ".join(options))
 
 
-def _dataset_name(value: str) -> bool:
+def is_dataset_name(value: str) -> bool:
+    """A name ``data.name`` takes: synthetic, cifar10 or imagefolder:PATH."""
     if value.startswith("imagefolder:"):
         return len(value) > len("imagefolder:")
     return value in ("synthetic", "cifar10")
@@ -380,7 +381,7 @@ _CHECKS: dict[str, Check] = {
     "model.first-block": _one_of(FIRST_BLOCKS),
     "model.head": _one_of(HEADS),
     "data.augment": _one_of(AUGMENTATIONS),
-    "data.name": (_dataset_name, "one of " + ", ".join(DATASETS)),
+    "data.name": (is_dataset_name, "one of " + ", ".join(DATASETS)),
     "data.synthetic-train-size": _POSITIVE_INT,
     "data.synthetic-test-size": _POSITIVE_INT,
     "data.synthetic-num-classes": (lambda v: v >= 2, "an integer >= 2"),

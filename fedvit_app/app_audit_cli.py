@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from core.config import AuditConfig, parse_selection
+from core.config import AuditConfig, is_dataset_name, parse_selection
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -105,7 +105,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 def user_data(args: argparse.Namespace, values: dict[str, Any], spec: Any) -> Any:
     """The scoring data from ``--data`` (a loader or a dataset name) and the TOML's ``[data]``; None without."""
-    from attacks.app_audit import UserData, is_dataset_name
+    from attacks.app_audit import UserData
 
     data_values = dict(values.get("data", {}))
     source = args.data or data_values.get("loader") or data_values.get("name")

@@ -309,7 +309,7 @@ def test_group_consensus_registers_the_restarts_before_averaging():
 
 
 def test_priors_and_test_split_starts_run_and_say_so(tmp_path):
-    from attacks.inversion import initial_images, invert, patch_border_variation
+    from attacks.inversion import attack_model, initial_images, invert, patch_border_variation
     from core.data import load_dataset
 
     flat_patches = torch.arange(16.0).repeat_interleave(8).view(1, 1, 1, 128)[..., :32].expand(1, 3, 32, 32)
@@ -322,7 +322,7 @@ def test_priors_and_test_split_starts_run_and_say_so(tmp_path):
     assert "group consistency 1 over 2 restarts" in rec.note and "test-split start" in rec.note
     assert rec.steps == 8 and len(rec.images) == 4
     wanted = torch.as_tensor(np.sort(labels))
-    start, _ = initial_images(obs, recipe(obs), 1, audit, wanted)
+    start, _ = initial_images(obs, attack_model(obs), recipe(obs), 1, audit, wanted)
     test = load_dataset(obs.config.data, obs.config.seed, "test")
     images, classes = test.batch(np.arange(len(test)), 32)
     for k in range(4):  # each start is a test image of the class asked for
@@ -364,3 +364,21 @@ def test_the_cosine_prior_schedule_fades_the_priors_out():
 
     assert [prior_weight("cosine", t, 8) for t in (0, 4, 8)] == pytest.approx([1.0, 0.5, 0.0])
     assert prior_weight("constant", 8, 8) == 1.0
+
+
+def test_the_gaussian_start_is_standard_normal_on_the_models_normalised_scale():
+    """``audit.init = "gaussian"`` (breaching's start): N(0, 1) after the model's normalisation, clamped to the
+    pixel box, so each channel saturates at 0 and 1 as often as N(0, 1) falls beyond its box (two quantiles per
+    channel: they pin both its mean and its std)."""
+    from attacks.inversion import noise_start
+
+    model = torch.nn.Identity()
+    model.pretrained_cfg = {"mean": (0.4, 0.5, 0.6), "std": (0.2, 0.5, 0.3)}
+    x = noise_start("gaussian", (4000, 3, 4, 4), model, torch.Generator().manual_seed(0))
+    normal = torch.distributions.Normal(0.0, 1.0)
+    for c, (m, s) in enumerate(zip(model.pretrained_cfg["mean"], model.pretrained_cfg["std"], strict=True)):
+        low, high = float(normal.cdf(torch.tensor(-m / s))), 1 - float(normal.cdf(torch.tensor((1 - m) / s)))
+        assert abs(float((x[:, c] == 0).float().mean()) - low) < 0.005
+        assert abs(float((x[:, c] == 1).float().mean()) - high) < 0.005
+    uniform = noise_start("noise", (4000, 3, 4, 4), model, torch.Generator().manual_seed(0))
+    assert 0 <= float(uniform.min()) and float(uniform.max()) < 1 and abs(float(uniform.mean()) - 0.5) < 0.01
