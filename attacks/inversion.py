@@ -318,7 +318,8 @@ def optimise(
     x = problem.starts.to(device).requires_grad_(True)
     labels = problem.labels.to(device)
     label_logits = labels.expand(budget.restarts, *labels.shape).clone().requires_grad_(problem.learn_labels)
-    optimizer = torch.optim.Adam([x] + ([label_logits] if problem.learn_labels else []), lr=budget.lr)
+    optimised = [x] + ([label_logits] if problem.learn_labels else [])
+    optimizer = torch.optim.Adam(optimised, lr=budget.lr)
     milestones = [int(budget.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
     grouped = budget.group_weight > 0 and budget.restarts > 1
@@ -342,7 +343,7 @@ def optimise(
                     float(match[winner].detach()))  # fmt: skip
         if time.monotonic() > deadline or step == budget.iterations:
             break
-        loss.sum().backward()
+        loss.sum().backward(inputs=optimised)  # the weights need no second-order gradient: skip that pass
         x.grad.sign_()
         optimizer.step()
         scheduler.step()
