@@ -108,15 +108,18 @@ def vit_structure(model: nn.Module) -> str | None:
     return "no patch embedding and position embedding (APRIL's closed forms need a ViT's)"
 
 
-VIT_TV, OTHER_TV = 0.05, 0.4  # the TV weights that did best per model family (benchmarks/README.md, peer tables)
+VIT_TV = 0.05  # fedvit's ViT-tuned TV weight (benchmarks/README.md, "Choosing the attack's defaults")
+# breaching's Inverting Gradients recipe in fedvit's units: TV 0.2 on a 0.5-std normalised scale is 0.4 here, its
+# Gaussian start and its kept candidate (lowest total objective); it led on the CNN and ResNet-18 (peer tables)
+OTHER_SETTINGS: dict[str, Any] = {"tv": 0.4, "init": "gaussian", "keep": "objective"}
 
 
-def model_tv(model: nn.Module) -> tuple[float, str]:
-    """The total-variation weight for the optimisation attack on ``model`` and why: fedvit's ViT-tuned 0.05 where the
-    model has a ViT's embeddings, else 0.4 (breaching's weight in fedvit's units), which led on a CNN."""
+def model_settings(model: nn.Module) -> tuple[dict[str, Any], str]:
+    """The optimisation attack's TV weight, start and kept candidate for ``model`` (AuditConfig fields) and why:
+    fedvit's ViT-tuned defaults where the model has a ViT's embeddings, else :data:`OTHER_SETTINGS`."""
     if vit_structure(model) is None:
-        return VIT_TV, "tuned on ViTs"
-    return OTHER_TV, "the weight that led on CNNs; not a ViT"
+        return {"tv": VIT_TV, "init": "noise", "keep": "match"}, "tuned on ViTs"
+    return dict(OTHER_SETTINGS), "breaching's recipe, which led on a CNN and a ResNet-18; not a ViT"
 
 
 def embedding_route(model: nn.Module, spec: ModelSpec, gradient: dict[str, np.ndarray]) -> Reconstruction:
@@ -484,8 +487,8 @@ def audit_app_captures(
     tv_by_model: bool = False,
 ) -> dict[str, Any]:
     """Audit every captured train exchange under ``captures`` with the user's model; writes ``audit.md``,
-    ``audit.json`` and ``grid.png`` under ``out`` and returns the report. ``tv_by_model``: the TV weight is
-    :func:`model_tv`'s choice for the model, not ``budget.tv``."""
+    ``audit.json`` and ``grid.png`` under ``out`` and returns the report. The start and kept candidate are
+    :func:`model_settings`' choice for the model, and so is the TV weight with ``tv_by_model`` (no ``--tv``)."""
     if not captures.exists():
         raise AuditInputError(f"no such folder: {captures}")
     exchanges, skipped = load_exchanges(captures)
@@ -505,12 +508,15 @@ def audit_app_captures(
     if exchanges:
         base = spec.build(num_classes=int(list(exchanges[0].received.values())[-1].shape[0]))
         print(f"audit: {len(exchanges)} captured update(s) under {captures}; model {spec.factory}", flush=True)
-        if tv_by_model:
-            tv, why = model_tv(base)
-            budget, tv_note = dataclasses.replace(budget, tv=tv), f" ({why}; --tv sets it)"
+        settings, why = model_settings(base)
+        tv_note = f" ({why}; --tv sets the weight)" if tv_by_model else " (--tv)"
+        if not tv_by_model:
+            settings.pop("tv")
+        budget = dataclasses.replace(budget, **settings)
+    start = "Gaussian start on the normalised scale" if budget.init == "gaussian" else "uniform start"
     budget_text = (
         f"{budget.iterations} Adam steps × {budget.restarts} restart(s), ≤ {budget.max_seconds:g} s per update, "
-        f"step {budget.lr:g}, TV {budget.tv:g}{tv_note}, keeps the lowest "
+        f"step {budget.lr:g}, TV {budget.tv:g}{tv_note}, {start}, keeps the lowest "
         + ("gradient match" if budget.keep == "match" else "total objective")
     )
     report: dict[str, Any] = {"captures": str(captures), "model": spec.describe(), "budget": budget_text}

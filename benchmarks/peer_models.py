@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attacks.app_audit import AppRecipe, attack_copy, invert_app_update, model_tv, recover_app_labels
+from attacks.app_audit import AppRecipe, attack_copy, invert_app_update, model_settings, recover_app_labels
 from attacks.audit import score
 from attacks.metrics import best_flat_image, psnr
 from attacks.model_spec import ModelSpec
@@ -92,7 +92,7 @@ def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, ba
 
 def variant_options(text: str) -> dict[str, float | str]:
     """``"tv=0.4,init=gaussian"`` -> AuditConfig overrides (numbers as floats); ``""`` -> what ``fedvit audit
-    --model`` uses (its TV weight for the model, :func:`attacks.app_audit.model_tv`)."""
+    --model`` uses (its settings for the model, :func:`attacks.app_audit.model_settings`)."""
     options: dict[str, float | str] = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
@@ -108,7 +108,7 @@ def fedvit_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch
     """fedvit's audit of a third-party model (``fedvit audit --model``): its labels, then its optimisation."""
     rec = ClientRecipe(batch, batch, 1, 0.0, 0.0, 0.0, 0, True)
     counts, _ = recover_app_labels(model, spec, gradient, AppRecipe(rec, True, {}))
-    options = {"tv": model_tv(model)[0]} | options  # fedvit audit --model's TV unless the variant sets it
+    options = model_settings(model)[0] | options  # fedvit audit --model's settings unless the variant sets them
     budget = AuditConfig(iterations=steps, restarts=1, max_seconds=math.inf, **options)
     images = invert_app_update(model, spec, gradient, rec, counts, budget, torch.device("cpu"), seed=seed)
     return Reconstruction(images.image, f"{images.note}; labels {counts.nonzero()[0].tolist()}", images.images)

@@ -192,9 +192,11 @@ def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_p
     report = json.loads((out / "audit.json").read_text())
     (row,) = report["rows"]
     assert row["partition"] == 2 and "batch-size 3 (override)" in row["recipe"] and row["reid-gallery"] > 15
-    assert "TV 0.4 (the weight that led on CNNs; not a ViT; --tv sets it)" in report["budget"]
+    why = "breaching's recipe, which led on a CNN and a ResNet-18; not a ViT; --tv sets the weight"
+    budget = report["budget"]
+    assert f"TV 0.4 ({why}), Gaussian start on the normalised scale, keeps the lowest total objective" in budget
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--iterations", "1", "--tv", "0.1"]) == 0
-    assert ", TV 0.1, " in json.loads((out / "audit.json").read_text())["budget"]
+    assert ", TV 0.1 (--tv), Gaussian start" in json.loads((out / "audit.json").read_text())["budget"]
     capsys.readouterr()
     (tmp_path / "cap" / "fedvit-audit.toml").unlink()
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--model", "nowhere.mod:Net"]) == 2
@@ -250,7 +252,7 @@ def test_a_dataset_name_scores_against_fedvits_partition_and_its_test_split(tmp_
 def test_april_runs_on_a_users_vit_for_one_image_and_is_refused_for_a_batch(tmp_path):
     """A timm ViT given by name: APRIL-E's closed form applies to one image's gradient (exact here: N = 4 patches
     ≤ D − 1) and the report says why it does not apply to a batch."""
-    from attacks.app_audit import april_status, attack_copy, embedding_route, model_tv
+    from attacks.app_audit import april_status, attack_copy, embedding_route, model_settings
     from attacks.metrics import psnr
     from attacks.observation import ClientRecipe
     from core.model import normalize
@@ -264,7 +266,8 @@ def test_april_runs_on_a_users_vit_for_one_image_and_is_refused_for_a_batch(tmp_
     gradient = {n: p.grad.numpy() for n, p in model.named_parameters()}
     copy = attack_copy(model, {n: t.detach().numpy() for n, t in model.state_dict().items()})
     assert april_status(copy, ClientRecipe(1, 1, 1, 0.0, 0.0, 0.0, 0, True)) is None
-    assert model_tv(copy)[0] == 0.05 and model_tv(attack_copy(Net(), {}))[0] == 0.4  # the TV weight by model family
+    assert model_settings(copy)[0] == {"tv": 0.05, "init": "noise", "keep": "match"}  # the settings by model family
+    assert model_settings(attack_copy(Net(), {}))[0] == {"tv": 0.4, "init": "gaussian", "keep": "objective"}
     assert "4 image(s)" in april_status(copy, ClientRecipe(4, 4, 1, 0.0, 0.0, 0.0, 0, True))
     rec = embedding_route(copy, spec, {n: 0.05 * g for n, g in gradient.items()})  # a one-step weight change
     assert psnr(rec.image, images[0]) > 40 and "rank G_p = 4 of N = 4" in rec.note
