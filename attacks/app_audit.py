@@ -108,7 +108,6 @@ def vit_structure(model: nn.Module) -> str | None:
     return "no patch embedding and position embedding (APRIL's closed forms need a ViT's)"
 
 
-VIT_TV = 0.05  # fedvit's ViT-tuned TV weight (benchmarks/README.md, "Choosing the attack's defaults")
 # breaching's Inverting Gradients recipe in fedvit's units: TV 0.2 on a 0.5-std normalised scale is 0.4 here, its
 # Gaussian start and its kept candidate (lowest total objective); it led on the CNN and ResNet-18 (peer tables)
 OTHER_SETTINGS: dict[str, Any] = {"tv": 0.4, "init": "gaussian", "keep": "objective"}
@@ -116,9 +115,11 @@ OTHER_SETTINGS: dict[str, Any] = {"tv": 0.4, "init": "gaussian", "keep": "object
 
 def model_settings(model: nn.Module) -> tuple[dict[str, Any], str]:
     """The optimisation attack's TV weight, start and kept candidate for ``model`` (AuditConfig fields) and why:
-    fedvit's ViT-tuned defaults where the model has a ViT's embeddings, else :data:`OTHER_SETTINGS`."""
+    AuditConfig's defaults (tuned on fedvit's ViTs) where the model has a ViT's embeddings, else
+    :data:`OTHER_SETTINGS`."""
     if vit_structure(model) is None:
-        return {"tv": VIT_TV, "init": "noise", "keep": "match"}, "tuned on ViTs"
+        defaults = AuditConfig()
+        return {key: getattr(defaults, key) for key in OTHER_SETTINGS}, "tuned on ViTs"
     return dict(OTHER_SETTINGS), "breaching's recipe, which led on a CNN and a ResNet-18; not a ViT"
 
 
