@@ -510,9 +510,11 @@ def audit_app_captures(
         base = spec.build(num_classes=int(list(exchanges[0].received.values())[-1].shape[0]))
         print(f"audit: {len(exchanges)} captured update(s) under {captures}; model {spec.factory}", flush=True)
         settings, why = model_settings(base)
-        tv_note = f" ({why}; --tv sets the weight)" if tv_by_model else " (--tv)"
-        if not tv_by_model:
+        if tv_by_model:
+            tv_note = f" ({why}; --tv sets the weight)"
+        else:  # the user's --tv stands; the start and kept candidate still follow the model
             settings.pop("tv")
+            tv_note = " (--tv)"
         budget = dataclasses.replace(budget, **settings)
     start = "Gaussian start on the normalised scale" if budget.init == "gaussian" else "uniform start"
     budget_text = (

@@ -228,8 +228,9 @@ def test_client_host_dies_and_rejoins_within_the_run(federation):
     assert code == 0 and "finished:completed" in output, output[-6000:]
     rounds = metrics(fed.run_dir("mh-rejoin"))
     figures = figures_of_rounds(rounds, partition, fault_round=2)
-    activated = logged_after(fed, "server", "superlink", "Activated node_id", when["back"])
-    figures["activated s after coming back"] = activated
+    figures["activated s after coming back"] = logged_after(
+        fed, "server", "superlink", "Activated node_id", when["back"]
+    )
     figures["round 2 s"] = round(rounds[2]["round-s"], 1)
     fed.figures["client host dies in round 2, back after 15 s"] = figures
     print(figures)
