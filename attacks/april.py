@@ -1,6 +1,6 @@
 """Closed-form gradient inversion of one ViT update at batch size 1 (APRIL and defence-aware variants).
 
-Notation as in ``shared/docs/april.md`` §2: X [N, L] holds the (normalised) image's patches, one row per patch
+Notation (as in the APRIL paper, arXiv 2112.14087): X [N, L] holds the (normalised) image's patches, one row per patch
 in row-major grid order, each flattened in (channel, row, column) order; W_E = ``patch_embed.proj.weight``
 reshaped [D, L]; G = ∂L/∂z0 = ``pos_embed.grad[0]`` [N+1, D] at batch size 1, G_p = G[1:].
 
@@ -180,7 +180,7 @@ def masked_joint_route(obs: Observation, max_evaluations: int = 60, max_unknowns
 
     Identifiable only while R·N·D + N·L ≤ (1−R)·D·(L+1) (the equation count); above it a perfect fit can be
     the wrong image. Refused (not run) when the unknowns exceed ``max_unknowns`` (the dense-ish Jacobian of a
-    ViT-S/16 update needs far more than a CPU minute; see the README).
+    ViT-S/16 update needs far more than a CPU minute; see docs/results/audit.md).
     """
     from scipy.optimize import least_squares
     from scipy.sparse import coo_matrix

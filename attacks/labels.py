@@ -66,7 +66,7 @@ def _integrality(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.nda
 
 def best_counts(head_bias_grad: np.ndarray, batch_size: int, noise_probs: np.ndarray) -> tuple[np.ndarray, str]:
     """:func:`label_counts` with whichever p̄ estimate, the model's softmax on noise or the equal share, makes the
-    raw counts closer to integers (measured in benchmarks/README.md: the noise estimate fails on trained models,
+    raw counts closer to integers (measured in docs/results/benchmarks.md: the noise estimate fails on trained models,
     the equal share on large batches of a random model)."""
     share = equal_share_softmax(head_bias_grad)
     if _integrality(head_bias_grad, batch_size, share) < _integrality(head_bias_grad, batch_size, noise_probs):

@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--restarts", type=int, help="random starts (default 2)")
     g.add_argument("--max-seconds", type=float, help="wall-clock cap per update (default 90)")
     g.add_argument("--tv", type=float, help="total-variation prior weight (default by model: 0.05 for a ViT, "
-                   "0.4 otherwise; benchmarks/README.md)")  # fmt: skip
+                   "0.4 otherwise; docs/results/benchmarks.md)")  # fmt: skip
     g.add_argument("--device", default="auto", help="auto (CUDA where there is one), cpu or cuda")
 
 

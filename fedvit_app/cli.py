@@ -226,12 +226,13 @@ def audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fedvit`` command line: every subcommand and its options (the docs' CLI reference is tested against it)."""
     parser = argparse.ArgumentParser(prog="fedvit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_run = sub.add_parser("run", help="run the app with flwr (streams logs; non-zero exit if the run failed)")
-    p_run.add_argument("app", nargs="?", default=".")
+    p_run.add_argument("app", nargs="?", default=".", help="the app folder (default: .)")
     p_run.add_argument("superlink", nargs="?", default=None, help="connection name from $FLWR_HOME/config.toml")
     p_run.add_argument("-c", "--run-config", action="append", default=[], help="key=value ... or a TOML file")
     p_run.add_argument(
@@ -246,11 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser(
         "check-config", help="validate the run config without running (an imagefolder: path must exist here)"
     )
-    p_check.add_argument("app", nargs="?", default=".")
-    p_check.add_argument("-c", "--run-config", action="append", default=[])
+    p_check.add_argument("app", nargs="?", default=".", help="the app folder (default: .)")
+    p_check.add_argument("-c", "--run-config", action="append", default=[], help="key=value ... or a TOML file")
 
     p_key = sub.add_parser("keygen", help="create the clients' encryption key file for a model config")
-    p_key.add_argument("app", nargs="?", default=".")
+    p_key.add_argument("app", nargs="?", default=".", help="the app folder (default: .)")
     p_key.add_argument("-c", "--run-config", action="append", default=[], help="key=value ... or a TOML file")
     p_key.add_argument("--out", type=Path, default=None, help="default: the client state folder (simulation)")
     p_key.add_argument("--seed", type=int, default=None, help="derive the key from a secret seed (default: random)")
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     p_dec = sub.add_parser("decrypt", help="decrypt a saved encrypted global model with the clients' key")
     p_dec.add_argument("model", type=Path, help="model.safetensors or a checkpoint of an encrypted run")
     p_dec.add_argument("--key", type=Path, required=True, help="the clients' key file")
-    p_dec.add_argument("--out", type=Path, required=True)
+    p_dec.add_argument("--out", type=Path, required=True, help="where the decrypted model goes")
 
     p_audit = sub.add_parser("audit", help="attack captured updates (or --benchmark) and score the reconstructions")
     p_audit.add_argument(
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_audit.add_argument("--out", type=Path, required=True, help="where audit.md, audit.json and the grids go")
     p_audit.add_argument("--benchmark", action="store_true", help="no capture needed: make single-image updates")
-    p_audit.add_argument("--app", default=".")
+    p_audit.add_argument("--app", default=".", help="the fedvit app folder whose config -c amends (default: .)")
     p_audit.add_argument(
         "-c",
         "--run-config",
@@ -333,11 +334,14 @@ def main(argv: list[str] | None = None) -> int:
 
     p_exp = sub.add_parser("experiment", help="run a comparison from conf/experiments/*.toml; writes a table + plots")
     p_exp.add_argument("spec", help="experiment file, e.g. conf/experiments/masking-cpu.toml")
-    p_exp.add_argument("--app", default=".")
+    p_exp.add_argument("--app", default=".", help="the app folder (default: .)")
     p_exp.add_argument("--out", default="outputs", help="results go to <out>/<experiment name>/")
     p_exp.add_argument("-c", "--run-config", action="append", default=[], help="key=value overrides for every run")
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "run":
         return run(args)
     if args.command == "check-config":

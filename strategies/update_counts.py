@@ -21,8 +21,10 @@ def update_count_pmf(m: int, n: int, r: float, locked: bool = False) -> np.ndarr
     """P(f), f = 0..m: probability that a parameter is updated in f of m rounds with n clients.
 
     A parameter is updated in a round unless all n clients drew B = 0, which has
-    probability R^n. Fresh masks (independent rounds):
-        P(f) = C(m, f) (1 − R^n)^f (R^n)^(m − f).
+    probability R^n. Fresh masks (independent rounds)::
+
+        P(f) = C(m, f) (1 − R^n)^f (R^n)^(m − f)
+
     The paper's eq. 13 prints the last factor as R^{n(1−f)}, a typo: with f
     updates there are m − f rounds without one, hence R^{n(m−f)}.
     Locked masks repeat round 1's outcome, so f ∈ {0, m}: P(m) = 1 − R^n, P(0) = R^n.

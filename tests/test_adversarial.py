@@ -120,7 +120,7 @@ def test_autoattack_is_no_weaker_than_pgd_and_breaks_everything_at_a_large_eps()
 
 def test_a_naturally_trained_model_is_not_robust_under_autoattack_on_photographs(tmp_path):
     """Acceptance: ≈ 0% under AutoAttack at ε = 8/255 for a plain model. On fedvit's synthetic classes (coarse
-    colour blocks) 8/255 cannot flip many images (37.5% survive, README), so this uses photographs: crops of
+    colour blocks) 8/255 cannot flip many images (37.5% survive, measured), so this uses photographs: crops of
     scikit-image's bundled photos, one class per photo."""
     from benchmarks.natural_images import write_natural_images
     from clients.autoattack import autoattack_correct

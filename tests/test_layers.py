@@ -1,4 +1,4 @@
-"""The import layers (README "Layout"): no file-level import cycles, and the contracts catch an upward import."""
+"""The import layers (docs/development.md, "Layout"): no import cycles between files; contracts catch upward ones."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(APP))
 
 
 def with_capture(app: Path) -> None:
-    """The edits the README asks of a user: the mod on the ClientApp, the wrapper around the strategy."""
+    """The edits the audit docs ask of a user: the mod on the ClientApp, the wrapper around the strategy."""
     client = app / "cnnapp" / "client_app.py"
     text = client.read_text().replace("app = ClientApp()", "app = ClientApp(mods=[capture_mod])")
     client.write_text("from attacks.capture import capture_mod\n" + text)

@@ -18,8 +18,10 @@ def add_parser(sub) -> None:
     deploy = p.add_subparsers(dest="deploy_command", required=True)
 
     cred = deploy.add_parser("credentials", help="write the CA, server certificates and SuperNode auth keys")
-    cred.add_argument("out", nargs="?", type=Path, default=DEFAULT_CREDENTIALS)
-    cred.add_argument("--supernodes", type=int, default=5)
+    cred.add_argument(
+        "out", nargs="?", type=Path, default=DEFAULT_CREDENTIALS, help=f"where they go (default: {DEFAULT_CREDENTIALS})"
+    )
+    cred.add_argument("--supernodes", type=int, default=5, help="SuperNodes to make keys for (default 5)")
     cred.add_argument(
         "--superlink-name", action="append", default=[], help="extra DNS name or IP SuperNodes dial (repeatable)"
     )
@@ -28,23 +30,25 @@ def add_parser(sub) -> None:
     reg = deploy.add_parser("register", help="add the flwr connection and register every SuperNode's public key")
     reg.add_argument("--connection", default="fedvit-docker", help="connection name in $FLWR_HOME/config.toml")
     reg.add_argument("--address", default="127.0.0.1:8000", help="SuperLink address as the CLI dials it")
-    reg.add_argument("--credentials", type=Path, default=DEFAULT_CREDENTIALS)
-    reg.add_argument("--supernodes", type=int, default=5)
+    reg.add_argument(
+        "--credentials", type=Path, default=DEFAULT_CREDENTIALS, help="folder with ca.crt and the public keys"
+    )
+    reg.add_argument("--supernodes", type=int, default=5, help="SuperNode keys to register (default 5)")
     reg.add_argument(
         "--wait", type=float, default=120.0, help="seconds to wait for a SuperLink that is still starting (default 120)"
     )
 
     comp = deploy.add_parser("compose", help="(re)write docker-compose.yml and docker-compose.gpu.yml")
-    comp.add_argument("--supernodes", type=int, default=5)
+    comp.add_argument("--supernodes", type=int, default=5, help="SuperNode services (default 5)")
     comp.add_argument("--superlink-address", default=None, help="host:port SuperNodes dial (remote machines)")
-    comp.add_argument("--out", type=Path, default=Path("."))
+    comp.add_argument("--out", type=Path, default=Path("."), help="folder the compose files go to (default: .)")
 
     bundle = deploy.add_parser(
         "bundle", help="one folder per host (server, client-1..N), each with only its own credentials"
     )
     bundle.add_argument("out", type=Path, help="where the host folders go (server/, client-1/, ...)")
     bundle.add_argument("--superlink-address", required=True, help="host:port the client hosts dial")
-    bundle.add_argument("--supernodes", type=int, default=5)
+    bundle.add_argument("--supernodes", type=int, default=5, help="client hosts (default 5)")
     bundle.add_argument("--credentials", type=Path, default=DEFAULT_CREDENTIALS, help="from `deploy credentials`")
     bundle.add_argument(
         "--encryption-key", type=Path, default=None, help="clients' key (`fedvit keygen`), clients only"
@@ -55,7 +59,7 @@ def add_parser(sub) -> None:
     bundle.add_argument("--force", action="store_true", help="replace existing bundles")
 
     check = deploy.add_parser("check-bundles", help="fail if any bundle holds private material not its own")
-    check.add_argument("out", type=Path)
+    check.add_argument("out", type=Path, help="the folder `deploy bundle` wrote")
 
     images = deploy.add_parser(
         "base-images",
@@ -65,8 +69,8 @@ def add_parser(sub) -> None:
     images.add_argument("--no-pull", action="store_true", help="do not try Docker Hub; build stand-ins at once")
 
     loop = deploy.add_parser("loopback", help="run the deployment topology as local processes (TLS + auth on)")
-    loop.add_argument("app", nargs="?", default=".")
-    loop.add_argument("--supernodes", type=int, default=3)
+    loop.add_argument("app", nargs="?", default=".", help="the app folder (default: .)")
+    loop.add_argument("--supernodes", type=int, default=3, help="SuperNode processes (default 3)")
     loop.add_argument("--workdir", type=Path, default=None, help="credentials, logs, state (default: a temp dir)")
     loop.add_argument("-c", "--run-config", action="append", default=[], help="key=value overrides")
 

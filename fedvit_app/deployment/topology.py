@@ -22,7 +22,7 @@ from fedvit_app.polling_grid import DEFAULT_POLL_S, POLL_ENV
 FLWR_VERSION = "1.41.0"
 SUPERLINK_PORT = 8000  # Flower 1.41 default: one HTTP(S) port for every SuperLink API
 SUPERNODE_PORT = 9094  # Flower 1.41 default for a SuperNode's Runtime API
-# Poll intervals that Flower 1.41 lets one set from outside (README "Deployment latency"); the environment wins.
+# Poll intervals that Flower 1.41 lets one set from outside (docs/deploy.md, "Round latency"); the environment wins.
 SUPEREXEC_POLL = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}  # SuperExec asking for a task (Flower: 1 s)
 # fedvit's ServerApp pulling replies (Flower's HttpGrid: 3 s); listed so compose passes a host override through.
 SERVERAPP_POLL = {POLL_ENV: str(DEFAULT_POLL_S)}

@@ -1,0 +1,229 @@
+"""The documentation stays in step with the code: every config key and CLI option documented, everything the docs
+name exists, results read from committed data with their provenance, and no page names a file outside the
+repository. The drift checks are shown to fail on a key or option added without docs."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from core.config import Config
+from fedvit_app.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+REPO_DIRS = ("attacks", "benchmarks", "clients", "conf", "core", "deploy", "docs", "fedvit_app", "strategies", "tests")
+README_MAX_LINES = 200
+
+
+# ---------------------------------------------------------------------------- helpers (the checks themselves)
+
+
+def flat_config(table: dict, prefix: str = "") -> dict:
+    """``[tool.flwr.app.config]`` flattened to dotted keys, as Flower and fedvit read them."""
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out |= flat_config(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def declared_config() -> dict:
+    return flat_config(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+
+
+def documented_config(text: str) -> dict:
+    """Key -> default from the rows ``| `key` | `default` | meaning |`` of the configuration page."""
+    rows = re.findall(r"^\| `([a-z0-9.-]+)` \| `([^`]*)` \|", text, flags=re.M)
+    return {key: tomllib.loads(f"v = {default}")["v"] for key, default in rows}
+
+
+def config_drift(declared: dict, documented: dict) -> list[str]:
+    """What differs between the declared keys (with defaults) and the documented ones."""
+    problems = [f"{k}: not documented" for k in declared if k not in documented]
+    problems += [f"{k}: documented but not a config key" for k in documented if k not in declared]
+    problems += [
+        f"{k}: documented default {documented[k]!r}, declared {declared[k]!r}"
+        for k in declared
+        if k in documented and documented[k] != declared[k]
+    ]
+    return problems
+
+
+def cli_options(parser: argparse.ArgumentParser, prefix: str = "fedvit") -> dict[str, set[str]]:
+    """Command ("fedvit audit", "fedvit deploy bundle", ...) -> its options and positionals."""
+    out: dict[str, set[str]] = {}
+    own: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out |= cli_options(sub, f"{prefix} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            own |= set(action.option_strings) if action.option_strings else {action.dest}
+    if prefix != "fedvit":
+        out[prefix] = own
+    return out
+
+
+def documented_cli(text: str) -> dict[str, set[str]]:
+    """Command -> the options in the first column of its section's table on the CLI page."""
+    out: dict[str, set[str]] = {}
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        heading, _, body = section.partition("\n")
+        rows = re.findall(r"^\| ([^|]+) \|", body, flags=re.M)
+        out[heading.strip()] = {o for row in rows if row.strip() != "option" for o in re.findall(r"`([^`]+)`", row)}
+    return out
+
+
+def cli_drift(actual: dict[str, set[str]], documented: dict[str, set[str]]) -> list[str]:
+    problems = [f"{c}: not documented" for c in actual if c not in documented]
+    problems += [f"{c}: documented but not a command" for c in documented if c not in actual]
+    for command in set(actual) & set(documented):
+        problems += [f"{command} {o}: not documented" for o in sorted(actual[command] - documented[command])]
+        extra = sorted(documented[command] - actual[command])
+        problems += [f"{command} {o}: documented but not an option" for o in extra]
+    return problems
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks (commands may name output files; prose may not)."""
+    return re.sub(r"^(```|:::).*?^\1", "", text, flags=re.M | re.S)
+
+
+def ignored_by_git(paths: list[str]) -> set[str]:
+    """The paths git would ignore (none when git or the checkout is not there)."""
+    if not paths or shutil.which("git") is None or not (ROOT / ".git").exists():
+        return set()
+    result = subprocess.run(
+        ["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return set(result.stdout.split())
+
+
+def outside_references(page: Path) -> list[str]:
+    """Files a page names that a clone of the repository does not hold: paths outside it, repository paths that
+    do not exist or are git-ignored, and relative links to missing files."""
+    text = page.read_text()
+    problems = [f"names {m!r}" for m in re.findall(r"(?:\.\./)+shared/\S*|\bshared/(?:papers|docs)/\S*", text)]
+    named = set(re.findall(rf"`((?:{'|'.join(REPO_DIRS)})/[\w./*-]*)`", prose(text)))
+    folders = {p for p in named if p.endswith("/")}  # where commands write: only the folder above must exist
+    files = sorted(named - folders)
+    problems += [f"names {p}, whose parent is not in the repository" for p in folders if not (ROOT / p).parent.is_dir()]
+    problems += [f"names {p}, which is not in the repository" for p in files if not list(ROOT.glob(p))]
+    problems += [f"names {p}, which git ignores (a clone does not have it)" for p in sorted(ignored_by_git(files))]
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", prose(text)):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        if not (page.parent / target).resolve().exists():
+            problems.append(f"links to {target}, which does not exist")
+    return problems
+
+
+# ---------------------------------------------------------------------------- the repository's docs
+
+
+def test_every_config_key_is_documented_with_its_default():
+    documented = documented_config((DOCS / "configuration.md").read_text())
+    assert config_drift(declared_config(), documented) == []
+    assert set(Config().to_dict()) == set(documented), "the config parser's keys differ from the documented ones"
+
+
+def test_every_cli_command_and_option_is_documented():
+    assert cli_drift(cli_options(build_parser()), documented_cli((DOCS / "reference" / "cli.md").read_text())) == []
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_name_only_files_of_the_repository(page):
+    assert outside_references(page) == []
+
+
+def test_readme_is_short_and_runs_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in re.findall(r"^(uv run --frozen [^#\n]*?)\s*(?:#.*)?$", readme, flags=re.M):
+        if "pytest" in command or "sphinx-build" in command:
+            assert command in ci, f"README's test command is not what CI runs: {command}"
+
+
+def results_tables() -> list[tuple[Path, str, str]]:
+    """(page, data file, the text of its section before the table) for every csv-table on the site."""
+    found = []
+    for page in PAGES:
+        for section in re.split(r"^#+ ", page.read_text(), flags=re.M):
+            for match in re.finditer(r"```\{csv-table\}[^\n]*\n:file: (\S+)", section):
+                found.append((page, match.group(1), section[: match.start()]))
+    return found
+
+
+def test_results_tables_come_from_committed_data_with_provenance():
+    tables = results_tables()
+    assert tables, "no results table found"
+    used = set()
+    for page, data, before in tables:
+        path = (page.parent / data).resolve()
+        assert path.is_file(), f"{page.name}: {data} is missing"
+        used.add(path)
+        rows = list(csv.reader(path.open()))
+        assert len(rows) >= 2 and all(len(r) == len(rows[0]) for r in rows), f"{data}: ragged or empty"
+        if page.parent.name == "results":
+            for field in ("**Measured**", "**Machine**", "**Reproduce**"):
+                assert field in before, f"{page.name}: the table from {data} has no {field} line before it"
+            assert re.search(r"\*\*Measured\*\*: \d{4}-\d\d-\d\d, commit `[0-9a-f]{7,40}`", before), data
+    unused = {p for p in (DOCS / "results" / "data").glob("*.csv")} - used
+    assert not unused, f"data files no page reads: {sorted(p.name for p in unused)}"
+
+
+# ---------------------------------------------------------------------------- the checks catch drift
+
+
+def test_config_drift_is_caught():
+    declared = declared_config()
+    documented = documented_config((DOCS / "configuration.md").read_text())
+    added = declared | {"audit.new-knob": 1}
+    assert config_drift(added, documented) == ["audit.new-knob: not documented"]
+    removed = {k: v for k, v in declared.items() if k != "seed"}
+    assert config_drift(removed, documented) == ["seed: documented but not a config key"]
+    changed = declared | {"lr": 0.5}
+    assert config_drift(changed, documented) == ["lr: documented default 0.02, declared 0.5"]
+
+
+def test_cli_drift_is_caught():
+    parser = build_parser()
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    subcommands.choices["audit"].add_argument("--new-flag", help="undocumented")
+    subcommands.add_parser("new-command", help="undocumented")
+    documented = documented_cli((DOCS / "reference" / "cli.md").read_text())
+    assert sorted(cli_drift(cli_options(parser), documented)) == [
+        "fedvit audit --new-flag: not documented",
+        "fedvit new-command: not documented",
+    ]
+    documented["fedvit audit"].add("--gone")
+    assert "fedvit audit --gone: documented but not an option" in cli_drift(cli_options(build_parser()), documented)
+
+
+def test_outside_references_are_caught():
+    page = DOCS / "_probe-outside.md"
+    page.write_text(
+        "See `../shared/papers/x.md`, `core/no_such_module.py`, `benchmarks/results/x.json` and [a](missing.md).\n"
+    )
+    try:
+        problems = outside_references(page)
+    finally:
+        page.unlink()
+    assert any("shared/papers" in p for p in problems)
+    assert any("core/no_such_module.py" in p for p in problems)
+    assert any("missing.md" in p for p in problems)
+    if ignored_by_git(["benchmarks/results/x.json"]):
+        assert any("git ignores" in p for p in problems)
+
