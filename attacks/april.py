@@ -4,7 +4,7 @@ Notation (as in the APRIL paper, arXiv 2112.14087): X [N, L] holds the (normalis
 in row-major grid order, each flattened in (channel, row, column) order; W_E = ``patch_embed.proj.weight``
 reshaped [D, L]; G = ∂L/∂z0 = ``pos_embed.grad[0]`` [N+1, D] at batch size 1, G_p = G[1:].
 
-- Embedding route ("APRIL-E", april.md §3.1): ∂L/∂W_E = G_pᵀ X, so X = (G_pᵀ)⁺ ∂L/∂W_E — exact when
+- Embedding route ("APRIL-E"): ∂L/∂W_E = G_pᵀ X, so X = (G_pᵀ)⁺ ∂L/∂W_E — exact when
   rank G_p = N (N ≤ D−1 in pre-LN models, where every row of G sums to 0). Needs no attention or LayerNorm.
 - Attention route (APRIL's closed form, §3.2): W_qkvᵀ ∂L/∂W_qkv = Gᵀ z0 when attention reads z0 directly
   (the no-LN first block, ``model.first-block = "no-ln"``); then z0 → X by inverting the patch embedding,
@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from attacks.observation import Observation, Reconstruction, image_geometry, normalization
+from attacks.observation import Observation, Reconstruction, first_block, image_geometry, normalization
 from core.params import PATCH_EMBED_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED, QKV0_WEIGHT
 
 EPS_RANK = 1e-10  # relative singular-value cut-off for rank and least squares
@@ -60,16 +60,22 @@ def _embedding_gradients(obs: Observation) -> tuple[np.ndarray, np.ndarray]:
     return g, dw.reshape(dw.shape[0], -1).astype(np.float64)
 
 
+def patch_rows(obs: Observation, g: np.ndarray) -> np.ndarray:
+    """G_p: the rows of the patch tokens (the class token's row, and any other prefix token, come first)."""
+    _, h, w, p = image_geometry(obs)
+    return g[g.shape[0] - (h // p) * (w // p) :]
+
+
 def embedding_route_patches(obs: Observation) -> np.ndarray:
-    """X = (G_pᵀ)⁺ ∂L/∂W_E (april.md §3.1), in the order and coordinates the payload uses."""
+    """X = (G_pᵀ)⁺ ∂L/∂W_E (APRIL's embedding route), in the order and coordinates the payload uses."""
     g, dw = _embedding_gradients(obs)
-    return lstsq(g[1:].T, dw)
+    return lstsq(patch_rows(obs, g).T, dw)
 
 
 def embedding_route(obs: Observation) -> Reconstruction:
     """APRIL-E: pixels from the position- and patch-embedding gradients (the real threat to a stock ViT)."""
     g, _ = _embedding_gradients(obs)
-    gp = g[1:]
+    gp = patch_rows(obs, g)
     if not np.any(gp):
         return Reconstruction(None, "no position-embedding gradient in the payload")
     rank = np.linalg.matrix_rank(gp, tol=EPS_RANK * np.abs(gp).max() * max(gp.shape))
@@ -96,7 +102,7 @@ def attention_route(obs: Observation) -> Reconstruction:
     tokens = z0[1:] - obs.received[POS_EMBED][0, 1:] - obs.received[PATCH_EMBED_BIAS]  # = X W_Eᵀ
     patches = lstsq(w_e, tokens.T).T  # minimum-norm when L > D
     limit = "exact" if w_e.shape[1] <= w_e.shape[0] else f"minimum-norm (L={w_e.shape[1]} > D={w_e.shape[0]})"
-    block = obs.config.model.first_block
+    block = first_block(obs)
     return Reconstruction(patches_to_image(patches, obs), f"{block} first block; embedding inversion {limit}")
 
 
@@ -104,7 +110,7 @@ def attention_route(obs: Observation) -> Reconstruction:
 
 
 def masked_embedding_route(obs: Observation, max_evaluations: int = 60) -> Reconstruction:
-    """Mask-aware APRIL-E (april.md §5.2): use only the equations whose entries survived the mask.
+    """Mask-aware APRIL-E: APRIL's embedding route on the equations whose entries survived the mask.
 
     Zeros on the wire reveal the mask, and the payload carries it anyway. If the position-embedding gradient
     is complete, every pixel column of X is solved from its surviving rows of ∂L/∂W_E (exact while at least N
@@ -135,7 +141,7 @@ def _solve_columns(gp: np.ndarray, dw: np.ndarray, kept: np.ndarray) -> np.ndarr
 def fixed_position(obs: Observation) -> Reconstruction:
     """The fixed-position defence leaves no position-embedding gradient: route A and APRIL have no G.
 
-    For pre-LN timm models no closed form is known (april.md §5.1); only optimisation attacks remain, which are
+    For pre-LN timm models no closed form is known; only optimisation attacks remain, which are
     out of this module's scope. Reported as "cannot run", not as a score.
     """
     return Reconstruction(None, "no position-embedding gradient (fixed position): no closed form for pre-LN ViTs")
@@ -145,7 +151,7 @@ def fixed_position(obs: Observation) -> Reconstruction:
 
 
 def known_plaintext_route(obs: Observation) -> Reconstruction:
-    """Break embedding encryption with a plaintext/ciphertext pair of the initial embeddings (april.md §5.3).
+    """Break embedding encryption with a plaintext/ciphertext pair of the initial embeddings.
 
     E_b: match each encrypted position row to the plain one (exact). E_a: Ŵ⁰ = W⁰ E_aᵀ gives
     M = (W⁰)⁺ Ŵ⁰, = E_aᵀ exactly when L ≤ D, else its projection onto W⁰'s row space. The embedding route on
@@ -174,9 +180,9 @@ def known_plaintext_route(obs: Observation) -> Reconstruction:
 
 
 def masked_joint_route(obs: Observation, max_evaluations: int = 60, max_unknowns: int = 20_000) -> Reconstruction:
-    """Mask-aware APRIL-E, joint solve (april.md §5.2): X and the missing G_p entries together by trust-region
-    least squares (scipy ``least_squares``, sparse Jacobian, LSMR) on the surviving entries of
-    ∂L/∂W_E = G_pᵀX and ∂L/∂b_E = G_pᵀ1, plus G·1 = 0 in pre-LN models; started from the per-column solve.
+    """Mask-aware APRIL-E, joint solve: X and the missing G_p entries together by trust-region least squares
+    (scipy ``least_squares``, sparse Jacobian, LSMR) on the surviving entries of ∂L/∂W_E = G_pᵀX and
+    ∂L/∂b_E = G_pᵀ1, plus G·1 = 0 in pre-LN models; started from the per-column solve.
 
     Identifiable only while R·N·D + N·L ≤ (1−R)·D·(L+1) (the equation count); above it a perfect fit can be
     the wrong image. Refused (not run) when the unknowns exceed ``max_unknowns`` (the dense-ish Jacobian of a
@@ -200,7 +206,7 @@ def masked_joint_route(obs: Observation, max_evaluations: int = 60, max_unknowns
         return Reconstruction(None, f"{m + n * length:,} unknowns > {max_unknowns:,}: joint solve not attempted")
     db = obs.update.get(PATCH_EMBED_BIAS)
     db_kept = obs.masks.get(PATCH_EMBED_BIAS, np.zeros(d_dim, bool)).astype(bool) if db is not None else None
-    pre_ln = obs.config.model.first_block == "pre-ln"
+    pre_ln = first_block(obs) == "pre-ln"
     eq_d, eq_j = np.nonzero(dw_kept)
     scale_w = 1.0 / max(np.sqrt(np.mean(dw[dw_kept] ** 2)), 1e-30)
     scale_g = 1.0 / max(np.sqrt(np.mean(gp0[~missing] ** 2)), 1e-30)

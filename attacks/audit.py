@@ -1,43 +1,91 @@
-"""The attack audit: run every applicable attack on captured (or freshly produced) single-image updates, score
-the reconstructions against the ground truth, and write a table and image grids.
+"""The audit: every applicable attack on every captured exchange, scored against the clients' images.
 
-``fedvit audit <capture dir> --out <dir>`` audits a run captured with ``capture.enabled``; ``fedvit audit
---benchmark`` needs no prior run: it produces one single-image update per image and defence through the real
-client code (``clients.runner.train``) and audits them all (the layout of the papers' Fig. 4).
+One pipeline for every Flower app. Per captured train exchange (:mod:`attacks.exchanges`):
+
+1. the model: fedvit's ViT from the run config a capture of fedvit's app recorded, else the user's
+   :class:`~attacks.model_spec.ModelSpec` (``--model``), the arrays mapped onto its ``state_dict``;
+2. the reply read as a gradient or as weights after local training, and the client's recipe: fedvit's run config
+   names both; for another app, from the reply's distance to the received weights and the ConfigRecord, run config
+   and reply metrics (each value with where it came from);
+3. every attack of :mod:`attacks.registry` that applies (label recovery, the closed forms, the defence-aware
+   attacks, the optimisation attack), each that does not with the reason;
+4. scoring against the client's images — the ground truth fedvit's clients recorded, or the user's ``--data`` —
+   beside the no-information references, with re-identification among decoys;
+5. one report (:mod:`attacks.report`) and the leakage-vs-utility frontier (:mod:`attacks.frontier`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file
 from tqdm import tqdm
 
-from attacks import april, reidentification
-from attacks.cocktail import cocktail_party
-from attacks.eavesdropper import CAPTURES, GROUND_TRUTH, unflatten
-from attacks.frontier import mean_or_none, reid_cell, write_frontier
-from attacks.inversion import collusion_inversion, invert
+from attacks.exchanges import (
+    AuditInputError,
+    Exchange,
+    load_exchanges,
+    load_handshake,
+    map_state,
+    read_recipe,
+    sent_kind,
+    unreadable_links,
+)
+from attacks.frontier import write_frontier
 from attacks.labels import label_accuracy, recover_labels
-from attacks.metrics import SETTINGS, best_flat_image, match_batch, minimum_norm_limit, psnr, ssim
-from attacks.observation import Observation, Reconstruction, as_gradient, dense_update, model_skeleton, recipe
-from attacks.reidentification import Gallery
-from core.config import AuditConfig, Config, parse_config
+from attacks.model_spec import ModelSpec, head_bias, model_settings
+from attacks.observation import Observation, Reconstruction, dense_update, model_skeleton, recipe
+from attacks.registry import LABELS, Attack, applicable, labels_apply
+from attacks.reidentification import DEFAULT_DECOYS, Gallery, gallery_from_test_split
+from attacks.report import TOP_LEVEL_KEYS, markdown, save_grid, summarize, verdict
+from attacks.scoring import BATCH_SCORING, REID_FIELDS, reference_rows, reid_setting, score
+from attacks.user_data import UserData, gallery_for
+from core.config import AuditConfig, Config, ConfigError, parse_config
 from core.params import HEAD_BIAS
 from core.results import atomic_write
 
-Attack = Callable[[Observation], Reconstruction]
+FEDVIT_KEY = "capture.enabled"  # a recorded run config with this key is fedvit's own app's
+OLD_LAYOUT_COMMIT = "154885d"  # the last fedvit that wrote and read captures/round-N/partition-P
 
 
-def defence_of(config: Config) -> str:
+@dataclasses.dataclass
+class AuditOptions:
+    """How to audit: the model of another app's captures, the budget, the scoring data and the reporting."""
+
+    spec: ModelSpec | None = None  # another app's model (fedvit's captures name their own)
+    budget: AuditConfig | None = None  # None: a fedvit run's own audit.*; another app's: AuditConfig() by model
+    tv_by_model: bool = True  # another app's model: the TV weight by model family (False: ``budget.tv`` stands)
+    overrides: dict[str, str] = dataclasses.field(default_factory=dict)  # recipe values the user knows
+    sent_as: str = "auto"  # "gradient" | "weights": what another app's replies carry, when the distance misleads
+    data: UserData | None = None  # the clients' data for scoring (else the ground truth fedvit's clients recorded)
+    decoys: int = DEFAULT_DECOYS  # test-split decoys beside recorded ground truth (0: no re-identification)
+    budgets: list[int] | None = None  # Adam steps per restart, one row each (default: the budget's own)
+    device: str | None = None  # default: a fedvit run's own ``device``, else "auto"
+    title: str | None = None
+    dataset_mean: np.ndarray | None = None  # the benchmark's "dataset mean image" reference
+    gallery: Gallery | None = None  # decoys for every update (default: each run's test split, ``decoys`` of them)
+
+
+@dataclasses.dataclass
+class Audited:
+    """What the pipeline produced for one exchange: its observation, truth and reconstructions by attack."""
+
+    obs: Observation
+    truth: np.ndarray | None
+    reconstructions: dict[str, Reconstruction]
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def defence_of(config: Config | None) -> str:
     """A short public label of the defence a run used (from its run config)."""
+    if config is None:
+        return "as captured (not fedvit's app)"
     parts = []
     if config.strategy == "masked-fedsgd":
         m = config.mask
@@ -51,509 +99,429 @@ def defence_of(config: Config) -> str:
     return "+".join(parts) or "none"
 
 
-def naive_embedding_route(obs: Observation) -> Reconstruction:
-    """APRIL-E on the update read as a gradient (a FedAvg update's weight change is lr times a summed gradient)."""
-    return april.embedding_route(as_gradient(obs))
+def is_fedvit(ex: Exchange) -> bool:
+    """Whether the exchange is of fedvit's own app (its recorded run config is fedvit's)."""
+    return FEDVIT_KEY in ex.run_config
 
 
-def naive_attention_route(obs: Observation) -> Reconstruction:
-    """APRIL's attention closed form on the update read as a gradient."""
-    return april.attention_route(as_gradient(obs))
+class Reader:
+    """Turns captured exchanges into observations, with what the wire showed before them: round 0's key
+    handshake per run, SCAFFOLD's control variates per partition (captures must come in round order), and the
+    colluders' known images."""
 
+    def __init__(self, options: AuditOptions) -> None:
+        self.options = options
+        self._handshakes: dict[Path, Any] = {}
+        self._controls: dict[tuple[Path, int], dict[str, np.ndarray]] = {}
+        self._colluders: dict[Path, list[tuple[int, np.ndarray, dict[str, np.ndarray]]]] = {}
+        self._skeleton: Any = None
+        self._classes = 0
+        self.settings_note = ""
 
-def attacks_for(obs: Observation) -> dict[str, Attack]:
-    """The attacks worth running on this observation: the closed forms and the optimisation attack always (the
-    closed forms read a FedAvg update's weight change as a summed gradient), the batch ICA attack on FedSGD
-    batches, and the defence-aware closed forms per defence."""
-    config = obs.config
-    chosen: dict[str, Attack] = {
-        "APRIL-E (naive)": naive_embedding_route,
-        "APRIL attention (naive)": naive_attention_route,
-    }
-    batch = recipe(obs)
-    if batch.sends_gradient and batch.batch > 1:
-        chosen[BATCH_ICA] = cocktail_party
-    if obs.masks is not None:
-        if config.mask.mode == "fixed-position":
-            chosen["fixed-position-aware"] = april.fixed_position
-        else:
-            chosen["APRIL-E mask-aware"] = april.masked_embedding_route
-    if config.encryption.enabled:
-        chosen["known-plaintext"] = april.known_plaintext_route
-        if obs.known_images:
-            chosen["known images (collusion)"] = april.known_images_route
-            chosen[COLLUSION_OPTIMISATION] = collusion_inversion
-    chosen[OPTIMISATION] = invert
-    return chosen
-
-
-OPTIMISATION = "gradient matching (optimisation, defence-aware)"
-COLLUSION_OPTIMISATION = "collusion key, then gradient matching"
-BATCH_ICA = "patch-embedding ICA (batch)"
-LABEL_ATTACK = "labels (head-bias gradient)"
-BASELINE = "best flat image (reference: no information)"  # "reference" rows are not attacks
-DATASET_MEAN = "dataset mean image (reference: no information)"
-
-
-def as_batch(truth: np.ndarray | None) -> list[np.ndarray] | None:
-    """Ground truth as a list of [C, H, W] images (a single image or a batch [n, C, H, W])."""
-    if truth is None:
-        return None
-    truth = np.asarray(truth)
-    return [truth] if truth.ndim == 3 else list(truth)
-
-
-REID_FIELDS = ("reid-top1", "reid-rank", "reid-ranks", "reid-gallery", "reid-chance")
-
-
-def score(rec: Reconstruction, truth: np.ndarray | None, gallery: Gallery | None = None) -> dict[str, Any]:
-    """Matched scores of a reconstruction against the true batch.
-
-    Reconstructions and true images are matched one to one (Hungarian assignment on PSNR); a true image left
-    without a reconstruction is scored as the best flat image (what a guess without information reaches), so
-    the mean over the batch never rewards an attack for returning fewer images. With a ``gallery``, each
-    matched reconstruction is also re-identified among the true image and the decoys
-    (:mod:`attacks.reidentification`).
-    """
-    truths = as_batch(truth)
-    if rec.image is None or truths is None:
-        return {"psnr": None, "ssim": None, "per-image-psnr": None, "matched": None} | dict.fromkeys(REID_FIELDS)
-    images = rec.all_images
-    pairs = match_batch(images, truths)
-    flats = [best_flat_image(t) for t in truths]
-    per_psnr = [psnr(f, t) for f, t in zip(flats, truths, strict=True)]
-    per_ssim = [ssim(f, t) for f, t in zip(flats, truths, strict=True)]
-    for i, j, value in pairs:
-        per_psnr[j], per_ssim[j] = value, ssim(images[i], truths[j])
-    reid = reid_scores({j: images[i] for i, j, _ in pairs}, truths, gallery, flats)
-    return {
-        "psnr": float(np.mean(per_psnr)),
-        "ssim": float(np.mean(per_ssim)),
-        "per-image-psnr": per_psnr,
-        "matched": f"{len(pairs)}/{len(truths)}",
-    } | reid
-
-
-def reid_scores(
-    matched: dict[int, np.ndarray], truths: list[np.ndarray], gallery: Gallery | None, flats: list[np.ndarray]
-) -> dict[str, Any]:
-    """:func:`attacks.reidentification.score_batch`, or every re-identification field None without a gallery."""
-    if gallery is None:
-        return dict.fromkeys(REID_FIELDS)
-    return reidentification.score_batch(matched, truths, gallery, flats)
-
-
-Attacked = tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]  # an update, its truth, its reconstructions
-
-
-def label_row(obs: Observation, true_labels: np.ndarray | None) -> dict[str, Any]:
-    """The label-recovery attack on one update, scored against the true labels when they are known."""
-    start = time.perf_counter()
-    counts, reason = recover_labels(obs)
-    found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
-    return {
-        **obs.meta,
-        "defence": defence_of(obs.config),
-        "attack": LABEL_ATTACK,
-        "budget": None,
-        "psnr": None,
-        "ssim": None,
-        "seconds": time.perf_counter() - start,
-        "note": reason if counts is None else f"class×count: {found}" + (f" ({reason})" if reason else ""),
-        "label-accuracy": None if counts is None or true_labels is None else label_accuracy(counts, true_labels),
-    }
-
-
-def reference_rows(
-    obs: Observation, truth: np.ndarray, dataset_mean: np.ndarray | None, gallery: Gallery | None = None
-) -> list[dict[str, Any]]:
-    """No-information baselines beside every scored update (and APRIL's minimum-norm limit on no-LN models)."""
-    truths = as_batch(truth)
-    flats = [best_flat_image(t) for t in truths]
-    references = [(BASELINE, flats, "per-channel mean of each true image")]
-    if dataset_mean is not None:
-        references.append((DATASET_MEAN, [dataset_mean] * len(truths), "the mean of the dataset's images"))
-    if obs.config.model.first_block == "no-ln":
-        references.append(
-            ("minimum-norm limit (reference)", [minimum_norm_limit(t, obs) for t in truths], "true patches projected "
-             "onto W_E's row space; not an attack")
-        )  # fmt: skip
-    rows = []
-    for name, guesses, note in references:
-        reid = reid_scores(dict(enumerate(guesses)), truths, gallery, flats)
-        rows.append(
-            {
-                **obs.meta,
-                "defence": defence_of(obs.config),
-                "attack": name,
-                "budget": None,
-                "psnr": float(np.mean([psnr(g, t) for g, t in zip(guesses, truths, strict=True)])),
-                "ssim": float(np.mean([ssim(g, t) for g, t in zip(guesses, truths, strict=True)])),
-                **reid,
-                "seconds": 0.0,
-                "note": note,
-            }
+    def observe(self, ex: Exchange, index: int = 1) -> Observation:
+        """``ex`` as the attacker holds it; ``index`` (1-based, in audit order) seeds another app's random starts."""
+        obs = self._fedvit(ex) if is_fedvit(ex) else self._other_app(ex, index)
+        client = recipe(obs)
+        setting = f"round {ex.round}, B={client.batch}" + (
+            ", FedSGD" if client.sends_gradient else f", {client.steps} local steps"
         )
-    return rows
+        obs.meta.update({"defence-name": defence_of(obs.config), "setting": setting, "batch-size": client.batch,
+                         "local-steps": 1 if client.sends_gradient else client.steps})  # fmt: skip
+        obs.meta["update"] = ex.label
+        obs.meta.update(ex.meta)  # a producer's own labels (the benchmark's defence and setting)
+        return obs
+
+    def _fedvit(self, ex: Exchange) -> Observation:
+        """A capture of fedvit's app: its run config names the model, the defence and the recipe."""
+        try:
+            config = parse_config(ex.run_config)
+        except ConfigError as err:
+            raise AuditInputError(f"{ex.label}: the recorded run config does not parse ({err})") from None
+        if self.options.budget is not None:
+            config = dataclasses.replace(config, audit=self.options.budget)
+        received = ex.received
+        num_classes = int(received[HEAD_BIAS].shape[0])
+        expected = {n: tuple(p.shape) for n, p in model_skeleton(config, num_classes).named_parameters()}
+        got = {n: tuple(a.shape) for n, a in received.items()}
+        if got != expected:
+            bad = sorted(set(got.items()) ^ set(expected.items()))[:3]
+            raise AuditInputError(f"{ex.stem}: the capture does not match the model of its run config (e.g. {bad})")
+        update, masks = dense_update(ex.sent_records, expected)
+        run = ex.stem.parent.parent.parent  # run-<id>/captures/round-NNNN/<stem>
+        plain, cipher = (None, None) if config.encryption.mode == "private-init" else self._handshake(run)
+        meta = {
+            "node": ex.node,
+            "partition": ex.partition,
+            "round": ex.round,
+            "label": f"p{ex.partition} r{ex.round}",
+            "num-examples": ex.sent_metrics.get("num-examples"),
+        }
+        return Observation(
+            update=update,
+            received=received,
+            config=config,
+            num_classes=num_classes,
+            masks=masks,
+            known_plaintext=plain,
+            known_ciphertext=cipher,
+            known_images=self._known_images(ex, config) if config.encryption.enabled else None,
+            correction=self._correction(ex, config, run),
+            meta=meta,
+        )
+
+    def _handshake(self, run: Path) -> tuple[Any, Any]:
+        if run not in self._handshakes:  # the wire saw the public initial layers go down and their encryption
+            self._handshakes[run] = load_handshake(run) or (None, None)
+        return self._handshakes[run]
+
+    def _correction(self, ex: Exchange, config: Config, run: Path) -> dict[str, np.ndarray] | None:
+        """SCAFFOLD: c − c_i, with c from the train message and c_i summed from the client's earlier
+        control-deltas on the wire (zeros before its first round)."""
+        if config.strategy != "scaffold":
+            return None
+        control = ex.received_records["control"]
+        mine = self._controls.get((run, int(ex.partition or -1)), {})
+        correction = {n: control[n] - mine.get(n, np.zeros_like(control[n])) for n in control}
+        delta = ex.sent_records.get("control-delta", {})
+        self._controls[(run, int(ex.partition or -1))] = {n: mine.get(n, 0) + d for n, d in delta.items()}
+        return correction
+
+    def _known_images(self, ex: Exchange, config: Config) -> list[tuple[np.ndarray, dict[str, np.ndarray]]] | None:
+        """Colluders (the benchmark's threat model): other clients' images and their single-image updates under the
+        same key, from the captures (with ground truth) a producer named in ``meta.colluders``."""
+        folder = ex.meta.get("colluders")
+        if not folder:
+            return None
+        folder = Path(folder)
+        if folder not in self._colluders:
+            exchanges, _ = load_exchanges(folder)
+            known = []
+            for colluder in exchanges:
+                truth = colluder.ground_truth()
+                if truth is not None:
+                    update = self._fedvit(colluder).update
+                    known.append((int(colluder.partition), np.asarray(truth["images"])[0], update))
+            self._colluders[folder] = sorted(known, key=lambda k: k[0])
+        return [(image, update) for p, image, update in self._colluders[folder] if p != ex.partition]
+
+    def _other_app(self, ex: Exchange, index: int) -> Observation:
+        """A capture of another app: the user's model, the reply's kind and the recipe read from the records."""
+        spec = self.options.spec
+        if spec is None:
+            raise AuditInputError(
+                f"{ex.label} is not from fedvit's app: give its model with --model package.module:factory "
+                "(or a timm name), or write fedvit-audit.toml beside the captures"
+            )
+        if self._skeleton is None:
+            self._skeleton = spec.build(num_classes=int(list(ex.received.values())[-1].shape[0]))
+            self._classes = output_width(self._skeleton, spec)
+        base = self._skeleton
+        names = [n for n, _ in base.named_parameters()]
+        received = map_state(ex.received, base, f"{ex.label} (received)")
+        sent = map_state(ex.sent, base, f"{ex.label} (sent)")
+        kind, distance = sent_kind(received, sent, names)
+        told = self.options.sent_as != "auto"
+        kind = self.options.sent_as if told else kind
+        client, sources = read_recipe(ex, kind, self.options.overrides)
+        bias = head_bias(base)
+        meta = {
+            "node": ex.node,
+            "partition": ex.partition,
+            "round": ex.round,
+            "label": f"r{ex.round} n{ex.node}",
+            "num-examples": client.examples,
+            "sent": f"{kind} (distance {distance:.3g})" + (", as told" if told else ""),
+            "recipe": "; ".join(f"{k} {v}" for k, v in sources.items()),
+        }
+        return Observation(
+            update={n: sent[n] for n in names},
+            received=received,
+            config=None,
+            num_classes=self._classes,
+            meta=meta,
+            spec=spec,
+            skeleton=base,
+            client=client,
+            head_bias=bias or "",
+            start_seed=index,
+        )
+
+    def budget(self, obs: Observation) -> AuditConfig:
+        """The optimisation budget for ``obs``: a fedvit run's own (or the user's) ``audit.*``; for another app's
+        model the user's budget with the start, kept candidate and (unless the user set it) TV weight that
+        :func:`attacks.model_spec.model_settings` chooses for the model family."""
+        if obs.config is not None:
+            return obs.config.audit
+        settings, why = model_settings(obs.skeleton)
+        tv_note = f" ({why}; --tv sets the weight)" if self.options.tv_by_model else " (--tv)"
+        if not self.options.tv_by_model:
+            settings.pop("tv")
+        budget = dataclasses.replace(self.options.budget or AuditConfig(), **settings)
+        start = "Gaussian start on the normalised scale" if budget.init == "gaussian" else "uniform start"
+        self.settings_note = (  # a user's model: no closed-form start, no position-embedding term to speak of
+            f"{budget.iterations} Adam steps × {budget.restarts} restart(s), ≤ {budget.max_seconds:g} s per update, "
+            f"step {budget.lr:g}, TV {budget.tv:g}{tv_note}, {start}, keeps the lowest "
+            + ("gradient match" if budget.keep == "match" else "total objective")
+        )
+        return budget
 
 
-def run_attack(name: str, attack: Attack, obs: Observation, position: str) -> Reconstruction:
-    """One attack on one update; the optimisation attacks show a progress bar of their Adam steps."""
-    if attack not in (invert, collusion_inversion):
-        return attack(obs)
-    with tqdm(total=None, desc=f"{position} {name}", unit="step", leave=False) as bar:
+def output_width(model: Any, spec: ModelSpec) -> int:
+    """How many classes the model scores (two probe images: BatchNorm in training mode needs a batch)."""
+    import torch
+
+    from core.model import normalize
+
+    with torch.no_grad():
+        probe = torch.zeros(2, *spec.input_shape)
+        out = model.eval()(normalize(model, probe))
+    return int((out.logits if hasattr(out, "logits") else out).shape[-1])
+
+
+# ---------------------------------------------------------------------------- scoring data
+
+
+class Truths:
+    """The client images an update is scored against: the user's ``--data`` (a partition), else the batch fedvit's
+    clients recorded; with a decoy gallery for re-identification."""
+
+    def __init__(self, options: AuditOptions) -> None:
+        self.options = options
+        self._test_gallery: dict[tuple, Gallery | None] = {}
+        self.galleries: list[Gallery] = []
+        self.notes: list[str] = []
+
+    def of(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray | None, np.ndarray | None, Gallery | None, bool]:
+        """(images, labels, gallery, exact): ``exact`` when the images are exactly the update's."""
+        data = self.options.data
+        if data is not None:
+            partition = data.partitions.get(str(ex.node), ex.partition)
+            if partition is None:
+                self.notes.append(f"{ex.label}: no partition known for node {ex.node} (give --partition NODE=ID): "
+                                  "unscored")  # fmt: skip
+                return None, None, None, False
+            images, labels = data.load(partition, ex.num_partitions)
+            gallery = gallery_for(data, partition, images.shape[1:])
+            exact = len(images) == recipe(obs).examples
+            if not exact:  # which of the partition's images the update used is unknown
+                self.notes.append(
+                    f"{ex.label}: partition {partition} holds {len(images)} images, the update {recipe(obs).examples}: "
+                    "each reconstruction is scored against its closest partition image (optimistic); labels unscored"
+                )
+            obs.meta["partition"] = partition
+            return self._keep(images, labels, gallery, exact)
+        recorded = ex.ground_truth()
+        if recorded is None:
+            return None, None, None, False
+        images = np.asarray(recorded["images"])
+        return self._keep(images, np.asarray(recorded["labels"]), self._gallery_of(obs, images), True)
+
+    def _keep(self, images, labels, gallery, exact):
+        if gallery is not None and all(gallery is not g for g in self.galleries):
+            self.galleries.append(gallery)
+        return images, labels, gallery, exact
+
+    def _gallery_of(self, obs: Observation, images: np.ndarray) -> Gallery | None:
+        """Decoys from the test split of a fedvit run's dataset (None when off or not loadable here, said once)."""
+        if self.options.gallery is not None:
+            return self.options.gallery
+        if self.options.decoys <= 0 or obs.config is None:
+            return None
+        key = (obs.config.data, obs.config.seed, int(images.shape[-1]))
+        if key not in self._test_gallery:
+            try:
+                self._test_gallery[key] = gallery_from_test_split(obs.config, key[2], self.options.decoys)
+            except (OSError, RuntimeError, ValueError) as err:
+                note = f"re-identification not scored: the run's test split cannot be loaded ({err})"
+                print(f"audit: {note}", flush=True)
+                self.notes.append(note)
+                self._test_gallery[key] = None
+        return self._test_gallery[key]
+
+
+# ---------------------------------------------------------------------------- the pipeline
+
+
+def run_attack(attack: Attack, obs: Observation, budget: AuditConfig, device: str | None, position: str):
+    """One image attack on one update; the optimisation attacks show a progress bar of their Adam steps."""
+    if not attack.optimising:
+        return attack.run(obs)
+    with tqdm(total=None, desc=f"{position} {attack.name}", unit="step", leave=False) as bar:
 
         def progress(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
 
-        return attack(obs, progress=progress)
+        return attack.run(obs, budget, progress, device)
 
 
-OPTIMISING = (invert, collusion_inversion)  # attacks whose strength is a number of optimiser steps
+def attack_exchange(
+    obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Reconstruction]]:
+    """Every attack that applies to one observation: its report rows, its update entry, its reconstructions."""
+    images, labels, gallery, exact = truth
+    head = {**obs.meta, "defence": defence_of(obs.config)}
+    client = recipe(obs)
+    statuses: dict[str, str] = {}
+    started = time.perf_counter()
+    counts, label_note = (None, why) if (why := labels_apply(obs)) else recover_labels(obs)
+    accuracy = None if counts is None or labels is None or not exact else label_accuracy(counts, labels)
+    found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
+    rows = [
+        head | {
+            "attack": LABELS,
+            "budget": None,
+            "psnr": None,
+            "ssim": None,
+            "seconds": time.perf_counter() - started,
+            "note": label_note if counts is None else f"class×count: {found}" + (f" ({label_note})" * bool(label_note)),
+            "label-accuracy": accuracy,
+            "labels": None if counts is None else {int(c): int(n) for c, n in enumerate(counts) if n},
+        }
+    ]  # fmt: skip
+    statuses[LABELS] = f"not applicable: {label_note}" if counts is None else "applied" + (
+        f" ({label_note})" if label_note else ""
+    )
+    chosen, refused = applicable(obs)
+    recs, ranks, scored_by = {}, {}, {}
+    for attack in chosen:
+        for steps in (options.budgets or [budget.iterations]) if attack.optimising else [None]:
+            target = budget if steps is None else dataclasses.replace(budget, iterations=steps)
+            start = time.perf_counter()
+            rec = run_attack(attack, obs, target, options.device, position)
+            scored = score(rec, images, gallery)
+            rows.append(
+                head | {
+                    "attack": attack.name,
+                    "budget": steps,
+                    "steps-done": rec.steps,
+                    "steps-asked": None if steps is None else steps * target.restarts,
+                    **scored,
+                    "seconds": time.perf_counter() - start,
+                    "note": rec.note,
+                }
+            )  # fmt: skip
+            recs[attack.name], ranks[attack.name], scored_by[attack.name] = rec, scored["reid-ranks"], scored
+        statuses[attack.name] = ("applied: " + recs[attack.name].note) if recs[attack.name].image is not None else (
+            "could not run: " + recs[attack.name].note
+        )
+    statuses |= {name: f"not applicable: {why}" for name, why in refused.items()}
+    if images is not None:
+        rows += reference_rows(obs, images, options.dataset_mean, gallery, head)
+    with_scores = {n: s for n, s in scored_by.items() if s["psnr"] is not None}
+    best = max(with_scores, key=lambda n: with_scores[n]["psnr"]) if with_scores else None
+    update = {
+        "update": obs.meta.get("update") or obs.meta["label"],
+        "node": obs.meta.get("node"),
+        "round": obs.meta.get("round"),
+        "partition": obs.meta.get("partition"),
+        "sent": obs.meta.get("sent") or ("gradient" if client.sends_gradient else "weights") + " (run config)",
+        "batch": client.batch,
+        "steps": client.steps,
+        "examples": client.examples,
+        "recipe": obs.meta.get("recipe") or "from the run config",
+        "labels": rows[0]["labels"],
+        "label-accuracy": accuracy,
+        "attacks": statuses,
+        "best-attack": best,
+        "seconds": round(time.perf_counter() - started, 1),
+    } | {k: (with_scores[best][k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
+    return rows, update, {"ranks": ranks} | recs
 
 
-def with_iterations(obs: Observation, steps: int) -> Observation:
-    """``obs`` with the optimisation budget set to ``steps`` Adam steps per restart (other audit.* kept)."""
-    audit = dataclasses.replace(obs.config.audit, iterations=steps)
-    return dataclasses.replace(obs, config=dataclasses.replace(obs.config, audit=audit))
-
-
-def audit_observations(
-    items: list[tuple[Observation, np.ndarray | None]],
-    out: Path,
-    title: str,
-    grid_name: str = "grid.png",
-    true_labels: list[np.ndarray | None] | None = None,
-    dataset_mean: np.ndarray | None = None,
-    gallery: Gallery | None = None,
-    budgets: list[int] | None = None,
-) -> tuple[list[dict[str, Any]], list[Attacked]]:
-    """Attack every observation, score it, write ``audit.md``, ``audit.json`` and the image grid.
-
-    ``items`` pair each observation with its true images (one [C, H, W] image or a batch [n, C, H, W], or None
-    when unknown); ``true_labels`` (per item, when known) score the label attack; ``dataset_mean`` adds the
-    dataset-mean reference; ``gallery`` adds re-identification among decoys; ``budgets`` runs the optimisation
-    attacks once per number of Adam steps (default: each update's ``audit.iterations``). Returns the table rows
-    and, per observation, its reconstructions by attack name (the largest budget's, where several ran).
-    """
+def audit_exchanges(
+    exchanges: list[Exchange], out: Path, options: AuditOptions, notes: list[str] | None = None
+) -> tuple[dict[str, Any], list[Audited]]:
+    """Attack and score every exchange; write ``audit.json``, ``audit.md``, ``grid.png`` and the frontier under
+    ``out``. Returns the report and, per exchange, what was attacked."""
     out.mkdir(parents=True, exist_ok=True)
-    rows, images, annotations = [], [], []
-    labels = true_labels or [None] * len(items)
-    budget_notes = {obs.config.audit.describe() for obs, _ in items}
-    if budgets:
-        budget_notes = {f"budgets (Adam steps per restart): {', '.join(map(str, budgets))}; otherwise " + b
-                        for b in budget_notes}  # fmt: skip
-    for k, ((obs, truth), labels_of_batch) in enumerate(
-        zip(tqdm(items, desc="audit", unit="update"), labels, strict=True)
-    ):
-        rows.append(label_row(obs, labels_of_batch))
-        recs, ranks = {}, {}
-        for name, attack in attacks_for(obs).items():
-            steps_list = (budgets or [obs.config.audit.iterations]) if attack in OPTIMISING else [None]
-            for steps in steps_list:
-                target = obs if steps is None else with_iterations(obs, steps)
-                start = time.perf_counter()
-                rec = run_attack(name, attack, target, f"update {k + 1}/{len(items)}")
-                seconds = time.perf_counter() - start
-                scored = score(rec, truth, gallery)
-                rows.append(
-                    {
-                        **obs.meta,
-                        "defence": defence_of(obs.config),
-                        "attack": name,
-                        "budget": steps,
-                        "steps-done": rec.steps,
-                        "steps-asked": None if steps is None else steps * target.config.audit.restarts,
-                        **scored,
-                        "seconds": seconds,
-                        "note": rec.note,
-                    }
-                )
-                recs[name], ranks[name] = rec, scored["reid-ranks"]
-        if truth is not None:
-            rows.extend(reference_rows(obs, truth, dataset_mean, gallery))
-        images.append((obs, truth, recs))
-        annotations.append(ranks)
+    reader, truths = Reader(options), Truths(options)
+    rows, updates, attacked, grid_ranks, budgets = [], [], [], [], {}
+    for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
+        obs = reader.observe(ex, k + 1)
+        budget = reader.budget(obs)
+        budgets[budget_text(budget, options.budgets, reader.settings_note if obs.config is None else None)] = None
+        truth = truths.of(ex, obs)
+        update_rows, update, recs = attack_exchange(obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}")
+        rows += update_rows
+        updates.append(update)
+        grid_ranks.append(recs.pop("ranks"))
+        attacked.append(Audited(obs, truth[0], recs))
+        tqdm.write(f"audit: {update['update']}: labels {update['labels']}; " + (
+            "unscored" if update["psnr"] is None else
+            f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
+        ))  # fmt: skip
+    models = dict.fromkeys(
+        a.obs.spec.describe() if a.obs.spec is not None else f"fedvit's {a.obs.config.model.name} (run config)"
+        for a in attacked
+    )
     report = {
-        "title": title,
-        "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(gallery)},
-        "budget": sorted(budget_notes),
+        "title": options.title or "fedvit audit",
+        "model": "; ".join(models) or "—",
+        "verdict": verdict(updates),
+        "metrics": metric_settings(truths.galleries),
+        "budget": list(budgets),
+        "updates": updates,
         "rows": rows,
         "summary": summarize(rows),
+        "notes": list(notes or []) + truths.notes,
     }
-    atomic_write(out / "audit.json", json.dumps(report, indent=1, default=float).encode())
+    assert tuple(report) == TOP_LEVEL_KEYS
+    atomic_write(out / "audit.json", json.dumps(report, indent=1, default=_json_default).encode())
     atomic_write(out / "audit.md", markdown(report).encode())
-    save_grid(images, out / grid_name, annotations)
-    return rows, images
-
-
-def reid_setting(gallery: Gallery | None) -> str:
-    """How re-identification was scored (or why it was not), for the report."""
-    if gallery is None:
-        return "not scored (no decoy gallery)"
-    return (
-        f"top-1 rate and mean rank of the true image in a gallery of it and up to {len(gallery.decoys)} decoys "
-        f"({gallery.source}; the client's own images removed; chance 1/gallery size); similarity: "
-        f"{reidentification.SIMILARITY}; each true image's reconstruction is the one matched to it for PSNR"
-    )
-
-
-BATCH_SCORING = (
-    "reconstructions matched one to one to the true images (Hungarian assignment on PSNR, scipy); PSNR/SSIM are "
-    "means over every true image of the update, an image left unmatched scored as its best flat image"
-)
-
-
-def attack_label(row: dict[str, Any]) -> str:
-    """The attack's name with its optimiser budget, where it has one."""
-    return row["attack"] + (f" @ {row['budget']} steps" if row.get("budget") else "")
-
-
-def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean PSNR/SSIM, re-identification, label accuracy and time per (defence, setting, attack, budget), over
-    the updates that could be attacked."""
-    groups: dict[tuple[str, str, str, int | None], list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["defence"], row.get("setting", ""), row["attack"], row.get("budget")), []).append(row)
-    out = []
-    for (defence, setting, attack, budget), members in groups.items():
-        scored = [m for m in members if m["psnr"] is not None]
-        out.append(
-            {
-                "defence": defence,
-                "setting": setting,
-                "attack": attack,
-                "budget": budget,
-                "updates": len(members),
-                "scored": len(scored),
-                "psnr": float(np.mean([m["psnr"] for m in scored])) if scored else None,
-                "ssim": float(np.mean([m["ssim"] for m in scored])) if scored else None,
-                "reid-top1": mean_or_none([m.get("reid-top1") for m in members]),
-                "reid-rank": mean_or_none([m.get("reid-rank") for m in members]),
-                "reid-chance": mean_or_none([m.get("reid-chance") for m in members]),
-                "seconds": float(np.mean([m["seconds"] for m in members])),
-                "note": members[0]["note"],
-                "label-accuracy": mean_or_none([m.get("label-accuracy") for m in members]),
-            }
-        )
-    return out
-
-
-def markdown(report: dict[str, Any]) -> str:
-    def fmt(v, spec):
-        return "—" if v is None else format(v, spec)
-
-    lines = [
-        f"# {report['title']}",
-        "",
-        "## Summary (mean over updates)",
-        "",
-        "Re-identification: top-1 rate of the true image among the decoy gallery (chance in brackets) and its mean "
-        "rank; see the metrics line at the end.",
-        "",
-        "| defence | setting | attack | updates | matched PSNR (dB) | SSIM | re-identified (chance) | mean rank "
-        "| label accuracy | seconds | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["summary"]:
-        lines.append(
-            f"| {r['defence']} | {r.get('setting', '')} | {attack_label(r)} | {r['updates']} | "
-            f"{fmt(r['psnr'], '.1f')} | {fmt(r['ssim'], '.3f')} | {reid_cell(r)} | {fmt(r.get('reid-rank'), '.1f')} "
-            f"| {fmt(r.get('label-accuracy'), '.0%')} | {r['seconds']:.3f} | {r['note']} |"
-        )
-    lines += [
-        "",
-        "## Every update",
-        "",
-        "| node | round | image | setting | defence | attack | matched | PSNR (dB) | SSIM | re-identified | mean rank "
-        "| seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["rows"]:
-        lines.append(
-            f"| {r.get('partition', '')} | {r.get('round', '')} | {r.get('image', '')} | {r.get('setting', '')} | "
-            f"{r['defence']} | {attack_label(r)} | {r.get('matched') or ''} | {fmt(r['psnr'], '.1f')} | "
-            f"{fmt(r['ssim'], '.3f')} | {fmt(r.get('reid-top1'), '.0%')} | {fmt(r.get('reid-rank'), '.1f')} | "
-            f"{r['seconds']:.3f} |"
-        )
-    lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
-    lines += ["Optimisation budget: " + "; ".join(report.get("budget", [])), ""]
-    return "\n".join(lines)
-
-
-GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)
-
-
-def matched_images(rec: Reconstruction, truths: list[np.ndarray]) -> dict[int, np.ndarray]:
-    """The reconstruction assigned to each true image (by index) in the one-to-one matching of :func:`score`."""
-    images = rec.all_images
-    if not images:
-        return {}
-    return {j: images[i] for i, j, _ in match_batch(images, truths)}
-
-
-def save_grid(
-    images: list[tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]],
-    path: Path,
-    ranks: list[dict[str, list[float] | None]] | None = None,
-) -> None:
-    """One row per true image (up to four per update): original | each attack's reconstruction matched to it
-    (blank where an attack could not run or left that image unmatched), with the true image's re-identification
-    rank under it where ``ranks`` (per update: attack → per-true-image rank) has one."""
-    from core.plots import plt
-
-    if not images:
-        return
-    ranks = ranks or [{} for _ in images]
-    names = list(dict.fromkeys(n for _, _, recs in images for n in recs))
-    panels = []  # (row label, truth, {attack: image}, {attack: rank})
-    for (obs, truth, recs), update_ranks in zip(images, ranks, strict=True):
-        truths = as_batch(truth)
-        if truths is None:
-            panels.append((obs.meta.get("label", ""), None, {n: r.image for n, r in recs.items()}, {}))
-            continue
-        matched = {n: matched_images(r, truths) for n, r in recs.items()}
-        for j, t in enumerate(truths[:GRID_IMAGES_PER_UPDATE]):
-            label = obs.meta.get("label", "") + (f" #{j}" if len(truths) > 1 else "")
-            ranked = {n: r[j] for n, r in update_ranks.items() if r is not None and matched[n].get(j) is not None}
-            panels.append((label, t, {n: m.get(j) for n, m in matched.items()}, ranked))
-    cols = 1 + len(names)
-    fig, axes = plt.subplots(len(panels), cols, figsize=(1.6 * cols, 1.7 * len(panels)), squeeze=False)
-    for i, (label, truth, recs, ranked) in enumerate(panels):
-        for j, (name, img) in enumerate([("original", truth)] + [(n, recs.get(n)) for n in names]):
-            ax = axes[i, j]
-            ax.axis("off")
-            if img is not None:
-                ax.imshow(np.transpose(img, (1, 2, 0)))
-            if name in ranked:
-                ax.text(0.5, -0.04, f"re-id rank {ranked[name]:g}", transform=ax.transAxes, fontsize=5,
-                        ha="center", va="top")  # fmt: skip
-            if i == 0:
-                ax.set_title(textwrap.fill(name, 24), fontsize=6)  # long attack names would overlap
-        axes[i, 0].text(-0.1, 0.5, label, transform=axes[i, 0].transAxes, fontsize=6, ha="right", va="center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
-# ---------------------------------------------------------------------------- captured runs
-
-
-def observation_from_capture(
-    stem: Path, handshake: tuple[dict, dict] | None, controls: dict[int, dict[str, np.ndarray]] | None = None
-) -> Observation:
-    """Rebuild what the wire observer saw for one train message (``<stem>.json`` + its two safetensors).
-
-    SCAFFOLD: the correction c − c_i uses the server control c of the message and c_i as the observer summed it
-    from the client's earlier control-deltas: ``controls`` (partition → c_i; zeros before its first round), which
-    this call then advances by the message's own control-delta (captures must come in round order)."""
-    manifest = json.loads(stem.with_name(f"{stem.name}.json").read_text())
-    config = parse_config(manifest["run_config"])
-    sent = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors")))
-    received_records = unflatten(load_file(stem.with_name(f"{stem.name}.received.safetensors")))
-    received = received_records["arrays"]
-    num_classes = int(received[HEAD_BIAS].shape[0])
-    expected = {n: tuple(p.shape) for n, p in model_skeleton(config, num_classes).named_parameters()}
-    got = {n: tuple(a.shape) for n, a in received.items()}
-    if got != expected:
-        bad = sorted(set(got.items()) ^ set(expected.items()))[:3]
-        raise ValueError(f"{stem}: the capture does not match the model of its run config (e.g. {bad})")
-    update, masks = dense_update(sent, expected)
-    correction = None
-    if config.strategy == "scaffold":
-        controls = {} if controls is None else controls
-        control, partition = received_records["control"], int(manifest.get("partition", -1))
-        mine = controls.get(partition, {})
-        correction = {n: control[n] - mine.get(n, np.zeros_like(control[n])) for n in control}
-        controls[partition] = {n: mine.get(n, 0) + d for n, d in sent.get("control-delta", {}).items()}
-    plain, cipher = handshake if handshake is not None else (None, None)
-    meta = {
-        "partition": manifest.get("partition"),
-        "round": manifest.get("round"),
-        "label": f"p{manifest.get('partition')} r{manifest.get('round')}",
-        "num-examples": manifest.get("sent", {}).get("metrics", {}).get("metrics", {}).get("num-examples"),
-    }
-    return Observation(
-        update=update,
-        received=received,
-        config=config,
-        num_classes=num_classes,
-        masks=masks,
-        known_plaintext=plain,
-        known_ciphertext=cipher,
-        correction=correction,
-        meta=meta,
-    )
-
-
-def capture_gallery(items: list[tuple[Observation, np.ndarray | None]], decoys: int) -> Gallery | None:
-    """The decoy gallery for a captured run: its dataset's test split at the captured image size. None (said on
-    stdout and in the report) when re-identification is off, no ground truth was recorded, or the split cannot
-    be loaded here."""
-    truths = [truth for _, truth in items if truth is not None]
-    if decoys <= 0 or not truths:
-        if decoys > 0:
-            print("audit: no ground truth recorded: re-identification not scored", flush=True)
-        return None
-    config = items[0][0].config
-    try:
-        return reidentification.gallery_from_test_split(config, int(np.asarray(truths[0]).shape[-1]), decoys)
-    except (OSError, RuntimeError, ValueError) as err:
-        print(f"audit: re-identification not scored: the run's test split cannot be loaded ({err})", flush=True)
-        return None
-
-
-def audit_captures(
-    capture_dir: Path,
-    out: Path,
-    budget: AuditConfig | None = None,
-    decoys: int = reidentification.DEFAULT_DECOYS,
-    budgets: list[int] | None = None,
-) -> list[dict[str, Any]]:
-    """Audit every captured train update under ``capture_dir`` (a run's ``captures/`` or the run folder) with the
-    optimisation budget ``budget`` (default: the captured run's own ``audit.*`` settings), re-identification
-    among ``decoys`` images of the run's test split (0: not scored) and optionally several ``budgets``."""
-    capture_dir = capture_dir / CAPTURES if (capture_dir / CAPTURES).is_dir() else capture_dir
-    if not capture_dir.is_dir():
-        raise FileNotFoundError(f"no captures in {capture_dir}")
-    run = capture_dir.parent
-    stems = sorted(p.with_suffix("") for p in capture_dir.glob("round-*/partition-*.json") if "handshake" not in p.name)
-    if not stems:
-        raise FileNotFoundError(f"no captured train messages in {capture_dir} (was capture.enabled on?)")
-    handshakes = sorted(capture_dir.glob("round-0000/partition-*-handshake.json"))
-    handshake = None
-    if handshakes:  # the wire saw the public initial layers go down and their encryption come back
-        stem = handshakes[0].with_suffix("")
-        plain = unflatten(load_file(stem.with_name(f"{stem.name}.received.safetensors")))["arrays"]
-        cipher = unflatten(load_file(stem.with_name(f"{stem.name}.sent.safetensors")))["arrays"]
-        handshake = (plain, cipher)
-    items, labels = [], []
-    controls: dict[int, dict[str, np.ndarray]] = {}  # SCAFFOLD: c_i per partition, summed from its control-deltas
-    for stem in stems:
-        obs = observation_from_capture(stem, handshake, controls)
-        if obs.correction is not None:
-            if obs.config.capture.rounds or obs.config.capture.partitions:
-                obs.meta["note"] = "c_i summed from the captured rounds only (a capture selection was set)"
-        if budget is not None:
-            obs = dataclasses.replace(obs, config=dataclasses.replace(obs.config, audit=budget))
-        if obs.config.encryption.mode == "private-init":
-            obs = dataclasses.replace(obs, known_plaintext=None, known_ciphertext=None)  # the pair is not a pair
-        truth_path = run / GROUND_TRUTH / stem.parent.name / f"{stem.name}.safetensors"
-        recorded = load_file(truth_path) if truth_path.exists() else None
-        client = recipe(obs)
-        setting = f"round {obs.meta['round']}, B={client.batch}" + (
-            ", FedSGD" if client.sends_gradient else f", {client.steps} local steps"
-        )
-        obs.meta.update({"defence-name": defence_of(obs.config), "setting": setting, "batch-size": client.batch,
-                         "local-steps": 1 if client.sends_gradient else client.steps})  # fmt: skip
-        items.append((obs, recorded["images"] if recorded is not None else None))
-        labels.append(recorded["labels"] if recorded is not None else None)
-    print(f"audit: {len(items)} captured update(s) from {capture_dir}", flush=True)
-    gallery = capture_gallery(items, decoys)
-    rows = audit_observations(
-        items, out, f"fedvit audit of {run}", true_labels=labels, gallery=gallery, budgets=budgets
-    )[0]
+    save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
     write_frontier(rows, out, {})
+    return report, attacked
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return str(value)
+
+
+def metric_settings(galleries: list[Gallery]) -> dict[str, str]:
+    from attacks.metrics import SETTINGS
+
+    return SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(galleries)}
+
+
+def budget_text(budget: AuditConfig, budgets: list[int] | None, own_text: str | None) -> str:
+    """The optimisation budget as the report states it (``own_text``: another app's model's own wording)."""
+    text = own_text or budget.describe()
+    if budgets:
+        text = f"budgets (Adam steps per restart): {', '.join(map(str, budgets))}; otherwise " + text
+    return text
+
+
+def audit_captures(captures: Path, out: Path, options: AuditOptions | None = None) -> dict[str, Any]:
+    """Audit every captured train exchange under ``captures`` (a capture root, a run folder or a ``captures/``
+    folder of any Flower app): see the module docstring. Raises :class:`AuditInputError` with what to change."""
+    options = options or AuditOptions()
+    if not captures.exists():
+        raise AuditInputError(f"no captures in {captures}: no such folder")
+    exchanges, skipped = load_exchanges(captures)
+    hidden = unreadable_links(captures)
+    notes = [f"skipped {s}" for s in skipped]
+    if hidden:
+        notes.append(f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded")
+    if not exchanges and not hidden:
+        old = (
+            " (these are fedvit's captures in the layout before the one capture layout, captures/round-N/partition-P:"
+            f" fedvit at commit {OLD_LAYOUT_COMMIT} audits them, or capture the run again)"
+        )
+        raise AuditInputError(
+            f"no captured train exchanges (node-<id>.json) under {captures}"
+            + (old if any(captures.rglob("partition-*.json")) else "")
+        )
+    print(f"audit: {len(exchanges)} captured update(s) under {captures}", flush=True)
+    title = options.title or f"fedvit audit of {captures}"
+    if options.spec is not None and exchanges and all(is_fedvit(ex) for ex in exchanges):
+        raise AuditInputError("--model: these are captures of fedvit's own app, whose run config names its model")
+    report, _ = audit_exchanges(exchanges, out, dataclasses.replace(options, title=title), notes)
     print((out / "frontier.md").read_text().split("\n## Every attack")[0], flush=True)
-    return rows
+    print(f"audit: {report['verdict']}", flush=True)
+    return report
+

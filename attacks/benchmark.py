@@ -1,17 +1,21 @@
 """``fedvit audit --benchmark``: client updates for every defence and setting (batch size; FedSGD or FedAvg with
-E local steps), made by the real client code, attacked and scored in one go — the audit table, the image grid
-in the layout of the defence papers' Fig. 4 (single-image FedSGD) and the leakage-vs-utility frontier.
+E local steps), made by the real client code, written as captures in the one capture layout and audited through
+the one pipeline (:mod:`attacks.audit`) — the audit report, the image grid in the layout of the defence papers'
+Fig. 4 (single-image FedSGD) and the leakage-vs-utility frontier.
 
 Client k (of K) trains on round 1 on its partition of steps·B images, so its update is the gradient of one
-batch (FedSGD) or E local steps over them (FedAvg); the same K partitions go through every defence. The ground
-truth comes from the client's ``on_batch`` hook (kept in memory, apart from the observation); the attacks see
-only the payload, the model the client received and the public config.
+batch (FedSGD) or E local steps over them (FedAvg); the same K partitions go through every defence, each defence
+and setting a run of its own (``run-<n>/captures/round-0001/node-<k+1>``). The ground truth comes from the
+client's ``on_batch`` hook and is written beside the captures, as fedvit's clients write it; the attacks see
+only the payload, the model the client received and the public config. Under encryption the attacker may also
+know colluding clients' images and single-image updates (``colluders/<defence>/``, named in the manifests).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +23,13 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from attacks.audit import as_batch, audit_observations, defence_of
+from attacks.audit import AuditOptions, Reader, audit_exchanges, defence_of
+from attacks.capture import capture_stem, write_direction, write_ground_truth
+from attacks.exchanges import load_exchanges
 from attacks.frontier import write_frontier
-from attacks.observation import Observation, dense_update
+from attacks.observation import Observation
 from attacks.reidentification import DEFAULT_DECOYS, gallery_from_test_split
+from attacks.scoring import as_batch
 from clients import runner
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from clients.privacy import privatize_offline
@@ -104,17 +111,12 @@ def partitions(config: Config, setting: Setting, updates: int) -> int:
     return count
 
 
-def client_update(config: Config, partition: int, images: int, seed_key: int) -> tuple[Observation, np.ndarray]:
-    """One client's round-1 update through ``clients.runner.train``, as an attacker observes it, and its image."""
-    obs, truths, _ = client_update_and_labels(config, partition, images, seed_key)
-    return obs, truths[0]
-
-
-def client_update_and_labels(
-    config: Config, partition: int, num_partitions: int, seed_key: int
-) -> tuple[Observation, np.ndarray, np.ndarray]:
-    """:func:`client_update` with every image the client trained on [n, C, H, W] and their labels (for scoring;
-    never in the observation)."""
+def write_client_update(
+    root: Path, run_id: int, config: Config, partition: int, num_partitions: int, seed_key: int, meta: dict[str, Any]
+) -> None:
+    """One client's round-1 update through ``clients.runner.train``, written as the capture an eavesdropper on
+    its link records (node ``partition + 1``), with its true batch beside it (for scoring only). Under encryption
+    the clients' key comes from ``seed_key``; in ``paper`` mode round 0's handshake is captured too."""
     data_classes = client_data(config.data, config.seed, partition, num_partitions).images.num_classes
     model = build_model(config.model, data_classes, config.seed)
     public = get_weights(model)
@@ -137,25 +139,61 @@ def client_update_and_labels(
     )  # fmt: skip
     if config.dp.enabled:  # through Flower's DP mod, as the ClientApp's dp_mod does
         records, metrics = privatize_offline(config, received, records, metrics, config.lr)
-    update, masks = dense_update(records, {n: w.shape for n, w in public.items()})
-    meta = {
-        "image": partition,
-        "partition": partition,
-        "round": 1,
-        "label": f"client {partition}",
-        "num-examples": int(metrics["num-examples"]),
+    node = partition + 1
+    head = {"run-id": run_id, "round": 1, "node": node, "partition": partition, "observer": "benchmark",
+            "run_config": config.to_dict(), "meta": meta}  # fmt: skip
+    stem = capture_stem(root, run_id, 1, node, "train")
+    write_direction(stem, "received", *_direction("train", {"arrays": received}, config={"server-round": 1}), **head)
+    write_direction(stem, "sent", *_direction("train", records, metrics=metrics), **head)
+    write_ground_truth(root, run_id, 1, node, batch["images"], batch["labels"])
+    if plain is not None:
+        stem = capture_stem(root, run_id, 0, node, "query")
+        head = head | {"round": 0}
+        write_direction(stem, "received", *_direction("query", {"arrays": plain}), **head)
+        write_direction(stem, "sent", *_direction("query", {"arrays": cipher}), **head)
+
+
+def observed_update(
+    config: Config, partition: int, num_partitions: int, seed_key: int, root: Path
+) -> tuple[Observation, np.ndarray, np.ndarray]:
+    """One client's update as the audit observes it (written under ``root`` and read back through the audit's
+    reader), with the images and labels it trained on (for scoring; never in the observation)."""
+    write_client_update(root, 1, config, partition, num_partitions, seed_key, {})
+    exchanges, _ = load_exchanges(root)
+    (ex,) = [e for e in exchanges if e.partition == partition and e.run_id == 1]
+    truth = ex.ground_truth()
+    return Reader(AuditOptions()).observe(ex), truth["images"], truth["labels"]
+
+
+def client_update_and_labels(
+    config: Config, partition: int, num_partitions: int, seed_key: int
+) -> tuple[Observation, np.ndarray, np.ndarray]:
+    """:func:`observed_update` through a temporary capture folder (the arrays are read into memory)."""
+    with tempfile.TemporaryDirectory(prefix="fedvit-update-") as tmp:
+        return observed_update(config, partition, num_partitions, seed_key, Path(tmp))
+
+
+def client_update(config: Config, partition: int, num_partitions: int, seed_key: int) -> tuple[Observation, np.ndarray]:
+    """One client's update as the audit observes it, and its first image."""
+    obs, images, _ = client_update_and_labels(config, partition, num_partitions, seed_key)
+    return obs, images[0]
+
+
+def _direction(
+    message_type: str,
+    records: dict[str, dict[str, np.ndarray]],
+    config: dict | None = None,
+    metrics: dict | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Records as one direction of a capture: the flattened arrays and the manifest entry."""
+    arrays = {f"{record}/{name}": np.asarray(a) for record, named in records.items() for name, a in named.items()}
+    entry = {
+        "message-type": message_type,
+        "arrays": {k: list(v.shape) for k, v in arrays.items()},
+        "config": {"config": config} if config else {},
+        "metrics": {"metrics": metrics} if metrics else {},
     }
-    obs = Observation(
-        update=update,
-        received=received,
-        config=config,
-        num_classes=data_classes,
-        masks=masks,
-        known_plaintext=plain,
-        known_ciphertext=cipher,
-        meta=meta,
-    )
-    return obs, batch["images"], batch["labels"]
+    return arrays, entry
 
 
 def dataset_mean_image(config: Config, size: int) -> np.ndarray:
@@ -203,12 +241,14 @@ def run_benchmark(
     accuracy: dict[str, float] | None = None,
     decoys: int = DEFAULT_DECOYS,
     budgets: list[int] | None = None,
+    keep: Path | None = None,
 ) -> list[dict]:
-    """Produce, attack and score ``images`` client updates per defence and setting; write audit.md/json, grid.png,
-    fig4.png (single-image FedSGD) and the frontier (frontier.json/md/png; ``accuracy``: final accuracy per
-    defence name from short training runs, for the accuracy-cost axis). ``decoys`` test-split images form the
-    re-identification gallery (0: not scored); ``budgets`` runs the optimisation attacks at each number of Adam
-    steps per restart (default: ``audit.iterations``)."""
+    """Produce ``images`` client updates per defence and setting as captures (under ``keep``, else in a temporary
+    folder), audit them through the one pipeline; write audit.md/json, grid.png, fig4.png (single-image FedSGD)
+    and the frontier (frontier.json/md/png; ``accuracy``: final accuracy per defence name from short training
+    runs, for the accuracy-cost axis). ``decoys`` test-split images form the re-identification gallery (0: not
+    scored); ``budgets`` runs the optimisation attacks at each number of Adam steps per restart (default:
+    ``audit.iterations``)."""
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FEDVIT_CLIENT_STATE", str(out / "client-state"))  # locked masks of these clients
     chosen = defences or list(DEFENCES)
@@ -216,52 +256,71 @@ def run_benchmark(
     if unknown:
         raise ValueError(f"unknown defence(s) {unknown}; choose from {list(DEFENCES)}")
     settings = settings or [Setting(1)]
-    items, labels, skipped = [], [], []
-    cases = [(name, setting) for setting in settings for name in chosen]
-    for name, setting in tqdm(cases, desc="defences × settings", unit="case"):
-        try:
-            config = defence_config(base, DEFENCES[name], images, out, setting)
-        except ValueError as err:
-            skipped.append(f"{name} at {setting.label}: {err}")
-            continue
-        count = partitions(config, setting, images)
-        made = [client_update_and_labels(config, k, count, seed_key=1000) for k in range(images)]  # one key
-        for obs, _, _ in made:
-            obs.meta.update({"defence-name": name, "setting": setting.label, "batch-size": setting.batch,
-                             "local-steps": setting.steps})  # fmt: skip
-        labels.extend(true_labels for _, _, true_labels in made)
-        updates = [(obs, truth) for obs, truth, _ in made]
-        if config.encryption.enabled:  # collusion: the attacker knows other images and their single-image updates
-            colluders = _colluders(base, name, images, out)
-            updates = [
-                (dataclasses.replace(obs, known_images=[c for j, c in enumerate(colluders) if j != k]), truth)
-                for k, (obs, truth) in enumerate(updates)
-            ]
-        items.extend(updates)
-    for note in skipped:
-        print(f"audit benchmark: skipped {note}", flush=True)
-    weights = "random init" if base.model.pretrained == "off" else f"weights {base.model.pretrained}"
-    title = f"fedvit audit benchmark: {images} update(s) per defence and setting, model {base.model.name} ({weights})"
-    size = int(items[0][1].shape[-1]) if items else base.model.img_size
-    mean_image = dataset_mean_image(base, size) if items else None
-    gallery = gallery_from_test_split(base, size, decoys) if decoys > 0 else None
-    rows, attacked = audit_observations(
-        items, out, title, true_labels=labels, dataset_mean=mean_image, gallery=gallery, budgets=budgets
-    )
-    single = [a for a in attacked if a[0].meta.get("setting") == Setting(1).label]
+    with tempfile.TemporaryDirectory(prefix="fedvit-benchmark-") as tmp:
+        root = Path(keep) if keep is not None else Path(tmp)
+        skipped = write_updates(base, images, out, root, chosen, settings)
+        for note in skipped:
+            print(f"audit benchmark: skipped {note}", flush=True)
+        exchanges, _ = load_exchanges(root / "updates")
+        weights = "random init" if base.model.pretrained == "off" else f"weights {base.model.pretrained}"
+        title = (
+            f"fedvit audit benchmark: {images} update(s) per defence and setting, model {base.model.name} ({weights})"
+        )
+        size = base.model.img_size
+        if exchanges:
+            size = int(exchanges[0].ground_truth()["images"].shape[-1])
+        options = AuditOptions(
+            decoys=decoys,
+            budgets=budgets,
+            title=title,
+            dataset_mean=dataset_mean_image(base, size) if exchanges else None,
+            gallery=gallery_from_test_split(base, size, decoys) if decoys > 0 else None,
+        )
+        report, attacked = audit_exchanges(exchanges, out, options)
+        if keep is not None:
+            print(f"audit benchmark: captures kept in {keep}", flush=True)
+    rows = report["rows"]
+    single = [a for a in attacked if a.obs.meta.get("setting") == Setting(1).label]
     if single:
         save_figure4(single, [r for r in rows if r.get("setting") == Setting(1).label], out / "fig4.png")
     write_frontier(rows, out, accuracy or {}, skipped)
     return rows
 
 
-def _colluders(base: Config, name: str, images: int, out: Path) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """What colluding clients give the attacker under an encryption defence: their own image and the
-    single-image (B = 1, FedSGD) update each sent under the same key, for clients 0..images−1."""
-    config = defence_config(base, DEFENCES[name], images, out, Setting(1))
-    count = partitions(config, Setting(1), images)
-    made = [client_update(config, j, count, seed_key=1000) for j in range(images)]
-    return [(truth, obs.update) for obs, truth in made]
+def write_updates(
+    base: Config, images: int, out: Path, root: Path, chosen: list[str], settings: list[Setting]
+) -> list[str]:
+    """Every defence × setting as a run of ``images`` captured client updates under ``root/updates`` (and the
+    colluders of the encrypted defences under ``root/colluders``); returns the cases skipped, with why."""
+    skipped = []
+    cases = [(name, setting) for setting in settings for name in chosen]
+    for run_id, (name, setting) in enumerate(tqdm(cases, desc="defences × settings", unit="case"), start=1):
+        try:
+            config = defence_config(base, DEFENCES[name], images, out, setting)
+        except ValueError as err:
+            skipped.append(f"{name} at {setting.label}: {err}")
+            continue
+        count = partitions(config, setting, images)
+        meta = {"defence-name": name, "setting": setting.label, "batch-size": setting.batch,
+                "local-steps": setting.steps}  # fmt: skip
+        if config.encryption.enabled:  # collusion: the attacker knows other images and their single-image updates
+            meta["colluders"] = str(_write_colluders(base, name, images, out, root))
+        for k in range(images):  # one key for every client of the case
+            write_client_update(root / "updates", run_id, config, k, count, 1000, meta | {"image": k,
+                                "label": f"client {k}"})  # fmt: skip
+    return skipped
+
+
+def _write_colluders(base: Config, name: str, images: int, out: Path, root: Path) -> Path:
+    """What colluding clients give the attacker under an encryption defence: their own image and the single-image
+    (B = 1, FedSGD) update each sent under the same key, for clients 0..images−1 (written once per defence)."""
+    folder = root / "colluders" / name
+    if not folder.is_dir():
+        config = defence_config(base, DEFENCES[name], images, out, Setting(1))
+        count = partitions(config, Setting(1), images)
+        for j in range(images):
+            write_client_update(folder, 1, config, j, count, 1000, {})
+    return folder
 
 
 def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
@@ -276,9 +335,9 @@ def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
                 best[key] = (row["psnr"], row["attack"])
     recs: dict[tuple[int, str], dict] = {}
     truths: dict[int, np.ndarray] = {}
-    for obs, truth, by_attack in attacked:
-        recs[(obs.meta["image"], defence_of(obs.config))] = by_attack
-        truths[obs.meta["image"]] = as_batch(truth)[0]
+    for item in attacked:
+        recs[(item.obs.meta["image"], defence_of(item.obs.config))] = item.reconstructions
+        truths[item.obs.meta["image"]] = as_batch(item.truth)[0]
     defences = list(dict.fromkeys(defence for _, defence in recs))
     images = sorted(truths)
     fig, axes = plt.subplots(

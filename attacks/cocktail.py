@@ -16,7 +16,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attacks.april import EPS_RANK, lstsq, patches_to_image
-from attacks.observation import Observation, Reconstruction, image_geometry, recipe
+from attacks.observation import Observation, Reconstruction, first_block, image_geometry, recipe
 from core.params import PATCH_EMBED_WEIGHT, POS_EMBED
 
 
@@ -36,7 +36,7 @@ def cocktail_party(obs: Observation, seed: int = 0) -> Reconstruction:
         return Reconstruction(None, "no position-embedding gradient in the payload")
     d, l_dim = obs.update[PATCH_EMBED_WEIGHT].reshape(obs.update[PATCH_EMBED_WEIGHT].shape[0], -1).shape
     n = obs.update[POS_EMBED].shape[1] - 1
-    bound = batch_bound(d, l_dim, n, obs.config.model.first_block == "pre-ln")
+    bound = batch_bound(d, l_dim, n, first_block(obs) == "pre-ln")
     if rec.batch > bound:
         return Reconstruction(
             None, f"B·N = {rec.batch * n} patches > rank bound {bound * n} (D={d}, L={l_dim}): B ≤ {bound}"

@@ -34,28 +34,19 @@ from torch.func import functional_call
 from attacks.april import collusion_key, decrypt_observation, embedding_route
 from attacks.labels import recover_labels
 from attacks.observation import (
-    GRADIENT_STRATEGIES,
-    WEIGHT_STRATEGIES,
     ClientRecipe,
     Observation,
     Reconstruction,
     as_gradient,
+    attack_model,
+    attacker_seed,
     image_geometry,
-    received_model,
     recipe,
+    simulated,
 )
 from core.config import AuditConfig
 from core.model import normalize, resolve_device
 from core.params import POS_EMBED
-
-
-def attack_model(obs: Observation) -> nn.Module:
-    """A float32 copy of the received model on the explicit attention path (double backward works on CPU)."""
-    model = received_model(obs)
-    for module in model.modules():
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = False
-    return model.train()
 
 
 def observed_target(obs: Observation) -> dict[str, torch.Tensor]:
@@ -201,11 +192,11 @@ def initial_images(
     recovered classes (``labels``: one per candidate; random test images where unknown)."""
     c, h, w, _ = image_geometry(obs)
     closed_form = budget.closed_form_start and rec.examples == 1 and rec.sends_gradient
-    if restart == 0 and closed_form and obs.masks is None and obs.update[POS_EMBED].any():
+    if restart == 0 and closed_form and obs.masks is None and POS_EMBED in obs.update and obs.update[POS_EMBED].any():
         closed = embedding_route(obs)
         if closed.image is not None:
             return torch.as_tensor(closed.image, dtype=torch.float32)[None], "closed-form start"
-    generator = torch.Generator().manual_seed(obs.config.seed * 1000 + restart)
+    generator = torch.Generator().manual_seed(attacker_seed(obs) * 1000 + restart)
     if budget.init == "test-split":
         return test_split_start(obs, rec.examples, h, labels, generator), "test-split start (stronger threat model)"
     return noise_start(budget.init, (rec.examples, c, h, w), model, generator), "random start"
@@ -373,16 +364,21 @@ def invert(
     obs: Observation,
     budget: AuditConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
+    device: str | None = None,
 ) -> Reconstruction:
     """Reconstruct the client's images from one observed update (see the module docstring).
 
-    Returns all candidates as ``Reconstruction.images``; ``progress(done, total)`` is called per Adam step.
+    ``budget``: default, a fedvit run's own ``audit.*``; ``device``: default, its ``device`` ("auto": CUDA where
+    there is one). Returns all candidates as ``Reconstruction.images``; ``progress(done, total)`` is called per
+    Adam step.
     """
-    if obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
-        return Reconstruction(None, f"strategy {obs.config.strategy!r} is not simulated by this attack")
+    if (why := simulated(obs)) is not None:
+        return Reconstruction(None, why)
     budget = budget or obs.config.audit
+    if budget.init == "test-split" and obs.config is None:
+        return Reconstruction(None, "audit.init = test-split needs a fedvit run's dataset")
     rec = recipe(obs)
-    device = resolve_device(obs.config.device)  # "auto": CUDA where there is one
+    device = resolve_device(device or (obs.config.device if obs.config is not None else "auto"))
     model = attack_model(obs).to(device)
     kept = kept_entries(obs)
     correction = None
@@ -390,7 +386,12 @@ def invert(
         correction = {n: torch.as_tensor(c, dtype=torch.float32, device=device) for n, c in obs.correction.items()}
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
     known = None if learn_labels else labels.argmax(1)
-    starts = [initial_images(obs, model, rec, restart, budget, known) for restart in range(budget.restarts)]
+    if obs.start_seed is None:  # fedvit's updates: a closed-form or seeded start per restart
+        starts = [initial_images(obs, model, rec, restart, budget, known) for restart in range(budget.restarts)]
+    else:  # another app's: every restart's noise from one generator
+        generator = torch.Generator().manual_seed(obs.start_seed)
+        shape = (budget.restarts, rec.examples, *image_geometry(obs)[:3])
+        starts = [(start, "random start") for start in noise_start(budget.init, shape, model, generator)]
     problem = MatchProblem(
         model=model,
         params={n: p.detach().requires_grad_(True) for n, p in model.named_parameters()},
@@ -407,18 +408,25 @@ def invert(
     )
     images, note, match_value, done = optimise(problem, budget, device, progress)
     note += "; " + steps_note(budget, rec, match_value, done)
-    if not obs.update[POS_EMBED].any() or (problem.kept is not None and not problem.kept[POS_EMBED].any()):
+    if POS_EMBED in obs.update and (
+        not obs.update[POS_EMBED].any() or (problem.kept is not None and not problem.kept[POS_EMBED].any())
+    ):
         note += "; no position-embedding gradient"
     batch = images.cpu().numpy().astype(np.float64)
     return Reconstruction(batch[0], note, images=tuple(batch), steps=done)
 
 
-def collusion_inversion(obs: Observation, progress: Callable[[int, int], None] | None = None) -> Reconstruction:
+def collusion_inversion(
+    obs: Observation,
+    budget: AuditConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    device: str | None = None,
+) -> Reconstruction:
     """Encryption, attacker with colluders: estimate the key from their images and updates
     (:func:`attacks.april.collusion_key`), decrypt the observation, then run :func:`invert` in plaintext."""
     key = collusion_key(obs)
     if key is None:
         return Reconstruction(None, "no known images: the key cannot be estimated")
     e_a_t, inverse, note = key
-    rec = invert(decrypt_observation(obs, e_a_t, inverse), progress=progress)
+    rec = invert(decrypt_observation(obs, e_a_t, inverse), budget, progress, device)
     return dataclasses.replace(rec, note=f"key from {note}; {rec.note}")

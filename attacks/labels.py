@@ -16,15 +16,16 @@ import torch
 from torch import nn
 
 from attacks.observation import (
-    GRADIENT_STRATEGIES,
-    WEIGHT_STRATEGIES,
     Observation,
     as_gradient,
+    attack_model,
+    attacker_seed,
+    input_shape,
     received_model,
     recipe,
+    simulated,
 )
 from core.model import classify
-from core.params import HEAD_BIAS
 
 
 def label_counts(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.ndarray) -> np.ndarray:
@@ -103,28 +104,35 @@ def label_accuracy(counts: np.ndarray, true_labels: np.ndarray) -> float:
 def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     """The label counts an eavesdropper recovers from one observed update, or None and the reason it cannot.
 
-    Needs the head bias sent whole (not masked; the encryption key only touches the embeddings) and the client's
-    recipe (:func:`attacks.observation.recipe`). FedSGD: g is the gradient itself. FedAvg/FedProx: the bias moved
-    by lr·Σ_t g_t over the ``steps`` local steps (plain SGD assumed; momentum β approximated by lr/(1 − β), the
-    proximal pull ignored), so g = Δb / (lr·steps) is the mean step gradient and the counts are per local epoch.
-    Under DP clipping the unknown scale is estimated (:func:`label_counts_unknown_scale`).
+    Needs the classifier bias sent whole (not masked; the encryption key only touches the embeddings) and the
+    client's recipe (:func:`attacks.observation.recipe`). FedSGD: g is the gradient itself. FedAvg/FedProx: the
+    bias moved by lr·Σ_t g_t over the ``steps`` local steps (plain SGD assumed; momentum β approximated by
+    lr/(1 − β), the proximal pull ignored), so g = Δb / (lr·steps) is the mean step gradient and the counts are
+    per local epoch. Where the scale is unknown (DP clipping, an lr no record carries) it is estimated
+    (:func:`label_counts_unknown_scale`).
     """
-    if obs.masks is not None and not obs.masks[HEAD_BIAS].all():
+    bias = obs.head_bias
+    if bias not in obs.update:
+        return None, "no final linear layer with a bias"
+    if obs.masks is not None and not obs.masks[bias].all():
         return None, "the mask hides part of the head-bias gradient"
-    if obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
-        return None, f"strategy {obs.config.strategy!r} is not modelled by the label attack"
+    if (why := simulated(obs)) is not None:
+        return None, why
     client = recipe(obs)
-    model = received_model(obs)
-    img_size = int(model.patch_embed.img_size[0])
-    mean_probs = mean_softmax(model, (3, img_size, img_size), seed=obs.config.seed)
+    # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received
+    model = attack_model(obs) if obs.spec is not None else received_model(obs)
+    mean_probs = mean_softmax(model, input_shape(obs), seed=attacker_seed(obs))
     if client.sends_gradient:
-        grad, examples = obs.update[HEAD_BIAS], client.batch
+        grad, examples = obs.update[bias], client.batch
+    elif not client.lr_known:  # Δb = lr · steps · ḡ with lr unknown: the scale that makes the counts integral
+        delta = as_gradient(obs).update[bias] / client.steps
+        return label_counts_unknown_scale(delta, client.examples, mean_probs), "lr unknown: scale estimated"
     else:
         step_lr = client.lr / (1.0 - client.momentum)
-        grad = as_gradient(obs).update[HEAD_BIAS] / (step_lr * client.steps)
+        grad = as_gradient(obs).update[bias] / (step_lr * client.steps)
         if obs.correction is not None:  # SCAFFOLD moved every step by c − c_i as well
-            grad = grad - obs.correction[HEAD_BIAS]
+            grad = grad - obs.correction[bias]
         examples = client.examples
-    if obs.config.dp.enabled:  # clipping scaled the update by an unknown factor
+    if obs.config is not None and obs.config.dp.enabled:  # clipping scaled the update by an unknown factor
         return label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated"
     return best_counts(grad, examples, mean_probs)

@@ -190,3 +190,36 @@ def spec_from(values: dict[str, Any]) -> ModelSpec:
     if values.get("num-classes"):
         kwargs["num_classes"] = int(values["num-classes"])
     return ModelSpec(**kwargs)
+
+
+def head_bias(model: nn.Module) -> str | None:
+    """The bias of the model's last ``nn.Linear`` (the classifier, whose gradient gives the labels away)."""
+    last = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            last = f"{name}.bias"
+    return last
+
+
+def is_vit(model: nn.Module) -> bool:
+    """Whether the model has a ViT's patch embedding and position embedding (APRIL's closed forms need them)."""
+    names = dict(model.named_parameters())
+    return "pos_embed" in names and "patch_embed.proj.weight" in names
+
+
+# breaching's Inverting Gradients recipe in fedvit's units: TV 0.2 on a 0.5-std normalised scale is 0.4 here, its
+# Gaussian start and its kept candidate (lowest total objective); it led on the CNN and ResNet-18 (peer tables)
+OTHER_SETTINGS: dict[str, Any] = {"tv": 0.4, "init": "gaussian", "keep": "objective"}
+
+
+def model_settings(model: nn.Module) -> tuple[dict[str, Any], str]:
+    """The optimisation attack's TV weight, start and kept candidate for ``model`` (AuditConfig fields) and why:
+    AuditConfig's defaults (tuned on fedvit's ViTs) where the model has a ViT's embeddings, else
+    :data:`OTHER_SETTINGS`."""
+    from core.config import AuditConfig
+
+    if is_vit(model):
+        defaults = AuditConfig()
+        return {key: getattr(defaults, key) for key in OTHER_SETTINGS}, "tuned on ViTs"
+    return dict(OTHER_SETTINGS), "breaching's recipe, which led on a CNN and a ResNet-18; not a ViT"
+

@@ -1,7 +1,10 @@
-"""What an attacker holds: one captured client update, the global model that client received, public config.
+"""What an attacker holds: one captured client update, the model that client received, what is public.
 
 The attacker boundary lives here: an :class:`Observation` has no field for the client's data, and every attack
-takes an Observation and returns a :class:`Reconstruction`. Ground truth goes only to ``attacks.metrics``.
+takes an Observation and returns a :class:`Reconstruction`. Ground truth goes only to the scoring. An
+Observation describes an update of fedvit's own app (``config``: its public run config, which names the model,
+the defence and the recipe) or of any other Flower app (``spec``: the user's model; ``client``: the recipe read
+from the capture).
 """
 
 from __future__ import annotations
@@ -11,30 +14,53 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
-from attacks.model_spec import fedvit_model_spec
+from attacks.model_spec import ModelSpec, fedvit_model_spec
 from core.config import Config
 from core.masks import decode
 from core.model import set_weights
+from core.params import HEAD_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED
+
+
+@dataclass(frozen=True)
+class ClientRecipe:
+    """The client's local work as the attacker reads it (run config, ConfigRecord, reply metrics)."""
+
+    examples: int  # distinct images the client trained on (the reply's num-examples)
+    batch: int  # images per local step
+    epochs: int  # passes over them (FedAvg local epochs; 1 for FedSGD)
+    lr: float  # the client's learning rate (FedAvg/FedProx)
+    momentum: float  # its SGD momentum
+    proximal_mu: float  # FedProx μ (0 otherwise)
+    adversarial: int  # samples per step replaced by their PGD versions (Madry AT), 0 if off
+    sends_gradient: bool  # FedSGD: the update is the gradient; FedAvg: the update is the new weights
+    lr_known: bool = True  # False: no record carries the lr (``lr`` is then a stand-in)
+
+    @property
+    def steps(self) -> int:
+        """Local optimiser steps: ⌈examples / batch⌉ per epoch."""
+        return self.epochs * math.ceil(self.examples / self.batch)
 
 
 @dataclass(frozen=True, eq=False)
 class Observation:
     """One single-client update as seen on the wire, plus what is public.
 
-    ``update``: the dense update (FedSGD gradient) by parameter name, zeros where a mask dropped an entry.
-    ``masks``: boolean keep-masks by name when the payload carried them (masked FedSGD), else None.
-    ``received``: the global model the client received (encrypted layers included, if any).
-    ``known_plaintext``: plaintext initial embeddings the attacker knows (e.g. a public checkpoint, or the
-    server's own initial model in the encrypted-ViT paper's protocol), else None.
+    ``update``: the dense update by parameter name (a gradient, or the new weights), zeros where a mask dropped
+    an entry. ``masks``: boolean keep-masks by name when the payload carried them (masked FedSGD), else None.
+    ``received``: the model the client received (encrypted layers included, if any; buffers too for a user's
+    model). ``known_plaintext``: plaintext initial embeddings the attacker knows (e.g. the server's own initial
+    model in the encrypted-ViT paper's protocol), else None.
     """
 
     update: dict[str, np.ndarray]
     received: dict[str, np.ndarray]
-    config: Config  # the public run config (model shape, strategy, defence settings; never keys)
+    config: Config | None  # fedvit's public run config (model, strategy, defence; never keys); None: another app
     num_classes: int
     masks: dict[str, np.ndarray] | None = None
     known_plaintext: dict[str, np.ndarray] | None = None
@@ -45,6 +71,11 @@ class Observation:
     # earlier control-deltas on the wire (zeros before its first round)
     correction: dict[str, np.ndarray] | None = None
     meta: dict = field(default_factory=dict)  # node, round, ... (for reports only)
+    spec: ModelSpec | None = None  # another app's model (None: fedvit's ViT of ``config``)
+    skeleton: nn.Module | None = field(default=None, repr=False)  # spec built once per audit
+    client: ClientRecipe | None = None  # the recipe read from the capture (None: from ``config``)
+    head_bias: str = HEAD_BIAS  # the classifier bias, whose gradient gives the labels away
+    start_seed: int | None = None  # another app's update: one generator for all random starts (None: fedvit's)
 
 
 @dataclass(frozen=True)
@@ -68,50 +99,108 @@ class Reconstruction:
         return [] if self.image is None else [self.image]
 
 
+# ---------------------------------------------------------------------------- the model
+
+
 @functools.lru_cache(maxsize=4)
 def model_skeleton(config: Config, num_classes: int) -> nn.Module:
-    """The model architecture of a public run config (cached; its weights are not what a client received)."""
+    """fedvit's model of a public run config (cached; its weights are not what a client received)."""
     return fedvit_model_spec(config, num_classes).build()
 
 
 def public_model(obs: Observation) -> nn.Module:
-    """The model architecture from the public config (weights are not used; take them from ``obs.received``)."""
+    """The model architecture (weights are not used; take them from ``obs.received``)."""
+    if obs.skeleton is not None:
+        return obs.skeleton
+    if obs.spec is not None:
+        return obs.spec.build(obs.num_classes)
     return model_skeleton(obs.config, obs.num_classes)
 
 
 def received_model(obs: Observation) -> nn.Module:
     """A private copy of the model with the weights the client received (the cached skeleton stays untouched)."""
     model = copy.deepcopy(public_model(obs))
-    set_weights(model, obs.received)
+    if obs.spec is None:
+        set_weights(model, obs.received)
+    else:
+        model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in obs.received.items()}, strict=False)
     return model
 
+
+def attack_model(obs: Observation) -> nn.Module:
+    """The received model set up for the attacks: float32, eval mode (no dropout noise) but BatchNorm on batch
+    statistics, as the client's training forward used them (running statistics are not tracked, so a simulated
+    step writes no buffers); timm's fused attention switched to the explicit path (double backward is not
+    implemented on CPU); an output object with ``.logits`` (Hugging Face) read as its logits."""
+    model = received_model(obs).float().eval()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.track_running_stats = False
+            module.running_mean = module.running_var = None
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.register_forward_hook(_logits_only)
+    return model
+
+
+def _logits_only(module: nn.Module, inputs: Any, output: Any) -> Any:
+    """Hugging Face models return an output object; the attacks need the logits tensor."""
+    return output.logits if hasattr(output, "logits") else output
+
+
+def input_shape(obs: Observation) -> tuple[int, int, int]:
+    """(C, H, W) of the images the client feeds the model."""
+    if obs.spec is not None:
+        return tuple(obs.spec.input_shape)
+    proj = public_model(obs).patch_embed
+    return int(proj.proj.in_channels), int(proj.img_size[0]), int(proj.img_size[1])
+
+
+def image_geometry(obs: Observation) -> tuple[int, int, int, int]:
+    """(C, H, W, P) of the model's input; P is the patch size of a ViT's patch embedding (0 for other models)."""
+    c, h, w = input_shape(obs)
+    embed = getattr(public_model(obs), "patch_embed", None)
+    patch = int(embed.proj.kernel_size[0]) if embed is not None and hasattr(embed, "proj") else 0
+    return c, h, w, patch
+
+
+def normalization(obs: Observation) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std the model applies to [0, 1] pixels (core.model.normalize)."""
+    cfg = getattr(public_model(obs), "pretrained_cfg", {}) or {}
+    return np.asarray(cfg.get("mean", (0.5,) * 3)), np.asarray(cfg.get("std", (0.5,) * 3))
+
+
+def has_vit_embeddings(obs: Observation) -> str | None:
+    """Why the ViT closed forms do not apply (None when the update has a patch and a position embedding)."""
+    if POS_EMBED in obs.update and PATCH_EMBED_WEIGHT in obs.update:
+        return None
+    return "no patch embedding and position embedding (APRIL's closed forms need a ViT's)"
+
+
+def attacker_seed(obs: Observation) -> int:
+    """The seed of the attacker's own randomness: fedvit's run seed, else 0."""
+    return obs.config.seed if obs.config is not None else 0
+
+
+def first_block(obs: Observation) -> str:
+    """fedvit's ``model.first-block`` ("pre-ln" for every model not built by fedvit: timm's block)."""
+    return obs.config.model.first_block if obs.config is not None else "pre-ln"
+
+
+# ---------------------------------------------------------------------------- the client's recipe
 
 GRADIENT_STRATEGIES = ("fedsgd", "masked-fedsgd")  # replies carry the gradient of one batch
 WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg", "scaffold")  # replies carry the new weights, not a gradient
 
 
-@dataclass(frozen=True)
-class ClientRecipe:
-    """The client's local work as the attacker assumes it from the public run config and the reply's metadata."""
-
-    examples: int  # distinct images the client trained on (the reply's num-examples)
-    batch: int  # images per local step
-    epochs: int  # passes over them (FedAvg local epochs; 1 for FedSGD)
-    lr: float  # the client's learning rate (FedAvg/FedProx)
-    momentum: float  # its SGD momentum
-    proximal_mu: float  # FedProx μ (0 otherwise)
-    adversarial: int  # samples per step replaced by their PGD versions (Madry AT), 0 if off
-    sends_gradient: bool  # FedSGD: the update is the gradient; FedAvg: the update is the new weights
-
-    @property
-    def steps(self) -> int:
-        """Local optimiser steps: ⌈examples / batch⌉ per epoch."""
-        return self.epochs * math.ceil(self.examples / self.batch)
-
-
 def recipe(obs: Observation) -> ClientRecipe:
-    """The client's recipe from the public config and the reply's ``num-examples`` (else the batch size): the
-    learning rate of the captured round after decay; FedSGD is one step on all its examples."""
+    """The client's recipe: as read from the capture, else from fedvit's public config and the reply's
+    ``num-examples`` (else the batch size): the learning rate of the captured round after decay; FedSGD is one
+    step on all its examples."""
+    if obs.client is not None:
+        return obs.client
     config = obs.config
     examples = int(obs.meta.get("num-examples") or config.batch_size)
     sends_gradient = config.strategy in GRADIENT_STRATEGIES
@@ -123,10 +212,17 @@ def recipe(obs: Observation) -> ClientRecipe:
     return ClientRecipe(examples, batch, epochs, lr, config.momentum, mu, adversarial, sends_gradient)
 
 
+def simulated(obs: Observation) -> str | None:
+    """Why the client's local work cannot be simulated (None when it can)."""
+    if obs.config is not None and obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
+        return f"strategy {obs.config.strategy!r} is not modelled by the attacks"
+    return None
+
+
 def as_gradient(obs: Observation) -> Observation:
-    """A FedAvg-type update read as a gradient: w_received − w_sent = lr · Σ_t g_t (plain SGD), the summed
-    gradient of every local step up to the learning rate, which the scale-free closed forms ignore."""
-    if obs.config.strategy not in WEIGHT_STRATEGIES:
+    """A weights update read as a gradient: w_received − w_sent = lr · Σ_t g_t (plain SGD), the summed gradient
+    of every local step up to the learning rate, which the scale-free closed forms ignore."""
+    if recipe(obs).sends_gradient:
         return obs
     delta = {n: obs.received[n] - u for n, u in obs.update.items()}
     return dataclasses.replace(obs, update=delta)
@@ -140,17 +236,3 @@ def dense_update(
         return records["arrays"], None
     dense = {n: decode(records["arrays"][n], records["masks"][n], shape) for n, shape in shapes.items()}
     return {n: d[0] for n, d in dense.items()}, {n: d[1] for n, d in dense.items()}
-
-
-def image_geometry(obs: Observation) -> tuple[int, int, int, int]:
-    """(C, H, W, P) of the model's input."""
-    model = public_model(obs)
-    proj = model.patch_embed.proj
-    h, w = model.patch_embed.img_size
-    return int(proj.in_channels), int(h), int(w), int(proj.kernel_size[0])
-
-
-def normalization(obs: Observation) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean and std the model applies to [0, 1] pixels (core.model.normalize)."""
-    cfg = getattr(public_model(obs), "pretrained_cfg", {}) or {}
-    return np.asarray(cfg.get("mean", (0.5,) * 3)), np.asarray(cfg.get("std", (0.5,) * 3))

@@ -19,10 +19,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attacks.app_audit import attack_copy
 from attacks.model_spec import ModelSpec, fedvit_model_spec
 from benchmarks.common import ROOT
-from benchmarks.peer_models import breaching_invert, fedvit_invert
+from benchmarks.peer_models import attack_copy, breaching_invert, fedvit_invert
 from core.config import parse_config
 from core.model import normalize
 
@@ -64,7 +63,7 @@ def main() -> None:
         x, y = torch.rand(args.batch, *spec.input_shape), torch.arange(args.batch) % 10
         F.cross_entropy(model(normalize(model, x)), y).backward()
         gradient = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-        attacked = attack_copy(model, {n: t.numpy() for n, t in model.state_dict().items()})
+        attacked = attack_copy(model, spec)
         common = dict(model=attacked, spec=spec, gradient=gradient, batch=args.batch, seed=0)
         ours = per_step(lambda steps: fedvit_invert(steps=steps, options={}, **common), args.steps)  # noqa: B023
         theirs = per_step(lambda steps: breaching_invert(steps=steps, **common), args.steps)  # noqa: B023

@@ -1,10 +1,11 @@
 """Peer benchmark on models that are not fedvit's: the third-party test app's CNN and a ResNet-18 at 32 px.
 
-fedvit's attack on any model (``attacks.app_audit``: labels from the last linear bias, Inverting Gradients through
-the user's model) against breaching 0.1.2's Inverting Gradients (its defaults; only ``max_iterations`` set), on
+fedvit's attack on any model (as ``fedvit audit --model`` runs it: labels from the last linear bias, Inverting
+Gradients through the user's model) against breaching 0.1.2's Inverting Gradients (its defaults; only
+``max_iterations`` set), on
 identical FedSGD updates of B natural photographs (``benchmarks/natural_images.py``; train split), each tool
 recovering its own labels, one random start and the same number of steps each, scored by the same code
-(``attacks.audit.score``: matched PSNR/SSIM; re-identification among the true image and 99 test-split decoys).
+(``attacks.scoring.score``: matched PSNR/SSIM; re-identification among the true image and 99 test-split decoys).
 "trained" weights: the model trained centrally on the train split (SGD; its test accuracy is reported), since the
 question is what a trained model leaks, not how it was trained. The client's forward is the model in training
 mode (BatchNorm on batch statistics); both attackers get the same copy, which computes that same function.
@@ -35,12 +36,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attacks.app_audit import AppRecipe, attack_copy, invert_app_update, model_settings, recover_app_labels
-from attacks.audit import score
+from attacks.inversion import invert
+from attacks.labels import recover_labels
 from attacks.metrics import best_flat_image, psnr
-from attacks.model_spec import ModelSpec
-from attacks.observation import ClientRecipe, Reconstruction
+from attacks.model_spec import ModelSpec, head_bias, model_settings
+from attacks.observation import ClientRecipe, Observation, Reconstruction, attack_model
 from attacks.reidentification import gallery_from_test_split
+from attacks.scoring import score
 from benchmarks.common import ROOT
 from benchmarks.peer_breaching import breaching_reconstruct
 from core.config import AuditConfig, parse_config
@@ -51,6 +53,28 @@ MODELS = {
     "cnn": ModelSpec("cnnapp.task:Net", app_dir=str(ROOT / "tests" / "thirdparty_app")),
     "resnet18": ModelSpec("resnet18", num_classes=10),
 }
+
+
+def observation(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch: int, seed: int) -> Observation:
+    """One FedSGD gradient of ``batch`` images as ``fedvit audit --model`` observes it (``seed``: its starts)."""
+    with torch.no_grad():
+        classes = int(model.eval()(normalize(model, torch.zeros(2, *spec.input_shape))).shape[-1])
+    return Observation(
+        update=gradient,
+        received={n: t.detach().numpy() for n, t in model.state_dict().items()},
+        config=None,
+        num_classes=classes,
+        spec=spec,
+        skeleton=model,
+        client=ClientRecipe(batch, batch, 1, 0.0, 0.0, 0.0, 0, True),
+        head_bias=head_bias(model) or "",
+        start_seed=seed,
+    )
+
+
+def attack_copy(model: torch.nn.Module, spec: ModelSpec) -> torch.nn.Module:
+    """The model as both attackers get it: the audit's attack copy (BatchNorm on batch statistics)."""
+    return attack_model(observation(model, spec, {}, 1, 0))
 
 
 def has_batchnorm(model: torch.nn.Module) -> bool:
@@ -92,7 +116,7 @@ def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, ba
 
 def variant_options(text: str) -> dict[str, float | str]:
     """``"tv=0.4,init=gaussian"`` -> AuditConfig overrides (numbers as floats); ``""`` -> what ``fedvit audit
-    --model`` uses (its settings for the model, :func:`attacks.app_audit.model_settings`)."""
+    --model`` uses (its settings for the model, :func:`attacks.model_spec.model_settings`)."""
     options: dict[str, float | str] = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
@@ -106,11 +130,11 @@ def variant_options(text: str) -> dict[str, float | str]:
 def fedvit_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch: int, steps: int,
                   seed: int, options: dict[str, float | str]) -> Reconstruction:  # fmt: skip
     """fedvit's audit of a third-party model (``fedvit audit --model``): its labels, then its optimisation."""
-    rec = ClientRecipe(batch, batch, 1, 0.0, 0.0, 0.0, 0, True)
-    counts, _ = recover_app_labels(model, spec, gradient, AppRecipe(rec, True, {}))
+    obs = observation(model, spec, gradient, batch, seed)
+    counts, _ = recover_labels(obs)
     options = model_settings(model)[0] | options  # fedvit audit --model's settings unless the variant sets them
     budget = AuditConfig(iterations=steps, restarts=1, max_seconds=math.inf, **options)
-    images = invert_app_update(model, spec, gradient, rec, counts, budget, torch.device("cpu"), seed=seed)
+    images = invert(obs, budget, device="cpu")
     return Reconstruction(images.image, f"{images.note}; labels {counts.nonzero()[0].tolist()}", images.images)
 
 
@@ -125,7 +149,7 @@ def run_cell(model, spec, train, gallery, batch: int, updates: int, steps: int, 
     tools = {tool_name(v): functools.partial(fedvit_invert, options=variant_options(v)) for v in variants}
     tools["breaching IG"] = breaching_invert
     rng = np.random.default_rng(seed)
-    attacked = attack_copy(model, {n: t.numpy() for n, t in model.state_dict().items()})
+    attacked = attack_copy(model, spec)
     for k in range(updates):
         idx = rng.choice(len(train), batch, replace=False)
         x, y = train.batch(idx, spec.input_shape[1])

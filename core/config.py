@@ -141,10 +141,10 @@ class ScaffoldConfig:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    """The eavesdropper (attacks/eavesdropper.py): what to record, for the attack audit.
+    """Capture (attacks/capture.py): what to record, for the attack audit.
 
     ``rounds``/``partitions``: "" for all, else a list such as "1,5,10-12". ``ground_truth``: clients also write
-    their true batch to ``<run>/ground-truth/`` (an audit option; the attacks never read it).
+    their true batch to ``<run>/run-<id>/ground-truth/`` (an audit option; the attacks never read it).
     """
 
     enabled: bool = False

@@ -10,10 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from attacks.model_spec import find_spec_file
-from core.config import AuditConfig, ConfigError, parse_config
-from fedvit_app.app_audit_cli import add_arguments as add_app_audit_arguments
-from fedvit_app.app_audit_cli import audit_app
+from core.config import ConfigError, parse_config
+from fedvit_app import audit_cli
 from fedvit_app.deployment import cli as deployment_cli
 from fedvit_app.flower_processes import (
     flower_env,
@@ -146,86 +144,6 @@ def keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def positive_list(text: str, flag: str) -> list[int]:
-    """ "1,4,16" -> [1, 4, 16]; anything else is a ValueError naming the flag."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} takes comma-separated integers >= 1, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{flag} takes comma-separated integers >= 1, got {text!r}")
-    return values
-
-
-def audit_budget(app: Path, overrides: list[str]) -> AuditConfig | None:
-    """The ``audit.*`` settings of ``-c`` for auditing a captured run (its other keys are the run's own)."""
-    if not overrides:
-        return None
-    values = merge_overrides(overrides)
-    foreign = sorted(k for k in values if not k.startswith("audit."))
-    if foreign:
-        raise ValueError(
-            f"auditing a captured run takes only audit.* settings in -c (the run's config is fixed): {foreign}"
-        )
-    return parse_config(resolved_run_config(app, overrides)).audit
-
-
-def audit(args: argparse.Namespace) -> int:
-    """``fedvit audit``: the attack audit of a captured run, or the no-run benchmark of every defence."""
-    if args.benchmark == (args.captures is not None):
-        print("fedvit audit: give a capture folder or --benchmark (not both)", file=sys.stderr)
-        return 2
-    try:
-        budgets = sorted(set(positive_list(args.budgets, "--budgets"))) if args.budgets.strip() else None
-    except ValueError as err:
-        print(f"fedvit audit: {err}", file=sys.stderr)
-        return 2
-    if args.decoys < 0:
-        print("fedvit audit: --decoys must be >= 0", file=sys.stderr)
-        return 2
-
-    if args.captures is not None and (args.model or find_spec_file(args.captures)):
-        return audit_app(args)  # a third-party app's captures, attacked with the user's model
-    if args.model_from is not None and not args.benchmark:
-        print("fedvit audit: --model-from is for --benchmark (a captured run's model is what it sent)", file=sys.stderr)
-        return 2
-    if args.benchmark:
-        if args.images < 1:
-            print("fedvit audit: --images must be >= 1", file=sys.stderr)
-            return 2
-        if check_config(Path(args.app), args.run_config):
-            return 2
-        from attacks.benchmark import Setting, run_benchmark, trained_model
-        from attacks.frontier import final_accuracies
-
-        config = parse_config(resolved_run_config(Path(args.app), args.run_config))
-        defences = [d.strip() for d in args.defences.split(",") if d.strip()] or None
-        try:
-            settings = [
-                Setting(batch, steps)
-                for steps in positive_list(args.local_steps, "--local-steps")
-                for batch in positive_list(args.batch_sizes, "--batch-sizes")
-            ]
-            accuracy = final_accuracies(args.accuracy_from) if args.accuracy_from else None
-            if args.model_from is not None:
-                config = trained_model(config, args.model_from)
-                print(f"audit benchmark: attacking the final model of {args.model_from} ({config.model.name})")
-            run_benchmark(config, args.images, args.out.resolve(), defences, settings, accuracy, args.decoys, budgets)
-        except ValueError as err:
-            print(f"fedvit audit: {err}", file=sys.stderr)
-            return 2
-    else:
-        from attacks.audit import audit_captures
-
-        try:
-            audit_captures(args.captures, args.out, audit_budget(Path(args.app), args.run_config), args.decoys, budgets)
-        except (FileNotFoundError, ValueError) as err:
-            print(f"fedvit audit: {err}", file=sys.stderr)
-            return 2
-    print(f"audit written to {args.out / 'audit.md'}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedvit`` command line: every subcommand and its options (the docs' CLI reference is tested against it)."""
     parser = argparse.ArgumentParser(prog="fedvit", description=__doc__)
@@ -262,56 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_dec.add_argument("--key", type=Path, required=True, help="the clients' key file")
     p_dec.add_argument("--out", type=Path, required=True, help="where the decrypted model goes")
 
-    p_audit = sub.add_parser("audit", help="attack captured updates (or --benchmark) and score the reconstructions")
-    p_audit.add_argument(
-        "captures", nargs="?", type=Path, help="a run folder or its captures/ folder (any Flower app's with --model)"
-    )
-    p_audit.add_argument("--out", type=Path, required=True, help="where audit.md, audit.json and the grids go")
-    p_audit.add_argument("--benchmark", action="store_true", help="no capture needed: make single-image updates")
-    p_audit.add_argument("--app", default=".", help="the fedvit app folder whose config -c amends (default: .)")
-    p_audit.add_argument(
-        "-c",
-        "--run-config",
-        action="append",
-        default=[],
-        help="--benchmark: model/data config; a captured run: audit.* budget only",
-    )
-    p_audit.add_argument("--images", type=int, default=16, help="--benchmark: images per defence (default 16)")
-    p_audit.add_argument("--defences", default="", help="--benchmark: comma-separated subset (default: all)")
-    p_audit.add_argument(
-        "--batch-sizes", default="1", help="--benchmark: comma-separated client batch sizes (default 1)"
-    )
-    p_audit.add_argument(
-        "--local-steps",
-        default="1",
-        help="--benchmark: comma-separated local steps; 1 = FedSGD, E > 1 = FedAvg with E steps (default 1)",
-    )
-    p_audit.add_argument(
-        "--accuracy-from",
-        type=Path,
-        help="--benchmark: a finished `fedvit experiment` folder (e.g. conf/experiments/frontier-cpu.toml) whose "
-        "final accuracies give the frontier's accuracy cost",
-    )
-    p_audit.add_argument(
-        "--model-from",
-        type=Path,
-        help="--benchmark: attack the final model of a finished run (its model.* settings and model.safetensors) "
-        "instead of a randomly initialised one",
-    )
-    p_audit.add_argument(
-        "--budgets",
-        default="",
-        help="comma-separated Adam steps per restart for the optimisation attacks, e.g. 600,2400,9600: one row per "
-        "budget and a leakage-vs-budget panel (default: audit.iterations; audit.max-seconds still caps each run)",
-    )
-    p_audit.add_argument(
-        "--decoys",
-        type=int,
-        default=99,
-        help="test-split images beside the true one in the re-identification gallery (default 99: chance 1%%; 0: off)",
-    )
-
-    add_app_audit_arguments(p_audit)
+    audit_cli.add_parser(sub)
 
     p_tap = sub.add_parser("tap", help="eavesdrop on a Flower deployment: a Fleet API proxy recording what it relays")
     p_tap.add_argument("--listen", required=True, help="HOST:PORT the SuperNodes dial (their --superlink)")
@@ -349,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("keygen", "decrypt"):
         return keys(args)
     if args.command == "audit":
-        return audit(args)
+        return audit_cli.main(args)
     if args.command == "tap":
         from fedvit_app.tap import main as serve_tap
 

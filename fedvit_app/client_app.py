@@ -12,7 +12,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
-from attacks.eavesdropper import capture_mod, ground_truth_hook
+from attacks.capture import capture_mod, ground_truth_hook
 from clients import runner
 from clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
 from clients.privacy import dp_mod
@@ -23,8 +23,8 @@ from strategies.base import FedVitStrategy
 REPORT_LAUNCH_ENV = "FEDVIT_REPORT_LAUNCH"  # "1": train replies carry launch-to-handler-s (deployment benchmark)
 
 
-# The first mod is outermost: the eavesdropper records what Flower's DP mod let leave (dp.mode on), as plain
-# records. It only records, and only when capture.enabled.
+# The first mod is outermost: the capture records what Flower's DP mod let leave (dp.mode on), as plain records.
+# It only records, and only when capture.enabled.
 MODS = [wire_mod, capture_mod, dp_mod]
 app = ClientApp(mods=MODS)
 
@@ -112,7 +112,7 @@ def train(msg: Message, context: Context) -> Message:
         proximal_mu=float(round_config.get("proximal-mu", 0.0)),
         server_control=_weights(msg, "control") if "control" in msg.content.array_records else None,
         run_key=config.run_name or f"run-{context.run_id}",
-        on_batch=ground_truth_hook(config, server_round, partition[0]),  # only with capture.ground-truth
+        on_batch=ground_truth_hook(config, server_round, partition[0], context.run_id, context.node_id),
     )
     if locked_cache and locked is None:  # keep the locked masks in the node's state for the next rounds
         context.state["locked-mask"] = ArrayRecord({k: Array(v) for k, v in locked_cache.items()})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
 from logging import ERROR, INFO
@@ -14,7 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from attacks.eavesdropper import ServerTap
+from attacks.capture import CAPTURES, CapturingStrategy, selected
 from clients.adversarial import robust_accuracy
 from clients.autoattack import autoattack_accuracy
 from clients.training import evaluate
@@ -193,9 +194,6 @@ def run(grid: Grid, context: Context) -> Path:
     config = parse_config(context.run_config)
     run_dir = run_dir_for(config)
     strategy = make_strategy(config)
-    if config.capture.enabled:
-        strategy.tap = ServerTap(config)
-        log(INFO, "eavesdropper: capturing to %s", strategy.tap.root.parent)
     done, history, state = 0, [], {}
     if config.resume_from:
         done, checkpoint_weights, state, history = load_checkpoint(Path(config.resume_from).expanduser(), config)
@@ -215,6 +213,10 @@ def run(grid: Grid, context: Context) -> Path:
     initial = ArrayRecord({k: Array(v) for k, v in get_weights(model).items()})
     initial = strategy.prepare_initial(grid, initial, resumed=bool(config.resume_from))
     driver = with_central_dp(strategy, config.dp, len(connected))  # Flower's DP wrapper in dp.mode = "central"
+    strategy.plan_rounds(config.num_server_rounds - done)  # whoever drives the rounds, the strategy knows the last
+    if config.capture.enabled:  # the server's view, recorded around whatever drives the rounds
+        driver = CapturingStrategy(driver, run_dir, context.run_config, capture_selection(config, strategy))
+        log(INFO, "capture: recording to %s", run_dir)
     result = driver.start(
         grid=grid,
         initial_arrays=initial,
@@ -228,10 +230,15 @@ def run(grid: Grid, context: Context) -> Path:
     recorder.finish({k: a.numpy() for k, a in final.items()} or get_weights(model))
     strategy.write_report(run_dir)
     if config.capture.enabled:
-        captured = sum(f.stat().st_size for f in (run_dir / "captures").rglob("*") if f.is_file())
-        log(INFO, "eavesdropper: %.1f MB of captures in %s", captured / 1e6, run_dir / "captures")
+        captured = sum(f.stat().st_size for f in run_dir.glob(f"run-*/{CAPTURES}/**/*") if f.is_file())
+        log(INFO, "capture: %.1f MB of captures under %s", captured / 1e6, run_dir)
     log(INFO, "fedvit: finished; results in %s", run_dir)
     return run_dir
+
+
+def capture_selection(config: Config, strategy: FedVitStrategy) -> Callable[[int, int], bool]:
+    """Which (round, node) exchanges the server records: ``capture.rounds`` and ``capture.partitions``."""
+    return lambda server_round, node: selected(config, server_round, strategy.partition_of.get(node, -1))
 
 
 class RunAborted(RuntimeError):

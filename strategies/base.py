@@ -163,7 +163,6 @@ class FedVitStrategy(FedAvg):
         self.refused: dict[int, int] = {}  # node id -> the node that holds the partition id it claims
         self.stats: dict[int, RoundStats] = {}
         self.global_arrays: ArrayRecord | None = None
-        self.tap = None  # attacks.eavesdropper.ServerTap when capture is on: the server's view, for the audit
         self._expected: dict[str, tuple[int, ...]] = {}
         self._outbox: list[Message] = []  # this round's instructions (Flower sets their ids when pushing them)
         self._t_train = self._t_eval = 0.0
@@ -302,8 +301,6 @@ class FedVitStrategy(FedAvg):
         messages = [
             Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(rnd)) for n in node_ids
         ]
-        if self.tap is not None and messages:
-            self.tap.sent(rnd, messages[0])
         self._outbox = messages
         return messages
 
@@ -339,8 +336,6 @@ class FedVitStrategy(FedAvg):
             if msg.has_error():
                 node = destination.get(msg.metadata.reply_to_message_id, node)
             who = self.partition_of.get(node, -node)
-            if self.tap is not None and kind == "train":
-                self.tap.received(server_round, who, msg)
             if msg.has_error():
                 reason = f"error {msg.error.code}: {error_summary(msg.error.reason)}"
             else:

@@ -49,7 +49,7 @@ def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 
 
 def known_plaintext_exposure(patch_shape: tuple[int, ...]) -> str:
-    """What a server holding the plaintext initial embeddings and their encryption can derive (april.md §5.3)."""
+    """What a server holding the plaintext initial embeddings and their encryption can derive."""
     d, patch_dim = patch_shape[0], int(np.prod(patch_shape[1:]))
     e_a = (
         f"and E_a exactly by least squares (L={patch_dim} <= D={d})"
@@ -116,13 +116,9 @@ class EncryptedAggregation(FedVitStrategy):
             }
         )
         messages = [Message(content, dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
-        if self.tap is not None and messages:
-            self.tap.sent(0, messages[0], name="handshake")
         answers, failed = {}, {}
         for reply in grid.send_and_receive(messages, timeout=self.wait_timeout):
             pid = self.partition_of.get(reply.metadata.src_node_id, -reply.metadata.src_node_id)
-            if self.tap is not None:
-                self.tap.received(0, pid, reply, name=f"partition-{pid}-handshake")
             if reply.has_error():
                 failed[pid] = error_summary(reply.error.reason)
                 continue

@@ -1,4 +1,5 @@
-"""The audit of a third-party app's captures with the user's own model (attacks/app_audit.py, model_spec.py).
+"""The one audit pipeline on a third-party app's captures with the user's own model (attacks/audit.py,
+model_spec.py).
 
 Exchanges are made here as the test app's ClientApp makes them (its own train loop) and recorded by fedvit's
 capture path; the audit sees only the capture folder and the model factory."""
@@ -14,10 +15,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from attacks.app_audit import UserData, audit_app_captures, sent_kind
-from attacks.app_captures import NOTHING_ON_THE_WIRE, AuditInputError, map_state
+from attacks.audit import AuditOptions, audit_captures
 from attacks.capture import add_direction, capture_stem
-from attacks.model_spec import ModelSpec, SpecError, find_spec_file, read_spec_file, spec_from
+from attacks.exchanges import NOTHING_ON_THE_WIRE, AuditInputError, map_state, sent_kind
+from attacks.model_spec import ModelSpec, SpecError, find_spec_file, model_settings, read_spec_file, spec_from
+from attacks.user_data import UserData
 from core.config import AuditConfig
 
 APP = Path(__file__).parent / "thirdparty_app"
@@ -28,6 +30,11 @@ from cnnapp.task import Net, load_data, partition_size, train  # noqa: E402
 SPEC = ModelSpec("cnnapp.task:Net", app_dir=str(APP))
 DATA = UserData("cnnapp_partitions:partition", {}, decoy_partitions=tuple(range(4, 40)), app_dir=str(APP))
 BUDGET = AuditConfig(iterations=60, restarts=1, max_seconds=60)
+
+
+def audit_app_captures(captures: Path, out: Path, spec: ModelSpec, budget: AuditConfig, **options) -> dict:
+    """The audit of another app's captures, as ``fedvit audit --model`` runs it."""
+    return audit_captures(captures, out, AuditOptions(spec=spec, budget=budget, **options))
 
 
 def capture_exchange(root: Path, node: int, partition: int, server_round: int = 1, fedsgd: bool = False) -> None:
@@ -59,7 +66,7 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
         capture_exchange(tmp_path / "cap", node, partition)
     data = UserData(DATA.source, {"11": 0, "12": 1, "13": 2, "14": 3}, DATA.decoy_partitions, DATA.app_dir)
     report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data)
-    rows = {r["update"]: r for r in report["rows"]}
+    rows = {r["update"]: r for r in report["updates"]}
     assert len(rows) == 4
     for node, partition in ((11, 0), (12, 1), (13, 2), (14, 3)):
         row = rows[f"run 5 round 1 node {node}"]
@@ -69,17 +76,18 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
         assert row["sent"].startswith("weights")
         assert "lr 0.05 (ConfigRecord)" in row["recipe"] and "batch-size 4 (run config)" in row["recipe"]
         assert row["reid-gallery"] > 30 and row["psnr"] is not None
-        assert row["attacks"]["APRIL closed forms"].startswith("not applicable: no patch embedding")
+        assert row["attacks"]["APRIL-E (naive)"].startswith("not applicable: no patch embedding")
+        assert row["attacks"]["known-plaintext"].startswith("not applicable: encryption is a fedvit defence")
     assert report["verdict"].startswith("LEAKS: labels recovered for 4 of 4 update(s) (4 of 4 exactly right)")
     assert (tmp_path / "out" / "grid.png").stat().st_size > 0
     assert "Verdict" in (tmp_path / "out" / "audit.md").read_text()
-    assert json.loads((tmp_path / "out" / "audit.json").read_text())["rows"][0]["update"].startswith("run 5")
+    assert json.loads((tmp_path / "out" / "audit.json").read_text())["updates"][0]["update"].startswith("run 5")
 
 
 def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_path):
     capture_exchange(tmp_path / "cap", 21, 2, fedsgd=True)
     report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
-    (row,) = report["rows"]
+    (row,) = report["updates"]
     _, labels = load_data(2, 3, 7)
     assert row["sent"].startswith("gradient") and row["batch"] == 3
     assert sum(row["labels"].values()) == 3 and row["labels"] == {
@@ -93,7 +101,7 @@ def test_recipe_overrides_are_used_and_stated(tmp_path):
     capture_exchange(tmp_path / "cap", 31, 1)
     budget = AuditConfig(iterations=2, restarts=1)
     report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, budget, overrides={"batch-size": "1"})
-    (row,) = report["rows"]
+    (row,) = report["updates"]
     assert row["batch"] == 1 and row["steps"] == 2 and "batch-size 1 (override)" in row["recipe"]
 
 
@@ -121,7 +129,7 @@ def test_a_tls_only_capture_says_the_wire_shows_nothing(tmp_path):
     (tmp_path / "cap").mkdir()
     (tmp_path / "cap" / "connections.jsonl").write_text(json.dumps({"protocol": "tls", "readable": False}) + "\n")
     report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
-    assert report["verdict"] == NOTHING_ON_THE_WIRE and report["rows"] == []
+    assert report["verdict"] == NOTHING_ON_THE_WIRE and report["rows"] == [] and report["updates"] == []
     with pytest.raises(AuditInputError, match="no captured train exchanges"):
         audit_app_captures(tmp_path / "out", tmp_path / "out2", SPEC, BUDGET)
 
@@ -159,21 +167,27 @@ class HuggingFaceStyle(torch.nn.Module):
 
 
 def test_a_model_that_returns_an_output_object_is_attacked_through_its_logits():
-    from attacks.app_audit import attack_copy
+    from attacks.inversion import invert
     from attacks.labels import mean_softmax
+    from attacks.observation import ClientRecipe, Observation, attack_model
 
     model = HuggingFaceStyle()
     spec = ModelSpec("x:y", builder=HuggingFaceStyle)
-    copy = attack_copy(spec.build(), {n: t.numpy() for n, t in model.state_dict().items()})
-    probs = mean_softmax(copy, spec.input_shape)
+    state = {n: t.numpy() for n, t in model.state_dict().items()}
+    obs = Observation(
+        update={n: np.ones(p.shape, np.float32) for n, p in model.named_parameters()},
+        received=state,
+        config=None,
+        num_classes=10,
+        spec=spec,
+        skeleton=spec.build(),
+        client=ClientRecipe(2, 2, 1, 0.0, 0.0, 0.0, 0, True),
+        head_bias="net.fc3.bias",
+        start_seed=1,
+    )
+    probs = mean_softmax(attack_model(obs), spec.input_shape)
     assert probs.shape == (10,) and abs(probs.sum() - 1) < 1e-6
-    from attacks.app_audit import invert_app_update
-    from attacks.observation import ClientRecipe
-
-    target = {n: np.ones(p.shape, np.float32) for n, p in copy.named_parameters()}
-    rec = ClientRecipe(2, 2, 1, 0.0, 0.0, 0.0, 0, True)
-    budget = AuditConfig(iterations=2, restarts=2)
-    out = invert_app_update(copy, spec, target, rec, None, budget, torch.device("cpu"))
+    out = invert(obs, AuditConfig(iterations=2, restarts=2), device="cpu")
     assert len(out.images) == 2 and out.steps == 4  # the batched (vmap) path ran through the hook
 
 
@@ -190,20 +204,20 @@ def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_p
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--iterations", "2", "--restarts", "1",
                  "--recipe", "batch-size=3"]) == 0  # fmt: skip
     report = json.loads((out / "audit.json").read_text())
-    (row,) = report["rows"]
+    (row,) = report["updates"]
     assert row["partition"] == 2 and "batch-size 3 (override)" in row["recipe"] and row["reid-gallery"] > 15
     why = "breaching's recipe, which led on a CNN and a ResNet-18; not a ViT; --tv sets the weight"
-    budget = report["budget"]
+    budget = " ".join(report["budget"])
     assert f"TV 0.4 ({why}), Gaussian start on the normalised scale, keeps the lowest total objective" in budget
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--iterations", "1", "--tv", "0.1"]) == 0
-    assert ", TV 0.1 (--tv), Gaussian start" in json.loads((out / "audit.json").read_text())["budget"]
+    assert ", TV 0.1 (--tv), Gaussian start" in json.loads((out / "audit.json").read_text())["budget"][0]
     capsys.readouterr()
     (tmp_path / "cap" / "fedvit-audit.toml").unlink()
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--model", "nowhere.mod:Net"]) == 2
     assert "cannot import 'nowhere.mod'" in capsys.readouterr().err
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--model", "cnnapp.task:Net",
                  "--partition", "41=2"]) == 2  # fmt: skip
-    assert "need --data (the clients' data)" in capsys.readouterr().err
+    assert "--partition: these describe the clients' data: give --data as well" in capsys.readouterr().err
 
 
 def test_a_dataset_name_scores_against_fedvits_partition_and_its_test_split(tmp_path, capsys):
@@ -233,7 +247,7 @@ def test_a_dataset_name_scores_against_fedvits_partition_and_its_test_split(tmp_
     data = UserData("synthetic", {}, settings=settings, image_size=32)
     assert np.array_equal(data.load(2, 10)[0], x.numpy())  # exactly the images the client trained on
     report = audit_app_captures(tmp_path / "cap" / "51", tmp_path / "out", SPEC, BUDGET, data=data)
-    (row,) = report["rows"]
+    (row,) = report["updates"]
     assert row["partition"] == 2 and row["reid-gallery"] == 100 and row["psnr"] is not None
     assert row["label-accuracy"] == 1.0 and not report["notes"]
     with pytest.raises(AuditInputError, match="give --num-partitions"):
@@ -243,18 +257,19 @@ def test_a_dataset_name_scores_against_fedvits_partition_and_its_test_split(tmp_
     assert main([*base, "--data-option", "partitioner=nope"]) == 2
     assert "data.partitioner" in capsys.readouterr().err
     assert main([*base, "--num-partitions", "10", "--data-option", "synthetic-train-size=40"]) == 0
-    (row,) = json.loads((tmp_path / "out" / "audit.json").read_text())["rows"]
+    (row,) = json.loads((tmp_path / "out" / "audit.json").read_text())["updates"]
     assert row["partition"] == 2 and row["reid-gallery"] == 100
     assert main([*base[:-1], "cnnapp_partitions:partition", "--num-partitions", "10"]) == 2
     assert "apply to a dataset name" in capsys.readouterr().err
 
 
-def test_april_runs_on_a_users_vit_for_one_image_and_is_refused_for_a_batch(tmp_path):
-    """A timm ViT given by name: APRIL-E's closed form applies to one image's gradient (exact here: N = 4 patches
-    ≤ D − 1) and the report says why it does not apply to a batch."""
-    from attacks.app_audit import april_status, attack_copy, embedding_route, model_settings
+def test_april_runs_on_a_users_vit_and_is_refused_for_a_model_without_its_embeddings(tmp_path):
+    """A timm ViT given by name: APRIL-E's closed form recovers one image from its gradient (exact here: N = 4
+    patches ≤ D − 1), and the registry says why it does not apply to the test app's CNN."""
+    from attacks import april
     from attacks.metrics import psnr
-    from attacks.observation import ClientRecipe
+    from attacks.observation import ClientRecipe, Observation
+    from attacks.registry import applicable
     from core.model import normalize
 
     spec = ModelSpec("vit_tiny_patch16_224", input_shape=(3, 32, 32), num_classes=10)
@@ -263,12 +278,43 @@ def test_april_runs_on_a_users_vit_for_one_image_and_is_refused_for_a_batch(tmp_
     images, labels = load_data(3, 1, 7)
     x = torch.as_tensor(images)
     torch.nn.functional.cross_entropy(model(normalize(model, x)), torch.as_tensor(labels)).backward()
-    gradient = {n: p.grad.numpy() for n, p in model.named_parameters()}
-    copy = attack_copy(model, {n: t.detach().numpy() for n, t in model.state_dict().items()})
-    assert april_status(copy, ClientRecipe(1, 1, 1, 0.0, 0.0, 0.0, 0, True)) is None
-    assert model_settings(copy)[0] == {"tv": 0.05, "init": "noise", "keep": "match"}  # the settings by model family
-    assert model_settings(attack_copy(Net(), {}))[0] == {"tv": 0.4, "init": "gaussian", "keep": "objective"}
-    assert "4 image(s)" in april_status(copy, ClientRecipe(4, 4, 1, 0.0, 0.0, 0.0, 0, True))
-    rec = embedding_route(copy, spec, {n: 0.05 * g for n, g in gradient.items()})  # a one-step weight change
+    gradient = {n: 0.05 * p.grad.numpy() for n, p in model.named_parameters()}  # a one-step weight change
+    state = {n: t.detach().numpy() for n, t in model.state_dict().items()}
+
+    def observed(net, spec_, update) -> Observation:
+        return Observation(update=update, received=state if net is model else {}, config=None, num_classes=10,
+                           spec=spec_, skeleton=net, client=ClientRecipe(1, 1, 1, 0.0, 0.0, 0.0, 0, True))  # fmt: skip
+
+    vit = observed(model, spec, gradient)
+    chosen, _ = applicable(vit)
+    assert "APRIL-E (naive)" in [a.name for a in chosen]
+    rec = april.embedding_route(vit)
     assert psnr(rec.image, images[0]) > 40 and "rank G_p = 4 of N = 4" in rec.note
-    assert april_status(attack_copy(Net(), {}), ClientRecipe(1, 1, 1, 0.0, 0.0, 0.0, 0, True)).startswith("no patch")
+    assert model_settings(model)[0] == {"tv": 0.05, "init": "noise", "keep": "match"}  # the settings by model family
+    assert model_settings(Net())[0] == {"tv": 0.4, "init": "gaussian", "keep": "objective"}
+    cnn = Net()
+    _, refused = applicable(observed(cnn, SPEC, {n: p.detach().numpy() for n, p in cnn.named_parameters()}))
+    assert refused["APRIL-E (naive)"].startswith("no patch embedding")
+
+
+def test_a_fedvit_run_and_another_apps_capture_share_one_report_schema(tmp_path):
+    """One pipeline: a fedvit run captured with capture.enabled and the test app's capture give audit.json files
+    with the same top-level keys; another app's capture without --model fails in one line saying what to give."""
+    from attacks.report import TOP_LEVEL_KEYS
+    from core.config import Config
+    from fedvit_app.cli import main
+    from tests.helpers import run_in_process
+
+    run = Config().to_dict() | {"num-server-rounds": 1, "batch-size": 1, "centralized-evaluation": False,
+                                "capture.enabled": True, "out-dir": str(tmp_path), "run-name": "r"}  # fmt: skip
+    run_dir, _ = run_in_process(run, num_nodes=2)
+    budget = ["--iterations", "2", "--restarts", "1"]
+    assert main(["audit", str(run_dir), "--out", str(tmp_path / "fedvit"), *budget]) == 0
+    capture_exchange(tmp_path / "cap", 11, 0)
+    assert main(["audit", str(tmp_path / "cap"), "--out", str(tmp_path / "app"), "--model", "cnnapp.task:Net",
+                 "--app-dir", str(APP), *budget]) == 0  # fmt: skip
+    fedvit, app = (json.loads((tmp_path / d / "audit.json").read_text()) for d in ("fedvit", "app"))
+    assert tuple(fedvit) == tuple(app) == TOP_LEVEL_KEYS
+    assert len(fedvit["updates"]) == 2 and len(app["updates"]) == 1
+    with pytest.raises(AuditInputError, match="not from fedvit's app: give its model with --model"):
+        audit_captures(tmp_path / "cap", tmp_path / "x")

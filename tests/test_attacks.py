@@ -10,10 +10,10 @@ import torch
 from safetensors.numpy import load_file
 
 from attacks import april
-from attacks.audit import attacks_for
 from attacks.benchmark import DEFENCES, client_update, defence_config
 from attacks.metrics import minimum_norm_limit, psnr, ssim
 from attacks.observation import Observation
+from attacks.registry import IMAGE_ATTACKS
 from clients.training import fedsgd_gradient
 from core.config import Config, ModelConfig, parse_config
 from core.data import synthetic
@@ -78,7 +78,8 @@ def test_attacks_never_receive_ground_truth():
     assert not fields & {"truth", "image", "images", "labels", "batch", "ground_truth"}
     obs, _ = single_image_update(ModelConfig())
     masked = dataclasses.replace(obs, masks={n: np.ones_like(v, bool) for n, v in obs.update.items()})
-    for attack in {**attacks_for(masked), "kp": april.known_plaintext_route}.values():
+    assert masked is not None
+    for attack in [a.run for a in IMAGE_ATTACKS] + [april.known_plaintext_route]:
         params = list(inspect.signature(attack).parameters.values())
         assert params[0].annotation in ("Observation", Observation)
         assert all(p.default is not inspect.Parameter.empty for p in params[1:])
@@ -138,31 +139,43 @@ CAPTURE = Config().to_dict() | {
 
 
 def test_capture_is_exact_and_does_not_change_training(tmp_path):
+    """fedvit's run records through the one capture_mod and CapturingStrategy, in the one layout (run-<id>/captures/
+    round-N/node-<id>), with the node's partition; what they stored is byte for byte what crossed the wire."""
+    from attacks.capture import plain_content
+
     base = CAPTURE | {"out-dir": str(tmp_path)}
-    with_capture, grid = run_in_process(base | {"run-name": "on"})
-    without, _ = run_in_process(base | {"run-name": "off", "capture.enabled": False, "capture.ground-truth": False})
+    with_capture, grid = run_in_process(base | {"run-name": "on"}, polling=True)  # Flower's message ids
+    without, _ = run_in_process(
+        base | {"run-name": "off", "capture.enabled": False, "capture.ground-truth": False}, polling=True
+    )
     a, b = load_file(with_capture / "model.safetensors"), load_file(without / "model.safetensors")
     assert all(np.array_equal(a[k], b[k]) for k in a)
-    assert not (without / "captures").exists()
-    # round trip: what the wire observer stored is byte for byte what the client sent
+    assert not list(without.glob("run-*"))
+    captures = with_capture / "run-1" / "captures"
     sent = [m for m in grid.received if m.metadata.message_type == "train"]
-    stored = load_file(with_capture / "captures" / "round-0002" / "partition-1.sent.safetensors")
-    reply = next(m for m in sent[3:] if m.content["metrics"]["partition-id"] == 1)
-    assert set(stored) == {f"arrays/{k}" for k in reply.content["arrays"].keys()}
-    assert all(np.array_equal(stored[f"arrays/{k}"], v.numpy()) for k, v in reply.content["arrays"].items())
-    manifest = json.loads((with_capture / "captures" / "round-0002" / "partition-1.json").read_text())
-    assert manifest["round"] == 2 and manifest["partition"] == 1 and manifest["run_config"]["capture.enabled"]
-    assert (with_capture / "captures" / "server" / "round-0001" / "global.sent.safetensors").is_file()
-    assert (with_capture / "ground-truth" / "round-0001" / "partition-0.safetensors").is_file()
+    stored = load_file(captures / "round-0002" / "node-101.sent.safetensors")
+    reply = plain_content(next(m for m in sent[3:] if plain_content(m)["metrics"]["partition-id"] == 1))
+    assert set(stored) == {f"arrays/{k}" for k in reply["arrays"].keys()}
+    assert all(np.array_equal(stored[f"arrays/{k}"], v.numpy()) for k, v in reply["arrays"].items())
+    manifest = json.loads((captures / "round-0002" / "node-101.json").read_text())
+    assert manifest["round"] == 2 and manifest["partition"] == 1 and manifest["node"] == 101
+    assert manifest["run_config"]["capture.enabled"] and manifest["observer"] == "client-mod"
+    server = load_file(captures / "server" / "round-0002" / "node-101.sent.safetensors")  # the server's view
+    assert set(server) == set(stored) and all(np.array_equal(server[k], stored[k]) for k in stored)
+    assert (captures / "server" / "round-0001" / "node-100.received.safetensors").is_file()
+    assert (with_capture / "run-1" / "ground-truth" / "round-0001" / "node-100.safetensors").is_file()
 
 
 def test_capture_selection_by_round_and_partition(tmp_path):
     run_dir, _ = run_in_process(
-        CAPTURE | {"out-dir": str(tmp_path), "run-name": "sel", "capture.rounds": "2", "capture.partitions": "0,2"}
+        CAPTURE | {"out-dir": str(tmp_path), "run-name": "sel", "capture.rounds": "2", "capture.partitions": "0,2"},
+        polling=True,
     )
-    wire = sorted(p.name for p in (run_dir / "captures").glob("round-*/partition-*.json"))
-    assert wire == ["partition-0.json", "partition-2.json"]
-    assert not (run_dir / "captures" / "round-0001").exists()
+    captures = run_dir / "run-1" / "captures"
+    assert sorted(p.name for p in captures.glob("round-*/node-*.json")) == ["node-100.json", "node-102.json"]
+    server = sorted(p.name for p in captures.glob("server/round-*/node-*.json") if p.stem.split("-")[-1].isdigit())
+    assert server == ["node-100.json", "node-102.json"]  # train exchanges (evaluate ones carry their type)
+    assert not (captures / "round-0001").exists()
 
 
 SMALL_BUDGET = ["-c", "audit.iterations=20", "-c", "audit.restarts=1"]  # the optimisation attack, briefly
@@ -182,13 +195,30 @@ def test_audit_cli_end_to_end_on_a_captured_run(tmp_path, capsys):
     assert "Leakage vs utility frontier" in capsys.readouterr().out  # printed for the run's rounds
     assert main(["audit", str(tmp_path / "nothing"), "--out", str(tmp_path / "a2")]) == 2
     assert "no captures" in capsys.readouterr().err
+    assert main(["audit", str(run_dir), "--out", str(tmp_path / "a3"), "--model", "resnet18"]) == 2
+    assert "run config names its model" in capsys.readouterr().err  # fedvit's captures need no --model
+    assert main(["audit", str(run_dir), "--out", str(tmp_path / "a4"), "--images", "2"]) == 2
+    assert "--images: for --benchmark only" in capsys.readouterr().err
+    assert main(["audit", "--benchmark", "--out", str(tmp_path / "a5"), "--data", "cifar10"]) == 2
+    assert "--data: the benchmark scores against the images its own clients trained on" in capsys.readouterr().err
+
+
+def test_captures_in_the_old_layout_get_one_clear_error(tmp_path, capsys):
+    from fedvit_app.cli import main
+
+    old = tmp_path / "run" / "captures" / "round-0001"
+    old.mkdir(parents=True)
+    (old / "partition-0.json").write_text("{}")
+    assert main(["audit", str(tmp_path / "run"), "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "partition-P" in err and "154885d" in err
 
 
 def test_audit_refuses_a_capture_from_another_model(tmp_path):
     from attacks.audit import audit_captures
 
     run_dir, _ = run_in_process(CAPTURE | {"out-dir": str(tmp_path), "run-name": "x", "capture.rounds": "1"})
-    manifest_path = run_dir / "captures" / "round-0001" / "partition-0.json"
+    manifest_path = run_dir / "run-1" / "captures" / "round-0001" / "node-100.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["run_config"]["model.embed-dim"] = 96
     manifest_path.write_text(json.dumps(manifest))

@@ -76,15 +76,16 @@ def test_no_flat_image_beats_the_flat_baseline():
 
 
 def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
-    from attacks.audit import LABEL_ATTACK, audit_observations
-    from attacks.benchmark import client_update_and_labels
+    from attacks.audit import audit_captures
+    from attacks.benchmark import client_update_and_labels, observed_update
     from attacks.labels import recover_labels
+    from attacks.registry import LABELS
     from core.config import parse_config
 
     base = {"out-dir": str(tmp_path), "run-name": "labels", "capture.enabled": True, "capture.ground-truth": True,
             "audit.iterations": 10, "audit.restarts": 1}  # fmt: skip
     config = parse_config(base | {"batch-size": 8, "data.synthetic-train-size": 64})
-    obs, truth, labels = client_update_and_labels(config, 0, 2, seed_key=1)
+    obs, truth, labels = observed_update(config, 0, 2, 1, tmp_path / "cap")  # a capture with its ground truth
     counts, reason = recover_labels(obs)
     assert reason in ("", "p̄ as equal shares") and counts.sum() == len(labels) == 8  # which p̄ estimate fitted
     assert label_accuracy(counts, labels) >= 0.75
@@ -93,21 +94,23 @@ def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
         None,
         "the mask hides part of the head-bias gradient",
     )
-    rows, _ = audit_observations([(obs, truth)], tmp_path / "audit", "t", true_labels=[labels])
-    row = next(r for r in rows if r["attack"] == LABEL_ATTACK)
+    rows = audit_captures(tmp_path / "cap", tmp_path / "audit")["rows"]
+    row = next(r for r in rows if r["attack"] == LABELS)
     assert row["label-accuracy"] == label_accuracy(counts, labels)
     assert "label accuracy" in (tmp_path / "audit" / "audit.md").read_text()
 
 
 def test_every_scored_update_has_the_no_information_baseline_beside_it(tmp_path):
-    from attacks.audit import BASELINE, audit_observations
-    from attacks.benchmark import DEFENCES, client_update, defence_config
+    from attacks.audit import audit_captures
+    from attacks.benchmark import DEFENCES, defence_config, observed_update
     from attacks.metrics import best_flat_image, psnr
+    from attacks.scoring import BASELINE
     from core.config import parse_config
 
     budget = parse_config({"audit.iterations": 10, "audit.restarts": 1})
-    obs, truth = client_update(defence_config(budget, DEFENCES["plain"], 2, tmp_path), 0, 2, seed_key=1)
-    rows, _ = audit_observations([(obs, truth)], tmp_path / "audit", "t")
+    _, images, _ = observed_update(defence_config(budget, DEFENCES["plain"], 2, tmp_path), 0, 2, 1, tmp_path / "cap")
+    truth = images[0]
+    rows = audit_captures(tmp_path / "cap", tmp_path / "audit")["rows"]
     baseline = next(r for r in rows if r["attack"] == BASELINE)
     assert baseline["psnr"] == psnr(best_flat_image(truth), truth)
     april = next(r for r in rows if r["attack"] == "APRIL-E (naive)")

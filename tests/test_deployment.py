@@ -139,13 +139,13 @@ def test_killed_supernode_round_aggregates_the_survivors_and_the_run_finishes(de
         assert f"rejected reply of partition {victim}" in output
     # The new global model is FedAvg over exactly the survivors' replies (as the server received them).
     replies = {}
-    for p in survivors:
-        stem = out / name / "captures" / "server" / "round-0002" / f"partition-{p}"
-        manifest = json.loads(stem.with_suffix(".json").read_text())
-        replies[p] = (
-            manifest["received"]["metrics"]["metrics"]["num-examples"],
-            load_file(f"{stem}.received.safetensors"),
-        )
+    for path in (out / name).glob("run-*/captures/server/round-0002/node-*.json"):  # the server's view
+        manifest = json.loads(path.read_text())
+        reported = manifest.get("sent", {}).get("metrics", {}).get("metrics", {})
+        if reported.get("partition-id") in survivors:
+            stem = path.with_suffix("")
+            replies[reported["partition-id"]] = (reported["num-examples"], load_file(f"{stem}.sent.safetensors"))
+    assert sorted(replies) == survivors
     assert second["num-examples"] == sum(n for n, _ in replies.values())
     final = load_file(out / name / "model.safetensors")
     total = sum(n for n, _ in replies.values())

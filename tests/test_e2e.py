@@ -164,7 +164,7 @@ def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
     # the captures (in the scan above) hold the handshake and 2 clients x 3 rounds; the keyless attack sees noise
     from fedvit_app.cli import main
 
-    captured = sorted((out / "encrypted" / "captures").glob("round-*/partition-*.json"))
+    captured = sorted((out / "encrypted").glob("run-*/captures/round-*/node-*.json"))
     assert len(captured) == 3 + 6, [p.name for p in captured]
     budget = ["-c", "audit.iterations=20", "-c", "audit.restarts=1"]
     assert main(["audit", str(out / "encrypted"), "--out", str(out / "audit"), *budget]) == 0

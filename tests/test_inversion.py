@@ -222,12 +222,16 @@ def test_the_frontier_experiment_trains_every_benchmark_defence_as_the_benchmark
 
 def test_collusion_key_decrypts_an_encrypted_batch_update_for_the_optimisation_attack(tmp_path):
     from attacks.april import collusion_key, decrypt_observation
-    from attacks.benchmark import _colluders
+    from attacks.audit import AuditOptions, Reader
+    from attacks.benchmark import _write_colluders
+    from attacks.exchanges import load_exchanges
 
     base = parse_config(SMALL_BUDGET)
     obs, images, labels = benchmark_update(tmp_path, "encryption-private-init", setting=Setting(4))
     assert simulated_match(obs, images, labels) > 1e-2  # plaintext images do not explain the encrypted update
-    known = _colluders(base, "encryption-private-init", 14, tmp_path)[1:]  # 13 colluders, 208 patches >= L
+    folder = _write_colluders(base, "encryption-private-init", 14, tmp_path, tmp_path / "captures")
+    colluders = sorted(load_exchanges(folder)[0], key=lambda ex: ex.partition)[1:]  # 13 colluders, 208 patches >= L
+    known = [(ex.ground_truth()["images"][0], Reader(AuditOptions()).observe(ex).update) for ex in colluders]
     e_a_t, inverse, _ = collusion_key(dataclasses.replace(obs, known_images=known))
     plain = decrypt_observation(obs, e_a_t, inverse)
     assert not plain.config.encryption.enabled
@@ -272,23 +276,24 @@ def test_benchmark_audits_an_image_folder_of_natural_photographs(tmp_path):
 
 
 def test_scaffold_updates_are_simulated_with_the_control_variates_seen_on_the_wire(tmp_path):
-    from safetensors.numpy import load_file
 
-    from attacks.audit import observation_from_capture
-    from attacks.eavesdropper import unflatten
+    from attacks.audit import AuditOptions, Reader
+    from attacks.exchanges import load_exchanges
     from tests.helpers import run_in_process
 
     config = {"out-dir": str(tmp_path), "run-name": "scaffold", "strategy": "scaffold", "num-server-rounds": 2,
               "batch-size": 8, "data.synthetic-train-size": 60, "capture.enabled": True,
               "capture.ground-truth": True}  # fmt: skip
     run_dir, _ = run_in_process(config)
-    stem1, stem2 = (run_dir / "captures" / f"round-000{r}" / "partition-0" for r in (1, 2))
-    c_1 = unflatten(load_file(f"{stem1}.sent.safetensors"))["control-delta"]  # c_i after round 1 (from 0)
-    controls: dict = {}
-    observation_from_capture(stem1, None, controls)  # the observer sums the client's control-deltas in order
-    assert all(np.array_equal(controls[0][n], c_1[n]) for n in c_1)
-    obs = observation_from_capture(stem2, None, controls)
-    truth = load_file(str(run_dir / "ground-truth" / "round-0002" / "partition-0.safetensors"))
+    ex1, ex2 = [ex for ex in load_exchanges(run_dir)[0] if ex.partition == 0]  # rounds 1 and 2, in order
+    c_1 = ex1.sent_records["control-delta"]  # c_i after round 1 (from 0)
+    reader = Reader(AuditOptions())
+    first = reader.observe(ex1)  # the observer sums the client's control-deltas in order
+    assert all(np.array_equal(first.correction[n], ex1.received_records["control"][n]) for n in c_1)  # c_i = 0
+    obs = reader.observe(ex2)
+    c = ex2.received_records["control"]
+    assert all(np.array_equal(obs.correction[n], c[n] - c_1[n]) for n in c_1)
+    truth = ex2.ground_truth()
     order = np.random.default_rng([0, 2, 0]).permutation(len(truth["labels"]))  # the client's round-2 shuffle
     images, labels = truth["images"][order], truth["labels"][order]
     assert recipe(obs).steps == 2 and obs.correction is not None

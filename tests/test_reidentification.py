@@ -150,4 +150,4 @@ def test_the_benchmark_attacks_a_finished_runs_model(tmp_path, capsys):
     with pytest.raises(ValueError, match="head has 10 classes"):
         trained_model(parse_config(SYNTHETIC | {"data.synthetic-num-classes": 5}), run)
     assert main(["audit", str(run), "--out", str(tmp_path / "a"), "--model-from", str(run)]) == 2
-    assert "--model-from is for --benchmark" in capsys.readouterr().err
+    assert "--model-from: for --benchmark only" in capsys.readouterr().err

@@ -181,14 +181,17 @@ def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_th
                    "--iterations", "40", "--restarts", "1")  # fmt: skip
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-3000:]
     report = json.loads((out / "audit.json").read_text())
-    assert len(report["rows"]) == 4
-    for row in report["rows"]:
+    assert len(report["updates"]) == 4
+    for row in report["updates"]:
         partition = row["partition"]
         assert row["labels"] == partition_labels(partition), row
         assert row["batch"] == (1 if partition == PARTITIONS[0] else 4) and row["steps"] == 1
         assert row["label-accuracy"] == 1.0 and row["reid-top1"] is not None
     assert report["verdict"].startswith("LEAKS: labels recovered for 4 of 4 update(s) (4 of 4 exactly right)")
     assert (out / "grid.png").exists() and "Verdict" in (out / "audit.md").read_text()
+    from attacks.report import TOP_LEVEL_KEYS
+
+    assert tuple(report) == TOP_LEVEL_KEYS  # the one report schema, as for fedvit's own runs
 
 
 def test_over_tls_the_tap_relays_but_records_nothing_readable(tmp_path):

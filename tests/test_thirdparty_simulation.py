@@ -79,8 +79,8 @@ def test_capture_mod_and_server_wrapper_record_a_simulation_that_the_audit_reads
         )  # fmt: skip
         assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
         report = json.loads((out / "audit.json").read_text())
-        assert len(report["rows"]) == 8
-        for row in report["rows"]:
+        assert len(report["updates"]) == 8
+        for row in report["updates"]:
             labels = load(row["partition"])[1]
             expected = {str(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)}
             assert row["labels"] == expected and row["batch"] == row["partition"] + 1, row

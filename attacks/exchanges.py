@@ -1,0 +1,267 @@
+"""Captures as the audit reads them: train exchanges, their ground truth, and the arrays mapped onto a model.
+
+Reads the one layout of :mod:`attacks.capture` (wire tap, ``capture_mod``, ``CapturingStrategy``; fedvit's own
+runs included): per exchange what the node received (the model's ArrayRecord and the others, ConfigRecords, the
+run config) and what it sent (arrays, metrics), plus round 0's key handshakes. The server's own view
+(``captures/server``) is read only when pointed at it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file
+from torch import nn
+
+from attacks.capture import CAPTURES, GROUND_TRUTH, unflatten
+from attacks.observation import ClientRecipe
+
+NOTHING_ON_THE_WIRE = "the wire shows nothing; the server still sees every update"
+WEIGHTS_DISTANCE = 0.5  # ‖sent − received‖ / ‖received‖ below this: the reply is weights, above: a gradient
+RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run config, reply metrics)
+    "lr": ("lr", "learning-rate", "learning_rate"),
+    "epochs": ("local-epochs", "local_epochs", "epochs"),
+    "local-steps": ("local-steps", "local_steps"),
+    "batch-size": ("batch-size", "batch_size"),
+    "momentum": ("momentum",),
+    "num-examples": ("num-examples", "num_examples"),
+}
+
+
+class AuditInputError(ValueError):
+    """Captures, model or options the audit cannot work with (the message says what to change)."""
+
+
+@dataclasses.dataclass
+class Exchange:
+    """One captured train exchange: what the node received and what it sent back."""
+
+    stem: Path
+    run_id: Any
+    round: int
+    node: Any
+    partition: int | None  # where the capture knew it (capture_mod records the node config)
+    num_partitions: int | None  # the node config's num-partitions, where recorded
+    received: dict[str, np.ndarray]  # the model's arrays
+    sent: dict[str, np.ndarray]
+    received_config: dict[str, Any]
+    sent_metrics: dict[str, Any]
+    run_config: dict[str, Any]
+    received_records: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)  # all of them
+    sent_records: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # labels a producer added (the benchmark's)
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} round {self.round} node {self.node}"
+
+    def ground_truth(self) -> dict[str, np.ndarray] | None:
+        """The client's recorded true batch (fedvit's ``capture.ground-truth``), or None. For scoring only."""
+        path = ground_truth_file(self.stem)
+        return load_file(str(path)) if path.is_file() else None
+
+
+def ground_truth_file(stem: Path) -> Path:
+    """``run-<id>/ground-truth/round-NNNN/<name>.safetensors`` for the capture ``run-<id>/captures/round-NNNN/<name>``
+    (the server's view shares the clients' ground truth)."""
+    round_dir = stem.parent
+    captures = round_dir.parent if round_dir.parent.name == CAPTURES else round_dir.parent.parent
+    return captures.parent / GROUND_TRUTH / round_dir.name / f"{stem.name}.safetensors"
+
+
+def _merged(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One dict of several records' values; the first record that names a key wins (a train reply's own
+    ``metrics`` before any evaluation record riding along)."""
+    out: dict[str, Any] = {}
+    for record in records.values():
+        for key, value in record.items():
+            out.setdefault(key, value)
+    return out
+
+
+def _model_arrays(records: dict[str, dict[str, np.ndarray]], stem: Path, direction: str) -> dict[str, np.ndarray]:
+    """The ArrayRecord that holds the model: the only one, else Flower's ``arrays``."""
+    if len(records) == 1:
+        return next(iter(records.values()))
+    if "arrays" in records:
+        return records["arrays"]
+    raise AuditInputError(f"{stem}: {direction} carries several ArrayRecords {sorted(records)} and none is 'arrays'")
+
+
+def find_manifests(path: Path) -> list[Path]:
+    """Train-exchange manifests (``node-<id>.json``) under ``path``, the server's view only when asked for."""
+    server_view = path.resolve().name == "server"  # pointed at a captures/server folder
+    found = [
+        p
+        for p in sorted(path.rglob("node-*.json"))
+        if re.fullmatch(r"node-\d+", p.stem) and (server_view or "server" not in p.relative_to(path).parts)
+    ]
+    return sorted(found, key=_order)
+
+
+def _order(path: Path) -> tuple[int, str, str]:
+    """Captures in run, round and node order (SCAFFOLD's control variates are summed round by round)."""
+    run = next((int(m.group(1)) for part in path.parts if (m := re.fullmatch(r"run-(\d+)", part))), 0)
+    return run, path.parent.name, path.stem
+
+
+def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
+    """Every complete train exchange under ``path``, and a note per capture that was skipped (and why)."""
+    exchanges, skipped = [], []
+    for manifest_path in find_manifests(path):
+        stem = manifest_path.with_suffix("")
+        manifest = json.loads(manifest_path.read_text())
+        sent_file = stem.with_name(f"{stem.name}.sent.safetensors")
+        received_file = stem.with_name(f"{stem.name}.received.safetensors")
+        if "error" in manifest.get("sent", {}):
+            skipped.append(f"{stem.name} round {manifest.get('round')}: the reply was an error")
+            continue
+        if not (sent_file.exists() and received_file.exists()):
+            skipped.append(f"{stem}: one direction was not captured")
+            continue
+        received = unflatten(load_file(str(received_file)))
+        sent = unflatten(load_file(str(sent_file)))
+        if not received or not sent:
+            skipped.append(f"{stem}: no arrays in one direction")
+            continue
+        sent_metrics = _merged(manifest.get("sent", {}).get("metrics", {}))
+        partition = manifest.get("partition")
+        partition = sent_metrics.get("partition-id") if partition in (None, "") else partition  # the server's view
+        num_partitions = (manifest.get("node-config") or {}).get("num-partitions")
+        exchanges.append(
+            Exchange(
+                stem=stem,
+                run_id=manifest.get("run-id"),
+                round=int(manifest.get("round", 0)),
+                node=manifest.get("node"),
+                partition=None if partition in (None, "") else int(partition),
+                num_partitions=None if num_partitions in (None, "") else int(num_partitions),
+                received=_model_arrays(received, stem, "received"),
+                sent=_model_arrays(sent, stem, "sent"),
+                received_config=_merged(manifest.get("received", {}).get("config", {})),
+                sent_metrics=sent_metrics,
+                run_config=dict(manifest.get("run_config") or {}) | _run_file_config(stem),
+                received_records=received,
+                sent_records=sent,
+                meta=dict(manifest.get("meta") or {}),
+            )
+        )
+    return exchanges, skipped
+
+
+def load_handshake(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+    """The first round-0 key handshake under ``path`` (``node-<id>-query``: the public initial layers the node
+    received and their encryption it sent back), or None."""
+    for manifest in sorted(path.rglob("round-0000/node-*-query.json")):
+        stem = manifest.with_suffix("")
+        files = [stem.with_name(f"{stem.name}.{d}.safetensors") for d in ("received", "sent")]
+        if all(f.is_file() for f in files):
+            plain, cipher = (unflatten(load_file(str(f))).get("arrays", {}) for f in files)
+            if plain and cipher:
+                return plain, cipher
+    return None
+
+
+def _run_file_config(stem: Path) -> dict[str, Any]:
+    """The run config a wire tap completed after the fact (``run-<id>/run.json``), else nothing."""
+    run_file = stem.parent.parent.parent / "run.json"  # run-<id>/captures/round-NNNN/<stem>
+    return dict(json.loads(run_file.read_text()).get("run_config", {})) if run_file.is_file() else {}
+
+
+def unreadable_links(path: Path) -> int:
+    """Connections a wire tap relayed without reading them (TLS or HTTP/2), from its ``connections.jsonl``."""
+    count = 0
+    for log_file in path.rglob("connections.jsonl"):
+        for line in log_file.read_text().splitlines():
+            if line.strip() and not json.loads(line).get("readable", True):
+                count += 1
+    return count
+
+
+def map_state(arrays: dict[str, np.ndarray], model: nn.Module, what: str) -> dict[str, np.ndarray]:
+    """``arrays`` keyed by the model's ``state_dict`` names: by name when the keys are the state_dict's; by order
+    (all of the state_dict, or its parameters only) when no key is a state_dict name (e.g. "0", "1", ... from a
+    list of arrays) and every shape agrees; else one error that lists the keys and shapes that do not match."""
+    state = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    params = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    got = {n: tuple(a.shape) for n, a in arrays.items()}
+    if set(got) <= set(state) and set(params) <= set(got):
+        wrong = [f"{n}: captured {got[n]}, model {state[n]}" for n in got if got[n] != state[n]]
+        if not wrong:
+            return dict(arrays)
+        raise AuditInputError(f"{what}: shapes differ from the model's state_dict: {'; '.join(wrong[:8])}")
+    values = list(arrays.values())
+    for names in (list(state), list(params)) if not set(got) & set(state) else ():  # keys that are not names
+        if len(values) == len(names) and all(tuple(v.shape) == state[n] for v, n in zip(values, names, strict=True)):
+            return dict(zip(names, values, strict=True))
+    missing = [n for n in state if n not in got][:8]
+    unexpected = [n for n in got if n not in state][:8]
+    raise AuditInputError(
+        f"{what}: the captured arrays match the model neither by name nor by order ({len(got)} captured, "
+        f"{len(state)} in the state_dict, {len(params)} parameters); missing {missing}, unexpected {unexpected} "
+        "— is --model the app's model?"
+    )
+
+
+# ---------------------------------------------------------------------------- the client's recipe
+
+
+def sent_kind(received: dict[str, np.ndarray], sent: dict[str, np.ndarray], names: list[str]) -> tuple[str, float]:
+    """("weights" | "gradient", ‖sent − received‖ / ‖received‖ over the parameters): weights after local
+    training stay close to what was received; a gradient is a different vector altogether."""
+    diff = sum(float(np.sum((sent[n].astype(np.float64) - received[n]) ** 2)) for n in names)
+    norm = sum(float(np.sum(received[n].astype(np.float64) ** 2)) for n in names)
+    distance = math.sqrt(diff) / max(math.sqrt(norm), 1e-12)
+    return ("weights" if distance < WEIGHTS_DISTANCE else "gradient"), distance
+
+
+def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> tuple[ClientRecipe, dict[str, str]]:
+    """The recipe from (first found) the overrides, the received ConfigRecord, the run config, the reply's
+    metrics; defaults: full batch, one epoch, no momentum. ``local-steps`` (when given) fixes the images
+    processed to steps × batch size. Returns the recipe and, per value, where it came from."""
+    found: dict[str, tuple[float, str]] = {}
+    for key, aliases in RECIPE_KEYS.items():
+        sources = [("override", overrides), ("ConfigRecord", ex.received_config), ("run config", ex.run_config),
+                   ("reply metrics", ex.sent_metrics)]  # fmt: skip
+        for source, values in sources:
+            hit = next((values[a] for a in (key, *aliases) if a in values and values[a] not in ("", None)), None)
+            if hit is not None:
+                try:
+                    found[key] = (float(hit), source)
+                except (TypeError, ValueError) as err:
+                    raise AuditInputError(f"{ex.label}: {key} = {hit!r} ({source}) is not a number") from err
+                break
+    sources: dict[str, str] = {}
+
+    def take(key: str, default: float | None, why: str) -> float | None:
+        if key in found:
+            value, source = found[key]
+            sources[key] = f"{value:g} ({source})"
+            return value
+        sources[key] = f"{default:g} ({why})" if default is not None else f"unknown ({why})"
+        return default
+
+    examples = take("num-examples", None, "not sent")
+    batch = take("batch-size", examples, "assumed: the whole local dataset")
+    if examples is None and batch is None:
+        raise AuditInputError(f"{ex.label}: neither num-examples nor batch-size is known: give --recipe batch-size=B")
+    steps = take("local-steps", None, "from epochs") if "local-steps" in found else None
+    if steps is not None:
+        examples = int(steps) * int(batch)
+        sources["num-examples"] = f"{examples} (local-steps × batch-size)"
+    examples = int(examples if examples is not None else batch)
+    batch = int(min(batch or examples, examples))
+    if kind == "gradient":  # FedSGD: one step on every example; lr, epochs and momentum play no part
+        sources["sent"] = "a gradient: one step on all examples"
+        return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True), sources
+    epochs = 1 if steps is not None else int(take("epochs", 1, "assumed"))
+    lr = take("lr", None, "scale estimated for labels; 0.01 simulated")
+    momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0
+    lr_known = lr is not None
+    return ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known), sources
