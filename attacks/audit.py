@@ -1,16 +1,11 @@
-"""The audit: every applicable attack on every captured exchange, scored against the clients' images.
-
-One pipeline for every Flower app. Per captured train exchange (:mod:`attacks.exchanges`):
+"""The audit: one pipeline for every Flower app. Per captured train exchange (:mod:`attacks.exchanges`):
 
 1. the model: fedvit's ViT from the run config a capture of fedvit's app recorded, else the user's
-   :class:`~attacks.model_spec.ModelSpec` (``--model``), the arrays mapped onto its ``state_dict``;
-2. the reply read as a gradient or as weights after local training, and the client's recipe: fedvit's run config
-   names both; for another app, from the reply's distance to the received weights and the ConfigRecord, run config
-   and reply metrics (each value with where it came from);
-3. every attack of :mod:`attacks.registry` that applies (label recovery, the closed forms, the defence-aware
-   attacks, the optimisation attack), each that does not with the reason;
-4. scoring against the client's images — the ground truth fedvit's clients recorded, or the user's ``--data`` —
-   beside the no-information references, with re-identification among decoys;
+   :class:`~attacks.model_spec.ModelSpec` (``--model``);
+2. what the reply carries and the client's recipe: fedvit's run config names both; for another app they are
+   read from the reply's distance to the received weights and the records (each value with its source);
+3. every attack of :mod:`attacks.registry` that applies, each that does not with the reason;
+4. scores against the clients' images (recorded ground truth or ``--data``) beside no-information references;
 5. one report (:mod:`attacks.report`) and the leakage-vs-utility frontier (:mod:`attacks.frontier`).
 """
 
@@ -20,11 +15,12 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tqdm import tqdm
 
+from attacks.capture import FEDVIT_SWITCH
 from attacks.exchanges import (
     AuditInputError,
     Exchange,
@@ -35,20 +31,19 @@ from attacks.exchanges import (
     sent_kind,
     unreadable_links,
 )
-from attacks.frontier import write_frontier
+from attacks.frontier import frontier_rows, write_frontier
 from attacks.labels import label_accuracy, recover_labels
+from attacks.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting, score
 from attacks.model_spec import ModelSpec, head_bias, model_settings
 from attacks.observation import Observation, Reconstruction, dense_update, model_skeleton, recipe
 from attacks.registry import LABELS, Attack, applicable, labels_apply
-from attacks.reidentification import DEFAULT_DECOYS, Gallery, gallery_from_test_split
-from attacks.report import TOP_LEVEL_KEYS, markdown, save_grid, summarize, verdict
-from attacks.scoring import BATCH_SCORING, REID_FIELDS, reference_rows, reid_setting, score
-from attacks.user_data import UserData, gallery_for
+from attacks.reidentification import DEFAULT_DECOYS, Gallery
+from attacks.report import TOP_LEVEL_KEYS, markdown, save_grid, verdict
+from attacks.user_data import Truths, UserData
 from core.config import AuditConfig, Config, ConfigError, parse_config
 from core.params import HEAD_BIAS
 from core.results import atomic_write
 
-FEDVIT_KEY = "capture.enabled"  # a recorded run config with this key is fedvit's own app's
 OLD_LAYOUT_COMMIT = "154885d"  # the last fedvit that wrote and read captures/round-N/partition-P
 
 
@@ -70,8 +65,7 @@ class AuditOptions:
     gallery: Gallery | None = None  # decoys for every update (default: each run's test split, ``decoys`` of them)
 
 
-@dataclasses.dataclass
-class Audited:
+class Audited(NamedTuple):
     """What the pipeline produced for one exchange: its observation, truth and reconstructions by attack."""
 
     obs: Observation
@@ -101,7 +95,7 @@ def defence_of(config: Config | None) -> str:
 
 def is_fedvit(ex: Exchange) -> bool:
     """Whether the exchange is of fedvit's own app (its recorded run config is fedvit's)."""
-    return FEDVIT_KEY in ex.run_config
+    return FEDVIT_SWITCH in ex.run_config
 
 
 class Reader:
@@ -115,7 +109,6 @@ class Reader:
         self._controls: dict[tuple[Path, int], dict[str, np.ndarray]] = {}
         self._colluders: dict[Path, list[tuple[int, np.ndarray, dict[str, np.ndarray]]]] = {}
         self._skeleton: Any = None
-        self._classes = 0
         self.settings_note = ""
 
     def observe(self, ex: Exchange, index: int = 1) -> Observation:
@@ -214,7 +207,6 @@ class Reader:
             )
         if self._skeleton is None:
             self._skeleton = spec.build(num_classes=int(list(ex.received.values())[-1].shape[0]))
-            self._classes = output_width(self._skeleton, spec)
         base = self._skeleton
         names = [n for n, _ in base.named_parameters()]
         received = map_state(ex.received, base, f"{ex.label} (received)")
@@ -224,6 +216,7 @@ class Reader:
         kind = self.options.sent_as if told else kind
         client, sources = read_recipe(ex, kind, self.options.overrides)
         bias = head_bias(base)
+        classes = int(received[bias].shape[0]) if bias else int(list(received.values())[-1].shape[0])
         meta = {
             "node": ex.node,
             "partition": ex.partition,
@@ -237,7 +230,7 @@ class Reader:
             update={n: sent[n] for n in names},
             received=received,
             config=None,
-            num_classes=self._classes,
+            num_classes=classes,
             meta=meta,
             spec=spec,
             skeleton=base,
@@ -264,79 +257,6 @@ class Reader:
             + ("gradient match" if budget.keep == "match" else "total objective")
         )
         return budget
-
-
-def output_width(model: Any, spec: ModelSpec) -> int:
-    """How many classes the model scores (two probe images: BatchNorm in training mode needs a batch)."""
-    import torch
-
-    from core.model import normalize
-
-    with torch.no_grad():
-        probe = torch.zeros(2, *spec.input_shape)
-        out = model.eval()(normalize(model, probe))
-    return int((out.logits if hasattr(out, "logits") else out).shape[-1])
-
-
-# ---------------------------------------------------------------------------- scoring data
-
-
-class Truths:
-    """The client images an update is scored against: the user's ``--data`` (a partition), else the batch fedvit's
-    clients recorded; with a decoy gallery for re-identification."""
-
-    def __init__(self, options: AuditOptions) -> None:
-        self.options = options
-        self._test_gallery: dict[tuple, Gallery | None] = {}
-        self.galleries: list[Gallery] = []
-        self.notes: list[str] = []
-
-    def of(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray | None, np.ndarray | None, Gallery | None, bool]:
-        """(images, labels, gallery, exact): ``exact`` when the images are exactly the update's."""
-        data = self.options.data
-        if data is not None:
-            partition = data.partitions.get(str(ex.node), ex.partition)
-            if partition is None:
-                self.notes.append(f"{ex.label}: no partition known for node {ex.node} (give --partition NODE=ID): "
-                                  "unscored")  # fmt: skip
-                return None, None, None, False
-            images, labels = data.load(partition, ex.num_partitions)
-            gallery = gallery_for(data, partition, images.shape[1:])
-            exact = len(images) == recipe(obs).examples
-            if not exact:  # which of the partition's images the update used is unknown
-                self.notes.append(
-                    f"{ex.label}: partition {partition} holds {len(images)} images, the update {recipe(obs).examples}: "
-                    "each reconstruction is scored against its closest partition image (optimistic); labels unscored"
-                )
-            obs.meta["partition"] = partition
-            return self._keep(images, labels, gallery, exact)
-        recorded = ex.ground_truth()
-        if recorded is None:
-            return None, None, None, False
-        images = np.asarray(recorded["images"])
-        return self._keep(images, np.asarray(recorded["labels"]), self._gallery_of(obs, images), True)
-
-    def _keep(self, images, labels, gallery, exact):
-        if gallery is not None and all(gallery is not g for g in self.galleries):
-            self.galleries.append(gallery)
-        return images, labels, gallery, exact
-
-    def _gallery_of(self, obs: Observation, images: np.ndarray) -> Gallery | None:
-        """Decoys from the test split of a fedvit run's dataset (None when off or not loadable here, said once)."""
-        if self.options.gallery is not None:
-            return self.options.gallery
-        if self.options.decoys <= 0 or obs.config is None:
-            return None
-        key = (obs.config.data, obs.config.seed, int(images.shape[-1]))
-        if key not in self._test_gallery:
-            try:
-                self._test_gallery[key] = gallery_from_test_split(obs.config, key[2], self.options.decoys)
-            except (OSError, RuntimeError, ValueError) as err:
-                note = f"re-identification not scored: the run's test split cannot be loaded ({err})"
-                print(f"audit: {note}", flush=True)
-                self.notes.append(note)
-                self._test_gallery[key] = None
-        return self._test_gallery[key]
 
 
 # ---------------------------------------------------------------------------- the pipeline
@@ -435,7 +355,7 @@ def audit_exchanges(
     """Attack and score every exchange; write ``audit.json``, ``audit.md``, ``grid.png`` and the frontier under
     ``out``. Returns the report and, per exchange, what was attacked."""
     out.mkdir(parents=True, exist_ok=True)
-    reader, truths = Reader(options), Truths(options)
+    reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
     rows, updates, attacked, grid_ranks, budgets = [], [], [], [], {}
     for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
         obs = reader.observe(ex, k + 1)
@@ -459,33 +379,20 @@ def audit_exchanges(
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "—",
         "verdict": verdict(updates),
-        "metrics": metric_settings(truths.galleries),
+        "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
         "budget": list(budgets),
         "updates": updates,
         "rows": rows,
-        "summary": summarize(rows),
+        "summary": frontier_rows(rows, {}),  # each attack's means per defence and setting
         "notes": list(notes or []) + truths.notes,
     }
     assert tuple(report) == TOP_LEVEL_KEYS
-    atomic_write(out / "audit.json", json.dumps(report, indent=1, default=_json_default).encode())
+    numbers = lambda v: v.item() if isinstance(v, np.generic) else str(v)  # noqa: E731 — numpy scalars as numbers
+    atomic_write(out / "audit.json", json.dumps(report, indent=1, default=numbers).encode())
     atomic_write(out / "audit.md", markdown(report).encode())
     save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
     write_frontier(rows, out, {})
     return report, attacked
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    return str(value)
-
-
-def metric_settings(galleries: list[Gallery]) -> dict[str, str]:
-    from attacks.metrics import SETTINGS
-
-    return SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(galleries)}
 
 
 def budget_text(budget: AuditConfig, budgets: list[int] | None, own_text: str | None) -> str:

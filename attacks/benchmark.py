@@ -1,14 +1,10 @@
 """``fedvit audit --benchmark``: client updates for every defence and setting (batch size; FedSGD or FedAvg with
-E local steps), made by the real client code, written as captures in the one capture layout and audited through
-the one pipeline (:mod:`attacks.audit`) — the audit report, the image grid in the layout of the defence papers'
-Fig. 4 (single-image FedSGD) and the leakage-vs-utility frontier.
+E local steps), made by the real client code, written as captures and audited through the one pipeline
+(:mod:`attacks.audit`); plus the image grid of the defence papers' Fig. 4 (single-image FedSGD).
 
-Client k (of K) trains on round 1 on its partition of steps·B images, so its update is the gradient of one
-batch (FedSGD) or E local steps over them (FedAvg); the same K partitions go through every defence, each defence
-and setting a run of its own (``run-<n>/captures/round-0001/node-<k+1>``). The ground truth comes from the
-client's ``on_batch`` hook and is written beside the captures, as fedvit's clients write it; the attacks see
-only the payload, the model the client received and the public config. Under encryption the attacker may also
-know colluding clients' images and single-image updates (``colluders/<defence>/``, named in the manifests).
+Client k trains round 1 on its partition of steps·B images; each defence and setting is a run of its own, with
+the clients' ground truth beside the captures. Under encryption the attacker also knows colluding clients'
+images and single-image updates (``colluders/<defence>/``, named in the manifests).
 """
 
 from __future__ import annotations
@@ -27,9 +23,10 @@ from attacks.audit import AuditOptions, Reader, audit_exchanges, defence_of
 from attacks.capture import capture_stem, write_direction, write_ground_truth
 from attacks.exchanges import load_exchanges
 from attacks.frontier import write_frontier
+from attacks.metrics import as_batch
 from attacks.observation import Observation
 from attacks.reidentification import DEFAULT_DECOYS, gallery_from_test_split
-from attacks.scoring import as_batch
+from attacks.report import draw_grid
 from clients import runner
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from clients.privacy import privatize_offline
@@ -114,9 +111,8 @@ def partitions(config: Config, setting: Setting, updates: int) -> int:
 def write_client_update(
     root: Path, run_id: int, config: Config, partition: int, num_partitions: int, seed_key: int, meta: dict[str, Any]
 ) -> None:
-    """One client's round-1 update through ``clients.runner.train``, written as the capture an eavesdropper on
-    its link records (node ``partition + 1``), with its true batch beside it (for scoring only). Under encryption
-    the clients' key comes from ``seed_key``; in ``paper`` mode round 0's handshake is captured too."""
+    """One client's round-1 update through ``clients.runner.train``, captured as on its link (node
+    ``partition + 1``; in ``paper`` encryption mode with round 0's handshake), its true batch beside it."""
     data_classes = client_data(config.data, config.seed, partition, num_partitions).images.num_classes
     model = build_model(config.model, data_classes, config.seed)
     public = get_weights(model)
@@ -171,12 +167,6 @@ def client_update_and_labels(
     """:func:`observed_update` through a temporary capture folder (the arrays are read into memory)."""
     with tempfile.TemporaryDirectory(prefix="fedvit-update-") as tmp:
         return observed_update(config, partition, num_partitions, seed_key, Path(tmp))
-
-
-def client_update(config: Config, partition: int, num_partitions: int, seed_key: int) -> tuple[Observation, np.ndarray]:
-    """One client's update as the audit observes it, and its first image."""
-    obs, images, _ = client_update_and_labels(config, partition, num_partitions, seed_key)
-    return obs, images[0]
 
 
 def _direction(
@@ -243,12 +233,9 @@ def run_benchmark(
     budgets: list[int] | None = None,
     keep: Path | None = None,
 ) -> list[dict]:
-    """Produce ``images`` client updates per defence and setting as captures (under ``keep``, else in a temporary
-    folder), audit them through the one pipeline; write audit.md/json, grid.png, fig4.png (single-image FedSGD)
-    and the frontier (frontier.json/md/png; ``accuracy``: final accuracy per defence name from short training
-    runs, for the accuracy-cost axis). ``decoys`` test-split images form the re-identification gallery (0: not
-    scored); ``budgets`` runs the optimisation attacks at each number of Adam steps per restart (default:
-    ``audit.iterations``)."""
+    """``images`` client updates per defence and setting as captures (under ``keep``, else a temporary folder),
+    audited; writes the audit's files, fig4.png and the frontier (``accuracy``: final accuracy per defence from
+    short training runs). ``decoys``: test-split re-identification decoys (0: off); ``budgets``: Adam steps."""
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FEDVIT_CLIENT_STATE", str(out / "client-state"))  # locked masks of these clients
     chosen = defences or list(DEFENCES)
@@ -325,38 +312,19 @@ def _write_colluders(base: Config, name: str, images: int, out: Path, root: Path
 
 def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
     """Rows: images; columns: original, then per defence the strongest attack's reconstruction (Fig. 4 layout)."""
-    from core.plots import plt
-
     best: dict[tuple[int, str], tuple[float, str]] = {}
     for row in rows:
         if row["psnr"] is not None and "reference" not in row["attack"]:
             key = (row["image"], row["defence"])
             if key not in best or row["psnr"] > best[key][0]:
                 best[key] = (row["psnr"], row["attack"])
-    recs: dict[tuple[int, str], dict] = {}
-    truths: dict[int, np.ndarray] = {}
+    panels: dict[int, tuple] = {}
     for item in attacked:
-        recs[(item.obs.meta["image"], defence_of(item.obs.config))] = item.reconstructions
-        truths[item.obs.meta["image"]] = as_batch(item.truth)[0]
-    defences = list(dict.fromkeys(defence for _, defence in recs))
-    images = sorted(truths)
-    fig, axes = plt.subplots(
-        len(images), 1 + len(defences), figsize=(1.3 * (1 + len(defences)), 1.3 * len(images)), squeeze=False
-    )
-    for i, image in enumerate(images):
-        axes[i, 0].imshow(np.transpose(truths[image], (1, 2, 0)))
-        for j, defence in enumerate(defences, start=1):
-            score = best.get((image, defence))
-            if score is not None:
-                axes[i, j].imshow(np.transpose(recs[(image, defence)][score[1]].image, (1, 2, 0)))
-                axes[i, j].text(
-                    0.5, -0.08, f"{score[0]:.0f} dB", transform=axes[i, j].transAxes, fontsize=5, ha="center", va="top"
-                )
-        for j in range(1 + len(defences)):
-            axes[i, j].axis("off")
-            if i == 0:
-                axes[i, j].set_title("original" if j == 0 else defences[j - 1], fontsize=5)
-    fig.suptitle("strongest attack per defence (PSNR under each image; blank: no attack could run)", fontsize=7)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))  # keep the title clear of the column headings
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+        image, defence = item.obs.meta["image"], defence_of(item.obs.config)
+        label, truth, recs, captions = panels.setdefault(image, (f"client {image}", as_batch(item.truth)[0], {}, {}))
+        if (image, defence) in best:
+            psnr, attack = best[(image, defence)]
+            recs[defence], captions[defence] = item.reconstructions[attack].image, f"{psnr:.0f} dB"
+    defences = list(dict.fromkeys(defence_of(item.obs.config) for item in attacked))
+    title = "strongest attack per defence (PSNR under each image; blank: no attack could run)"
+    draw_grid([panels[k] for k in sorted(panels)], defences, path, title, dpi=150)

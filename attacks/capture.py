@@ -1,20 +1,16 @@
 """Capture: one layout and one writer for what crosses the wire, for any Flower app (fedvit's own included).
 
-Every observer — the wire tap, the ClientApp mod :func:`capture_mod` and the server-side wrapper
-:class:`CapturingStrategy` — writes ``<root>/run-<run id>/captures/round-NNNN/node-<node id>[-<type>]``: the
-manifest ``.json`` (round, node, the node's ``partition-id`` and node config, the run config, and per direction
-its message type, array shapes, ConfigRecords, MetricRecords and error) and one ``.<direction>.safetensors`` per
-direction (``received``: what the node got; ``sent``: what it answered; ArrayRecords flattened as
-``<record>/<name>``, fedvit's packed records unpacked). Train messages are named ``node-<id>``; other messages
-carry their type (fedvit's encryption handshake is ``node-<id>-query`` in round 0). The server's view goes to
-``captures/server/`` in the same layout. The round is the ``server-round`` a ConfigRecord carries (Flower's
-strategies and fedvit's write it), else a numeric ``group_id``, else the node's count of messages of that type.
+The wire tap, the ClientApp mod :func:`capture_mod` and the server-side :class:`CapturingStrategy` all write
+``<root>/run-<run id>/captures/round-NNNN/node-<node id>[-<type>]``: a ``.json`` manifest (round, node, its
+``partition-id`` and node config, the run config; per direction the records and array shapes) and one
+``.<direction>.safetensors`` per direction (``received``: what the node got, ``sent``: what it answered;
+``<record>/<name>``, fedvit's packed records unpacked). Other messages than train carry their type in the name;
+the server's view goes to ``captures/server/``. The round is a ConfigRecord's ``server-round``, else a numeric
+``group_id``, else the node's count of messages of that type.
 
-fedvit's own app steers the same writer with its run config (``capture.enabled``, ``capture.rounds``,
-``capture.partitions``; root: the run folder ``<out-dir>/<run-name>``). With ``capture.ground-truth`` its clients
-also write the batch they trained on to ``run-<id>/ground-truth/round-NNNN/node-<id>.safetensors``, apart from
-the captures: only the scoring reads it, never an attack. Nothing here changes a message, and a failure to write
-is logged, never raised into the client or the server.
+fedvit's app steers the same writer with ``capture.*`` (root: ``<out-dir>/<run-name>``); with
+``capture.ground-truth`` its clients write their true batch to ``run-<id>/ground-truth/``, for the scoring only.
+Nothing here changes a message; a failure to write is logged, never raised.
 """
 
 from __future__ import annotations
@@ -165,16 +161,11 @@ def run_dir(config: Config) -> Path:
     return (Path(config.out_dir).expanduser() / config.run_name).resolve()
 
 
-def round_selected(config: Config, server_round: int) -> bool:
-    """Whether round ``server_round`` is captured; round 0 is the setup (the key handshake)."""
-    rounds = parse_selection(config.capture.rounds)
-    return config.capture.enabled and (rounds is None or server_round in rounds or server_round == 0)
-
-
 def selected(config: Config, server_round: int, partition_id: int) -> bool:
-    """Whether this (round, partition) is captured."""
-    partitions = parse_selection(config.capture.partitions)
-    return round_selected(config, server_round) and (partitions is None or partition_id in partitions)
+    """Whether this (round, partition) is captured; round 0 is the setup (the key handshake)."""
+    rounds, partitions = parse_selection(config.capture.rounds), parse_selection(config.capture.partitions)
+    in_round = rounds is None or server_round in rounds or server_round == 0
+    return config.capture.enabled and in_round and (partitions is None or partition_id in partitions)
 
 
 def fedvit_config(run_config: dict[str, Any]) -> Config | None:
@@ -186,10 +177,6 @@ def fedvit_config(run_config: dict[str, Any]) -> Config | None:
         return parse_config_cached(run_config)  # once per process, not per message
     except ConfigError:
         return None
-
-
-def _has_arrays(msg: Message) -> bool:
-    return msg.has_content() and bool(msg.content.array_records)
 
 
 def write_ground_truth(root: Path, run_id: int, server_round: int, node: int, images: np.ndarray, labels: np.ndarray):
@@ -233,7 +220,7 @@ def _client_stem(msg: Message, reply: Message, context: Context) -> tuple[Path, 
         server_round = message_round(msg) if message_type == "train" else None
         server_round = server_round or 0  # the setup (the key handshake) is round 0
         partition = int(context.node_config.get("partition-id", -1))
-        if not selected(config, server_round, partition) or not (_has_arrays(msg) or _has_arrays(reply)):
+        if not selected(config, server_round, partition) or not (flatten(msg) or flatten(reply)):
             return None
         return capture_stem(run_dir(config), msg.metadata.run_id, server_round, node, message_type), server_round, ""
     server_round, source = _client_rounds.round_of(msg, node)

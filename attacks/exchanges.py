@@ -1,10 +1,6 @@
-"""Captures as the audit reads them: train exchanges, their ground truth, and the arrays mapped onto a model.
-
-Reads the one layout of :mod:`attacks.capture` (wire tap, ``capture_mod``, ``CapturingStrategy``; fedvit's own
-runs included): per exchange what the node received (the model's ArrayRecord and the others, ConfigRecords, the
-run config) and what it sent (arrays, metrics), plus round 0's key handshakes. The server's own view
-(``captures/server``) is read only when pointed at it.
-"""
+"""Captures as the audit reads them (the one layout of :mod:`attacks.capture`): train exchanges with their ground
+truth and round 0's key handshakes, the arrays mapped onto a model, the client's recipe read from the records. The
+server's own view (``captures/server``) is read only when pointed at it."""
 
 from __future__ import annotations
 

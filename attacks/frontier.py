@@ -153,7 +153,8 @@ def verdict(pool: list[dict], budgeted: list[dict], previous: list[dict] | None)
     return "at baseline"
 
 
-def _fmt(value: float | None, spec: str) -> str:
+def fmt(value: float | None, spec: str) -> str:
+    """A number for a report table, "—" where there is none."""
     return "—" if value is None else format(value, spec)
 
 
@@ -201,9 +202,9 @@ def markdown(rows: list[dict[str, Any]], skipped: list[str]) -> str:
         cost = None if r["accuracy-cost"] is None else 100 * r["accuracy-cost"]
         lines.append(
             f"| {r['defence']} | {r['setting']} | {r['budget-level'] or '—'} | {r['attack']} | {r['psnr']:.1f} | "
-            f"{_fmt(r['ssim'], '.3f')} | {_fmt(r['baseline-psnr'], '.1f')} | {_fmt(gain, '+.1f')} | "
+            f"{fmt(r['ssim'], '.3f')} | {fmt(r['baseline-psnr'], '.1f')} | {fmt(gain, '+.1f')} | "
             f"{_most_recognisable(r)} | "
-            f"{r['verdict']} | {_fmt(r['label-accuracy'], '.0%')} | {_fmt(cost, '+.1f')} |"
+            f"{r['verdict']} | {fmt(r['label-accuracy'], '.0%')} | {fmt(cost, '+.1f')} |"
         )
     lines += ["", "## Every attack", "",
               "| defence | setting | attack | budget (steps) | matched PSNR (dB) | SSIM | re-identified (chance) / "
@@ -211,8 +212,8 @@ def markdown(rows: list[dict[str, Any]], skipped: list[str]) -> str:
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(
-            f"| {r['defence']} | {r['setting']} | {r['attack']} | {r.get('budget') or '—'} | {_fmt(r['psnr'], '.1f')} "
-            f"| {_fmt(r['ssim'], '.3f')} | {_reid(r)} | {_fmt(r['seconds'], '.1f')} | {r['note']} |"
+            f"| {r['defence']} | {r['setting']} | {r['attack']} | {r.get('budget') or '—'} | {fmt(r['psnr'], '.1f')} "
+            f"| {fmt(r['ssim'], '.3f')} | {_reid(r)} | {fmt(r['seconds'], '.1f')} | {r['note']} |"
         )
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped)]

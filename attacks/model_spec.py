@@ -3,17 +3,7 @@
 A :class:`ModelSpec` names a user factory (``package.module:callable``, called without arguments, returning the
 ``nn.Module`` the app trains), a timm model name, or fedvit's own timm ViT (:func:`fedvit_model_spec`, from a run
 config's ``model.*``). The attacks build every model through a spec; this is the only attack module that knows
-how fedvit builds its ViT. The spec comes from ``fedvit audit`` flags and/or a
-``fedvit-audit.toml`` beside the captures (flags win)::
-
-    [model]
-    factory = "cnnapp.task:Net"      # or a timm name, e.g. "resnet18"
-    input = [3, 32, 32]              # C, H, W of the images the client feeds (pixels in [0, 1] before mean/std)
-    mean = [0.5, 0.5, 0.5]
-    std = [0.5, 0.5, 0.5]
-    loss = "cross-entropy"           # or "nll" (the model ends in log_softmax)
-    app-dir = "path/to/app"          # put on sys.path so the factory imports (relative to the TOML)
-    num-classes = 10                 # timm names only (default: the captured head's size)
+how fedvit builds its ViT. ``fedvit audit`` makes the spec from its flags and ``fedvit-audit.toml``.
 """
 
 from __future__ import annotations
@@ -21,14 +11,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import sys
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-SPEC_FILE = "fedvit-audit.toml"
 # Both losses are cross-entropy on the model's output: log_softmax of log-probabilities is the identity, so the
 # attack's simulated loss, softmax(y)·log_softmax(output), equals NLL for a model that ends in log_softmax.
 LOSSES = ("cross-entropy", "nll")
@@ -143,53 +131,6 @@ def fedvit_model_spec(config: Any, num_classes: int) -> ModelSpec:
         std=tuple(float(v) for v in pretrained.get("std", (0.5,) * 3)),
         builder=builder,
     )
-
-
-def read_spec_file(path: Path) -> dict[str, Any]:
-    """The ``[model]`` table of a ``fedvit-audit.toml`` (keys as in the module docstring), ``app-dir`` made
-    relative to the file; other tables are returned under their names for the audit (``recipe``, ``data``)."""
-    try:
-        values = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"{path}: not valid TOML ({err})") from err
-    model = dict(values.get("model", {}))
-    unknown = sorted(set(model) - {"factory", "input", "mean", "std", "loss", "app-dir", "num-classes"})
-    if unknown:
-        raise SpecError(f"{path}: unknown [model] key(s) {unknown}")
-    if "app-dir" in model:
-        model["app-dir"] = str((path.parent / str(model["app-dir"])).resolve())
-    return {**values, "model": model}
-
-
-def find_spec_file(captures: Path) -> Path | None:
-    """``fedvit-audit.toml`` in the captures folder or one of its two parents (run folder, capture root)."""
-    for folder in [captures, *list(captures.resolve().parents)[:2]]:
-        if (folder / SPEC_FILE).is_file():
-            return folder / SPEC_FILE
-    return None
-
-
-def spec_from(values: dict[str, Any]) -> ModelSpec:
-    """A spec from ``[model]``-style keys (TOML names; flags are merged in by the caller)."""
-    if not values.get("factory"):
-        raise SpecError(f"no model given: pass --model package.module:factory (or a timm name) or write {SPEC_FILE}")
-    kwargs: dict[str, Any] = {"factory": str(values["factory"])}
-    if "input" in values:
-        kwargs["input_shape"] = tuple(int(v) for v in values["input"])
-    channels = kwargs.get("input_shape", (3,))[0]
-    for key in ("mean", "std"):
-        if key in values:
-            v = values[key]
-            kwargs[key] = tuple(float(x) for x in (v if isinstance(v, list | tuple) else [v] * channels))
-    for key in ("mean", "std"):  # the default 0.5 per channel, for any channel count
-        kwargs.setdefault(key, (0.5,) * channels)
-    if "loss" in values:
-        kwargs["loss"] = str(values["loss"])
-    if values.get("app-dir"):
-        kwargs["app_dir"] = str(values["app-dir"])
-    if values.get("num-classes"):
-        kwargs["num_classes"] = int(values["num-classes"])
-    return ModelSpec(**kwargs)
 
 
 def head_bias(model: nn.Module) -> str | None:

@@ -1,10 +1,8 @@
 """What an attacker holds: one captured client update, the model that client received, what is public.
 
-The attacker boundary lives here: an :class:`Observation` has no field for the client's data, and every attack
-takes an Observation and returns a :class:`Reconstruction`. Ground truth goes only to the scoring. An
-Observation describes an update of fedvit's own app (``config``: its public run config, which names the model,
-the defence and the recipe) or of any other Flower app (``spec``: the user's model; ``client``: the recipe read
-from the capture).
+The attacker boundary: an :class:`Observation` has no field for the client's data; every attack takes one and
+returns a :class:`Reconstruction`. It describes an update of fedvit's app (``config`` names the model, defence and
+recipe) or of another app (``spec``: the user's model; ``client``: the recipe read from the capture).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Every attack the audit knows, each with one check: does it apply to this observation (its model, its recipe,
-the defence its run config names), and if not, why.
-
-The audit runs them in this order on every captured exchange. Label recovery gives class counts; the others give
-images. The optimisation attacks take a budget (Adam steps) and a device; the closed forms take only the
-observation.
-"""
+"""Every attack the audit knows, in the order it runs them, each with one check: does it apply to this observation
+(its model, its recipe, the defence its run config names), and if not, why. Label recovery gives class counts;
+the others give images."""
 
 from __future__ import annotations
 
@@ -33,38 +29,19 @@ class Attack:
     optimising: bool = False  # takes (obs, budget, progress, device); its strength is a number of Adam steps
 
 
-def _fedvit_defence(obs: Observation, what: str) -> str | None:
-    return None if obs.config is not None else f"{what} is a fedvit defence; this capture is another app's"
-
-
-def _masked(obs: Observation) -> str | None:
-    if obs.masks is None:
-        return "the payload carries no masks"
-    return _fedvit_defence(obs, "masking")
-
-
-def _fixed_position(obs: Observation) -> str | None:
-    if (why := _masked(obs)) is not None:
-        return why
-    return None if obs.config.mask.mode == "fixed-position" else f"the masks are {obs.config.mask.mode!r}"
-
-
-def _mask_aware(obs: Observation) -> str | None:
-    if (why := _masked(obs)) is not None:
-        return why
-    return "the fixed-position method masks no patch embedding" if obs.config.mask.mode == "fixed-position" else None
-
-
-def _encrypted(obs: Observation) -> str | None:
-    if (why := _fedvit_defence(obs, "encryption")) is not None:
-        return why
-    return None if obs.config.encryption.enabled else "the run does not encrypt"
-
-
-def _colluders(obs: Observation) -> str | None:
-    if (why := _encrypted(obs)) is not None:
-        return why
-    return None if obs.known_images else "no colluding clients' images are known"
+def _defence(obs: Observation, what: str) -> str | None:
+    """Why a defence-aware attack does not apply: the capture is another app's, or its run config lacks ``what``
+    ("masks": masked FedSGD except the fixed-position method; "fixed-position"; "encryption"; "colluders")."""
+    if obs.config is None:
+        return "this capture is another app's: its run config names no fedvit defence"
+    mask_mode = obs.config.mask.mode if obs.masks is not None else None
+    present = {
+        "masks": mask_mode not in (None, "fixed-position"),
+        "fixed-position": mask_mode == "fixed-position",
+        "encryption": obs.config.encryption.enabled,
+        "colluders": obs.config.encryption.enabled and bool(obs.known_images),
+    }[what]
+    return None if present else f"no {what} in this run"
 
 
 def _attention(obs: Observation) -> str | None:
@@ -77,9 +54,7 @@ def _batch(obs: Observation) -> str | None:
     if (why := has_vit_embeddings(obs)) is not None:
         return why
     client = recipe(obs)
-    if not client.sends_gradient or client.batch < 2:
-        return "needs one gradient of a batch of two or more images"
-    return None
+    return None if client.sends_gradient and client.batch > 1 else "needs one gradient of two or more images"
 
 
 def labels_apply(obs: Observation) -> str | None:
@@ -101,11 +76,11 @@ IMAGE_ATTACKS: tuple[Attack, ...] = (
     Attack("APRIL-E (naive)", has_vit_embeddings, naive_embedding_route),
     Attack("APRIL attention (naive)", _attention, naive_attention_route),
     Attack(BATCH_ICA, _batch, cocktail_party),
-    Attack("fixed-position-aware", _fixed_position, april.fixed_position),
-    Attack("APRIL-E mask-aware", _mask_aware, april.masked_embedding_route),
-    Attack("known-plaintext", _encrypted, april.known_plaintext_route),
-    Attack("known images (collusion)", _colluders, april.known_images_route),
-    Attack(COLLUSION_OPTIMISATION, _colluders, collusion_inversion, optimising=True),
+    Attack("fixed-position-aware", lambda obs: _defence(obs, "fixed-position"), april.fixed_position),
+    Attack("APRIL-E mask-aware", lambda obs: _defence(obs, "masks"), april.masked_embedding_route),
+    Attack("known-plaintext", lambda obs: _defence(obs, "encryption"), april.known_plaintext_route),
+    Attack("known images (collusion)", lambda obs: _defence(obs, "colluders"), april.known_images_route),
+    Attack(COLLUSION_OPTIMISATION, lambda obs: _defence(obs, "colluders"), collusion_inversion, optimising=True),
     Attack(OPTIMISATION, simulated, invert, optimising=True),
 )
 

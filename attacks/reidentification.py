@@ -11,6 +11,7 @@ Ties count as shared places (expected rank), so chance is exact for flat images.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -101,9 +102,11 @@ def score_batch(
     }
 
 
+@functools.lru_cache(maxsize=4)
 def gallery_from_test_split(config, size: int, count: int = DEFAULT_DECOYS) -> Gallery:
     """``count`` decoys from the test split of the run's dataset at ``size`` px (an evenly spaced, fixed selection;
-    fewer when the split is smaller). Raises the dataset's own error when it cannot be loaded."""
+    fewer when the split is smaller; built once per config). Raises the dataset's own error when it cannot be
+    loaded."""
     from core.data import load_dataset
 
     images = load_dataset(config.data, config.seed, "test")

@@ -1,9 +1,5 @@
-"""The audit's report: one schema for every app — ``audit.json``, ``audit.md`` and ``grid.png``.
-
-``audit.json`` holds the title, the model, the verdict, the metrics and budget settings, one entry per captured
-update (``updates``: what was sent, the recipe read and where each value came from, the labels, each attack's
-status and the strongest attack's scores), every attack's row (``rows``), their means (``summary``) and notes.
-"""
+"""The audit's report, one schema for every app: ``audit.json`` (:data:`TOP_LEVEL_KEYS`; per update what was sent,
+the recipe and its sources, labels, each attack's status and the best scores), ``audit.md`` and ``grid.png``."""
 
 from __future__ import annotations
 
@@ -14,10 +10,9 @@ from typing import Any
 import numpy as np
 
 from attacks.exchanges import NOTHING_ON_THE_WIRE
-from attacks.frontier import mean_or_none, reid_cell
-from attacks.metrics import match_batch
+from attacks.frontier import fmt, reid_cell
+from attacks.metrics import as_batch, match_batch
 from attacks.observation import Observation, Reconstruction
-from attacks.scoring import as_batch
 
 TOP_LEVEL_KEYS = ("title", "model", "verdict", "metrics", "budget", "updates", "rows", "summary", "notes")
 
@@ -44,80 +39,24 @@ def verdict(updates: list[dict[str, Any]]) -> str:
     return ("LEAKS: " if leaks else "no leak found: ") + "; ".join(parts)
 
 
-def attack_label(row: dict[str, Any]) -> str:
-    """The attack's name with its optimiser budget, where it has one."""
-    return row["attack"] + (f" @ {row['budget']} steps" if row.get("budget") else "")
-
-
-def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean PSNR/SSIM, re-identification, label accuracy and time per (defence, setting, attack, budget), over
-    the updates that could be attacked."""
-    groups: dict[tuple[str, str, str, int | None], list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["defence"], row.get("setting", ""), row["attack"], row.get("budget")), []).append(row)
-    out = []
-    for (defence, setting, attack, budget), members in groups.items():
-        scored = [m for m in members if m["psnr"] is not None]
-        out.append(
-            {
-                "defence": defence,
-                "setting": setting,
-                "attack": attack,
-                "budget": budget,
-                "updates": len(members),
-                "scored": len(scored),
-                "psnr": float(np.mean([m["psnr"] for m in scored])) if scored else None,
-                "ssim": float(np.mean([m["ssim"] for m in scored])) if scored else None,
-                "reid-top1": mean_or_none([m.get("reid-top1") for m in members]),
-                "reid-rank": mean_or_none([m.get("reid-rank") for m in members]),
-                "reid-chance": mean_or_none([m.get("reid-chance") for m in members]),
-                "seconds": float(np.mean([m["seconds"] for m in members])),
-                "note": members[0]["note"],
-                "label-accuracy": mean_or_none([m.get("label-accuracy") for m in members]),
-            }
-        )
-    return out
-
-
 def markdown(report: dict[str, Any]) -> str:
-    """``audit.md``: the verdict, one line per update, then every attack's scores."""
-
-    def fmt(v, spec):
-        return "—" if v is None else format(v, spec)
-
+    """``audit.md``: the verdict, one entry per update, then each attack's means (every row: ``frontier.md``)."""
     lines = [f"# {report['title']}", "", f"**Verdict:** {report['verdict']}", ""]
     lines += [f"Model: {report['model']}", "", f"Budget: {'; '.join(report['budget'])}", ""]
     lines += update_lines(report["updates"])
     lines += [
-        "## Summary (mean over updates)",
+        "## Attacks (mean over updates)",
         "",
-        "Re-identification: top-1 rate of the true image among the decoy gallery (chance in brackets) and its mean "
-        "rank; see the metrics line at the end.",
-        "",
-        "| defence | setting | attack | updates | matched PSNR (dB) | SSIM | re-identified (chance) | mean rank "
-        "| label accuracy | seconds | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| defence | setting | attack | budget (steps) | updates | matched PSNR (dB) | SSIM | reference PSNR (dB) "
+        "| re-identified (chance) | mean rank | label accuracy | seconds | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["summary"]:
         lines.append(
-            f"| {r['defence']} | {r.get('setting', '')} | {attack_label(r)} | {r['updates']} | "
-            f"{fmt(r['psnr'], '.1f')} | {fmt(r['ssim'], '.3f')} | {reid_cell(r)} | {fmt(r.get('reid-rank'), '.1f')} "
-            f"| {fmt(r.get('label-accuracy'), '.0%')} | {r['seconds']:.3f} | {r['note']} |"
-        )
-    lines += [
-        "",
-        "## Every update",
-        "",
-        "| node | round | image | setting | defence | attack | matched | PSNR (dB) | SSIM | re-identified | mean rank "
-        "| seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["rows"]:
-        lines.append(
-            f"| {r.get('partition', '')} | {r.get('round', '')} | {r.get('image', '')} | {r.get('setting', '')} | "
-            f"{r['defence']} | {attack_label(r)} | {r.get('matched') or ''} | {fmt(r['psnr'], '.1f')} | "
-            f"{fmt(r['ssim'], '.3f')} | {fmt(r.get('reid-top1'), '.0%')} | {fmt(r.get('reid-rank'), '.1f')} | "
-            f"{r['seconds']:.3f} |"
+            f"| {r['defence']} | {r['setting']} | {r['attack']} | {r['budget'] or '—'} | {r['updates']} | "
+            f"{fmt(r['psnr'], '.1f')} | {fmt(r['ssim'], '.3f')} | {fmt(r['baseline-psnr'], '.1f')} | {reid_cell(r)} "
+            f"| {fmt(r['reid-rank'], '.1f')} | {fmt(r['label-accuracy'], '.0%')} | {fmt(r['seconds'], '.3f')} "
+            f"| {r['note']} |"
         )
     lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
     lines += [f"- {note}" for note in report["notes"]]
@@ -129,7 +68,7 @@ def update_lines(updates: list[dict[str, Any]]) -> list[str]:
     if not updates:
         return []
 
-    def fmt(row: dict[str, Any], key: str, spec: str) -> str:
+    def unscored(row: dict[str, Any], key: str, spec: str) -> str:
         return "unscored" if row.get(key) is None else format(row[key], spec)
 
     lines = ["## Updates", "", "| update | sent | B × steps | labels (recovered) | best attack | PSNR dB | SSIM "
@@ -138,8 +77,8 @@ def update_lines(updates: list[dict[str, Any]]) -> list[str]:
         labels = "—" if u["labels"] is None else str(u["labels"])
         lines.append(
             f"| {u['update']} | {u['sent']} | {u['batch']} × {u['steps']} | {labels} | {u.get('best-attack') or '—'} "
-            f"| {fmt(u, 'psnr', '.2f')} | {fmt(u, 'ssim', '.3f')} | {fmt(u, 'reid-top1', '.0%')} "
-            f"| {fmt(u, 'reid-rank', '.1f')} |"
+            f"| {unscored(u, 'psnr', '.2f')} | {unscored(u, 'ssim', '.3f')} | {unscored(u, 'reid-top1', '.0%')} "
+            f"| {unscored(u, 'reid-rank', '.1f')} |"
         )
     lines += ["", "### Attacks per update", ""]
     for u in updates:
@@ -167,13 +106,8 @@ def save_grid(
     """One row per true image (up to four per update): original | each attack's reconstruction matched to it
     (blank where an attack could not run or left that image unmatched), with the true image's re-identification
     rank under it where ``ranks`` (per update: attack → per-true-image rank) has one."""
-    from core.plots import plt
-
-    if not images:
-        return
     ranks = ranks or [{} for _ in images]
-    names = list(dict.fromkeys(n for _, _, recs in images for n in recs))
-    panels = []  # (row label, truth, {attack: image}, {attack: rank})
+    panels = []  # (row label, truth, {attack: image}, {attack: caption})
     for (obs, truth, recs), update_ranks in zip(images, ranks, strict=True):
         truths = as_batch(truth)
         if truths is None:
@@ -182,22 +116,35 @@ def save_grid(
         matched = {n: matched_images(r, truths) for n, r in recs.items()}
         for j, t in enumerate(truths[:GRID_IMAGES_PER_UPDATE]):
             label = obs.meta.get("label", "") + (f" #{j}" if len(truths) > 1 else "")
-            ranked = {n: r[j] for n, r in update_ranks.items() if r is not None and matched[n].get(j) is not None}
+            ranked = {n: f"re-id rank {r[j]:g}" for n, r in update_ranks.items()
+                      if r is not None and matched[n].get(j) is not None}  # fmt: skip
             panels.append((label, t, {n: m.get(j) for n, m in matched.items()}, ranked))
-    cols = 1 + len(names)
+    columns = list(dict.fromkeys(n for _, _, recs in images for n in recs))
+    draw_grid(panels, columns, path)
+
+
+def draw_grid(panels: list[tuple], columns: list[str], path: Path, title: str = "", dpi: int = 130) -> None:
+    """Image grid: per panel row (label, true image, {column: image}, {column: caption}) the original, then one
+    image per column (blank where there is none), each with its caption under it."""
+    from core.plots import plt
+
+    if not panels:
+        return
+    cols = 1 + len(columns)
     fig, axes = plt.subplots(len(panels), cols, figsize=(1.6 * cols, 1.7 * len(panels)), squeeze=False)
-    for i, (label, truth, recs, ranked) in enumerate(panels):
-        for j, (name, img) in enumerate([("original", truth)] + [(n, recs.get(n)) for n in names]):
+    for i, (label, truth, recs, captions) in enumerate(panels):
+        for j, (name, img) in enumerate([("original", truth)] + [(n, recs.get(n)) for n in columns]):
             ax = axes[i, j]
             ax.axis("off")
             if img is not None:
                 ax.imshow(np.transpose(img, (1, 2, 0)))
-            if name in ranked:
-                ax.text(0.5, -0.04, f"re-id rank {ranked[name]:g}", transform=ax.transAxes, fontsize=5,
-                        ha="center", va="top")  # fmt: skip
+            if name in captions:
+                ax.text(0.5, -0.04, captions[name], transform=ax.transAxes, fontsize=5, ha="center", va="top")
             if i == 0:
                 ax.set_title(textwrap.fill(name, 24), fontsize=6)  # long attack names would overlap
         axes[i, 0].text(-0.1, 0.5, label, transform=axes[i, 0].transAxes, fontsize=6, ha="right", va="center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    if title:
+        fig.suptitle(title, fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.97) if title else (0, 0, 1, 1))  # keep a title clear of the headings
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -1,5 +1,6 @@
-"""The clients' data the audit scores against, when the user gives it: a loader or a fedvit dataset name, and the
-node → partition mapping. Only the scoring reads it; no path hands it to an attack."""
+"""The client images the audit scores against: the batch fedvit's clients recorded, or the user's data (a loader or
+a fedvit dataset name, and the node → partition mapping); with decoys for re-identification. Only the scoring
+reads them; no path hands them to an attack."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from attacks.exchanges import AuditInputError
+from attacks.exchanges import AuditInputError, Exchange
 from attacks.model_spec import import_callable
-from attacks.reidentification import DEFAULT_DECOYS, Gallery
+from attacks.observation import Observation, recipe
+from attacks.reidentification import DEFAULT_DECOYS, Gallery, gallery_from_test_split
 from core.config import is_dataset_name
 
 
@@ -34,7 +36,6 @@ class UserData:
     _loaded: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
-    _galleries: dict[int, Gallery] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def named(self) -> bool:
@@ -83,12 +84,8 @@ class UserData:
 def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
     """Decoys for partition ``own``: a named dataset's test split (99 images), else every image of the other
     partitions (mapped and decoy), at most 99."""
-    if data.named:  # the same decoys for every partition: built once per audit
-        from attacks.reidentification import gallery_from_test_split
-
-        if size[-1] not in data._galleries:
-            data._galleries[size[-1]] = gallery_from_test_split(data.config(), int(size[-1]))
-        return data._galleries[size[-1]]
+    if data.named:  # the same decoys for every partition
+        return gallery_from_test_split(data.config(), int(size[-1]))
     decoys = []
     for pid in sorted(set(data.partitions.values()) | set(data.decoy_partitions)):
         if pid != own:
@@ -97,3 +94,56 @@ def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
     decoys = decoys[:DEFAULT_DECOYS]
     stacked = np.stack(decoys) if decoys else np.zeros((0, *size))
     return Gallery(stacked, f"{len(decoys)} images of other partitions ({data.source})")
+
+
+class Truths:
+    """The client images an update is scored against: the user's ``--data`` (a partition), else the batch fedvit's
+    clients recorded; with a decoy gallery for re-identification."""
+
+    def __init__(self, data: UserData | None, decoys: int, gallery: Gallery | None = None) -> None:
+        self.data, self.decoys, self.gallery = data, decoys, gallery  # ``gallery``: the same decoys for every update
+        self.galleries: list[Gallery] = []
+        self.notes: list[str] = []
+
+    def of(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray | None, np.ndarray | None, Gallery | None, bool]:
+        """(images, labels, gallery, exact): ``exact`` when the images are exactly the update's."""
+        data = self.data
+        if data is not None:
+            partition = data.partitions.get(str(ex.node), ex.partition)
+            if partition is None:
+                self.notes.append(f"{ex.label}: no partition known for node {ex.node} (give --partition NODE=ID): "
+                                  "unscored")  # fmt: skip
+                return None, None, None, False
+            images, labels = data.load(partition, ex.num_partitions)
+            gallery = gallery_for(data, partition, images.shape[1:])
+            exact = len(images) == recipe(obs).examples
+            if not exact:  # which of the partition's images the update used is unknown
+                self.notes.append(
+                    f"{ex.label}: partition {partition} holds {len(images)} images, the update {recipe(obs).examples}: "
+                    "each reconstruction is scored against its closest partition image (optimistic); labels unscored"
+                )
+            obs.meta["partition"] = partition
+            return self._keep(images, labels, gallery, exact)
+        recorded = ex.ground_truth()
+        if recorded is None:
+            return None, None, None, False
+        images = np.asarray(recorded["images"])
+        return self._keep(images, np.asarray(recorded["labels"]), self._gallery_of(obs, images), True)
+
+    def _keep(self, images, labels, gallery, exact):
+        if gallery is not None and all(gallery is not g for g in self.galleries):
+            self.galleries.append(gallery)
+        return images, labels, gallery, exact
+
+    def _gallery_of(self, obs: Observation, images: np.ndarray) -> Gallery | None:
+        """Decoys from the test split of a fedvit run's dataset (None when off or not loadable here, said once)."""
+        if self.gallery is not None or self.decoys <= 0 or obs.config is None:
+            return self.gallery
+        try:
+            return gallery_from_test_split(obs.config, int(images.shape[-1]), self.decoys)
+        except (OSError, RuntimeError, ValueError) as err:
+            note = f"re-identification not scored: the run's test split cannot be loaded ({err})"
+            if note not in self.notes:
+                print(f"audit: {note}", flush=True)
+                self.notes.append(note)
+            return None

@@ -38,9 +38,9 @@ from attacks.benchmark import (  # noqa: E402
     trained_model,  # noqa: E402
 )
 from attacks.inversion import attack_model, invert  # noqa: E402
+from attacks.metrics import score  # noqa: E402
 from attacks.observation import Observation, Reconstruction, as_gradient, image_geometry  # noqa: E402
 from attacks.reidentification import Gallery, gallery_from_test_split  # noqa: E402
-from attacks.scoring import score  # noqa: E402
 from benchmarks.common import ROOT  # noqa: F401  (puts the checkout first on sys.path)
 from core.config import Config, parse_config  # noqa: E402
 

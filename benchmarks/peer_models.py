@@ -5,7 +5,7 @@ Gradients through the user's model) against breaching 0.1.2's Inverting Gradient
 ``max_iterations`` set), on
 identical FedSGD updates of B natural photographs (``benchmarks/natural_images.py``; train split), each tool
 recovering its own labels, one random start and the same number of steps each, scored by the same code
-(``attacks.scoring.score``: matched PSNR/SSIM; re-identification among the true image and 99 test-split decoys).
+(``attacks.metrics.score``: matched PSNR/SSIM; re-identification among the true image and 99 test-split decoys).
 "trained" weights: the model trained centrally on the train split (SGD; its test accuracy is reported), since the
 question is what a trained model leaks, not how it was trained. The client's forward is the model in training
 mode (BatchNorm on batch statistics); both attackers get the same copy, which computes that same function.
@@ -38,11 +38,10 @@ import torch.nn.functional as F
 
 from attacks.inversion import invert
 from attacks.labels import recover_labels
-from attacks.metrics import best_flat_image, psnr
+from attacks.metrics import best_flat_image, psnr, score
 from attacks.model_spec import ModelSpec, head_bias, model_settings
 from attacks.observation import ClientRecipe, Observation, Reconstruction, attack_model
 from attacks.reidentification import gallery_from_test_split
-from attacks.scoring import score
 from benchmarks.common import ROOT
 from benchmarks.peer_breaching import breaching_reconstruct
 from core.config import AuditConfig, parse_config

@@ -4,9 +4,19 @@ no-run benchmark.
 Its options are grouped by what they act on: the captures, the attacked model (another app's only: fedvit's
 captures name their own), the clients' data for scoring, the attack budget, the benchmark. An option given where
 it cannot apply is an error that says why. For captures of another app, flags win over a ``fedvit-audit.toml``
-found in the captures folder or its two parents (``[model]`` as in :mod:`attacks.model_spec`, ``[recipe]``
-overrides, ``[data]``: ``loader`` or a dataset ``name``, ``partitions = {"<node id>" = <partition>}``,
-``decoy-partitions = "4-40"``, and for a dataset name ``num-partitions`` and ``settings``).
+found in the captures folder or its two parents (flags win)::
+
+    [model]
+    factory = "cnnapp.task:Net"      # or a timm name, e.g. "resnet18"
+    input = [3, 32, 32]              # C, H, W of the images the client feeds (pixels in [0, 1] before mean/std)
+    mean = [0.5, 0.5, 0.5]
+    std = [0.5, 0.5, 0.5]
+    loss = "cross-entropy"           # or "nll" (the model ends in log_softmax)
+    app-dir = "path/to/app"          # put on sys.path so the factory imports (relative to the TOML)
+    num-classes = 10                 # timm names only (default: the captured head's size)
+    [recipe]                         # recipe overrides, as --recipe
+    [data]                           # loader or name, partitions = {"<node id>" = <partition>}, decoy-partitions,
+                                     # and for a dataset name num-partitions and settings
 """
 
 from __future__ import annotations
@@ -17,9 +27,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from attacks.model_spec import ModelSpec, SpecError
 from core.config import AuditConfig, ConfigError, is_dataset_name, parse_config, parse_selection
 from fedvit_app.run_config import check_config, merge_overrides, resolved_run_config
 
+SPEC_FILE = "fedvit-audit.toml"
 MODEL_FLAGS = ("model", "app_dir", "input", "mean", "std", "loss")
 DATA_FLAGS = ("data", "num_partitions", "data_option", "partition", "decoy_partitions")
 RECIPE_FLAGS = ("sent", "recipe")
@@ -147,7 +159,6 @@ def audit_budget(args: argparse.Namespace) -> AuditConfig | None:
 def main(args: argparse.Namespace) -> int:
     """Exit 0 with the report written, 2 on input the audit cannot use (the message says what to change)."""
     from attacks.exchanges import AuditInputError
-    from attacks.model_spec import SpecError
 
     problem = misplaced(args)
     if problem is not None:
@@ -193,8 +204,6 @@ def other_app_options(args: argparse.Namespace, options: Any) -> Any:
     """``options`` with another app's model spec, recipe overrides and scoring data from the flags and any
     ``fedvit-audit.toml`` (flags win); unchanged when neither names a model."""
     import dataclasses
-
-    from attacks.model_spec import find_spec_file, read_spec_file, spec_from
 
     found = find_spec_file(args.captures)
     values = read_spec_file(found) if found else {}
@@ -297,3 +306,50 @@ def _toml_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """The ``[model]`` table of a ``fedvit-audit.toml`` (keys as in the module docstring), ``app-dir`` made
+    relative to the file; other tables are returned under their names for the audit (``recipe``, ``data``)."""
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path}: not valid TOML ({err})") from err
+    model = dict(values.get("model", {}))
+    unknown = sorted(set(model) - {"factory", "input", "mean", "std", "loss", "app-dir", "num-classes"})
+    if unknown:
+        raise SpecError(f"{path}: unknown [model] key(s) {unknown}")
+    if "app-dir" in model:
+        model["app-dir"] = str((path.parent / str(model["app-dir"])).resolve())
+    return {**values, "model": model}
+
+
+def find_spec_file(captures: Path) -> Path | None:
+    """``fedvit-audit.toml`` in the captures folder or one of its two parents (run folder, capture root)."""
+    for folder in [captures, *list(captures.resolve().parents)[:2]]:
+        if (folder / SPEC_FILE).is_file():
+            return folder / SPEC_FILE
+    return None
+
+
+def spec_from(values: dict[str, Any]) -> ModelSpec:
+    """A spec from ``[model]``-style keys (TOML names; flags are merged in by the caller)."""
+    if not values.get("factory"):
+        raise SpecError(f"no model given: pass --model package.module:factory (or a timm name) or write {SPEC_FILE}")
+    kwargs: dict[str, Any] = {"factory": str(values["factory"])}
+    if "input" in values:
+        kwargs["input_shape"] = tuple(int(v) for v in values["input"])
+    channels = kwargs.get("input_shape", (3,))[0]
+    for key in ("mean", "std"):
+        if key in values:
+            v = values[key]
+            kwargs[key] = tuple(float(x) for x in (v if isinstance(v, list | tuple) else [v] * channels))
+    for key in ("mean", "std"):  # the default 0.5 per channel, for any channel count
+        kwargs.setdefault(key, (0.5,) * channels)
+    if "loss" in values:
+        kwargs["loss"] = str(values["loss"])
+    if values.get("app-dir"):
+        kwargs["app_dir"] = str(values["app-dir"])
+    if values.get("num-classes"):
+        kwargs["num_classes"] = int(values["num-classes"])
+    return ModelSpec(**kwargs)

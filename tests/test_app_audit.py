@@ -18,9 +18,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from attacks.audit import AuditOptions, audit_captures
 from attacks.capture import add_direction, capture_stem
 from attacks.exchanges import NOTHING_ON_THE_WIRE, AuditInputError, map_state, sent_kind
-from attacks.model_spec import ModelSpec, SpecError, find_spec_file, model_settings, read_spec_file, spec_from
+from attacks.model_spec import ModelSpec, SpecError, model_settings
 from attacks.user_data import UserData
 from core.config import AuditConfig
+from fedvit_app.audit_cli import find_spec_file, read_spec_file, spec_from
 
 APP = Path(__file__).parent / "thirdparty_app"
 sys.path.insert(0, str(APP))
@@ -77,7 +78,7 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
         assert "lr 0.05 (ConfigRecord)" in row["recipe"] and "batch-size 4 (run config)" in row["recipe"]
         assert row["reid-gallery"] > 30 and row["psnr"] is not None
         assert row["attacks"]["APRIL-E (naive)"].startswith("not applicable: no patch embedding")
-        assert row["attacks"]["known-plaintext"].startswith("not applicable: encryption is a fedvit defence")
+        assert row["attacks"]["known-plaintext"].startswith("not applicable: this capture is another app")
     assert report["verdict"].startswith("LEAKS: labels recovered for 4 of 4 update(s) (4 of 4 exactly right)")
     assert (tmp_path / "out" / "grid.png").stat().st_size > 0
     assert "Verdict" in (tmp_path / "out" / "audit.md").read_text()

@@ -103,8 +103,7 @@ def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
 def test_every_scored_update_has_the_no_information_baseline_beside_it(tmp_path):
     from attacks.audit import audit_captures
     from attacks.benchmark import DEFENCES, defence_config, observed_update
-    from attacks.metrics import best_flat_image, psnr
-    from attacks.scoring import BASELINE
+    from attacks.metrics import BASELINE, best_flat_image, psnr
     from core.config import parse_config
 
     budget = parse_config({"audit.iterations": 10, "audit.restarts": 1})

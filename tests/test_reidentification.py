@@ -125,7 +125,7 @@ def test_budgets_run_the_optimisation_attack_once_per_budget_and_reach_the_front
 def test_the_benchmark_attacks_a_finished_runs_model(tmp_path, capsys):
     from safetensors.torch import save_file
 
-    from attacks.benchmark import DEFENCES, client_update, defence_config, trained_model
+    from attacks.benchmark import DEFENCES, client_update_and_labels, defence_config, trained_model
     from core.config import Config
     from core.model import build_model, get_weights
     from fedvit_app.cli import main
@@ -142,7 +142,7 @@ def test_the_benchmark_attacks_a_finished_runs_model(tmp_path, capsys):
 
     attacked = trained_model(parse_config(SYNTHETIC), run)  # the run's model.* replace the defaults (embed-dim 64)
     assert attacked.model.embed_dim == 32
-    obs, _ = client_update(defence_config(attacked, DEFENCES["plain"], 1, tmp_path / "b"), 0, 1, seed_key=1)
+    obs, _, _ = client_update_and_labels(defence_config(attacked, DEFENCES["plain"], 1, tmp_path / "b"), 0, 1, 1)
     saved = get_weights(model)
     assert all(np.array_equal(obs.received[n], saved[n]) for n in saved)  # the clients received the run's weights
     with pytest.raises(ValueError, match="no model.safetensors"):
