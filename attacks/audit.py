@@ -45,6 +45,8 @@ from core.params import HEAD_BIAS
 from core.results import atomic_write
 
 OLD_LAYOUT_COMMIT = "154885d"  # the last fedvit that wrote and read captures/round-N/partition-P
+# what no record of another app carries and the attacks take as given (the update's own math may contradict them)
+UNRECORDED = ("weight decay 0 (assumed)", "optimiser SGD (assumed)", "no data augmentation (assumed)")
 
 
 @dataclasses.dataclass
@@ -99,9 +101,8 @@ def is_fedvit(ex: Exchange) -> bool:
 
 
 class Reader:
-    """Turns captured exchanges into observations, with what the wire showed before them: round 0's key
-    handshake per run, SCAFFOLD's control variates per partition (captures must come in round order), and the
-    colluders' known images."""
+    """Captured exchanges as observations, with what the wire showed before them: round 0's key handshake,
+    SCAFFOLD's control variates (captures in round order) and the colluders' known images."""
 
     def __init__(self, options: AuditOptions) -> None:
         self.options = options
@@ -225,6 +226,8 @@ class Reader:
             "num-examples": client.examples,
             "sent": f"{kind} (distance {distance:.3g})" + (", as told" if told else ""),
             "recipe": "; ".join(f"{k} {v}" for k, v in sources.items()),
+            "assumptions": [f"{k} {v}" for k, v in sources.items() if "assumed" in v or "unknown" in v]
+            + list(UNRECORDED),
         }
         return Observation(
             update={n: sent[n] for n in names},
@@ -340,6 +343,7 @@ def attack_exchange(
         "steps": client.steps,
         "examples": client.examples,
         "recipe": obs.meta.get("recipe") or "from the run config",
+        "assumptions": obs.meta.get("assumptions", []),  # recipe values no record carries
         "labels": rows[0]["labels"],
         "label-accuracy": accuracy,
         "attacks": statuses,

@@ -9,7 +9,6 @@ images and single-image updates (``colluders/<defence>/``, named in the manifest
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from clients.privacy import privatize_offline
 from core.config import Config, parse_config
 from core.data import client_data, load_dataset
 from core.model import build_model, get_weights
-from core.params import HEAD_BIAS
 
 DEFENCES: dict[str, dict[str, Any]] = {
     "plain": {"strategy": "fedsgd"},
@@ -195,31 +193,6 @@ def dataset_mean_image(config: Config, size: int) -> np.ndarray:
         x, _ = images.batch(np.arange(start, min(start + 256, len(images))), size)
         total = x.sum(0) if total is None else total + x.sum(0)
     return (total / len(images)).numpy().astype(np.float64)
-
-
-def trained_model(base: Config, run_dir: Path) -> Config:
-    """``base`` attacking the final model of a finished run: the run's ``model.*`` settings, its weights
-    (``<run>/model.safetensors``, loaded through ``model.pretrained``) as the model every client receives."""
-    import json
-
-    weights, saved = run_dir / "model.safetensors", run_dir / "config.json"
-    for path in (weights, saved):
-        if not path.is_file():
-            raise ValueError(f"--model-from {run_dir}: no {path.name} (is it the folder of a finished run?)")
-    run = parse_config(json.loads(saved.read_text()))
-    model = dataclasses.replace(run.model, pretrained=str(weights.resolve()))
-    config = dataclasses.replace(base, model=model)
-    classes = load_dataset(config.data, config.seed, "train").num_classes
-    from safetensors import safe_open
-
-    with safe_open(str(weights), "numpy") as f:
-        head = f.get_slice(HEAD_BIAS).get_shape()[0] if HEAD_BIAS in f.keys() else None  # noqa: SIM118
-    if head is not None and head != classes:
-        raise ValueError(
-            f"--model-from {run_dir}: its head has {head} classes, the benchmark's data {config.data.name!r} has "
-            f"{classes} (timm would replace the trained head with a random one)"
-        )
-    return config
 
 
 def run_benchmark(

@@ -64,8 +64,7 @@ class Exchange:
 
 
 def ground_truth_file(stem: Path) -> Path:
-    """``run-<id>/ground-truth/round-NNNN/<name>.safetensors`` for the capture ``run-<id>/captures/round-NNNN/<name>``
-    (the server's view shares the clients' ground truth)."""
+    """``run-<id>/ground-truth/round-NNNN/<name>.safetensors`` of a client's or the server's capture."""
     round_dir = stem.parent
     captures = round_dir.parent if round_dir.parent.name == CAPTURES else round_dir.parent.parent
     return captures.parent / GROUND_TRUTH / round_dir.name / f"{stem.name}.safetensors"

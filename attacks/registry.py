@@ -30,8 +30,7 @@ class Attack:
 
 
 def _defence(obs: Observation, what: str) -> str | None:
-    """Why a defence-aware attack does not apply: the capture is another app's, or its run config lacks ``what``
-    ("masks": masked FedSGD except the fixed-position method; "fixed-position"; "encryption"; "colluders")."""
+    """Why a defence-aware attack does not apply: another app's capture, or a run without ``what``."""
     if obs.config is None:
         return "this capture is another app's: its run config names no fedvit defence"
     mask_mode = obs.config.mask.mode if obs.masks is not None else None
@@ -57,6 +56,24 @@ def _batch(obs: Observation) -> str | None:
     return None if client.sends_gradient and client.batch > 1 else "needs one gradient of two or more images"
 
 
+MAX_IMAGES = 64  # published image recovery from FedAvg updates: ≲ 50 images per client (Dimitrov et al., TMLR 2022)
+
+
+def optimisable(obs: Observation) -> str | None:
+    """Why the optimisation attack is not attempted: a recipe it cannot simulate, or more images than any published
+    inversion recovers from one update (it would spend its budget on a few steps and report noise)."""
+    if (why := simulated(obs)) is not None:
+        return why
+    client = recipe(obs)
+    if client.examples > MAX_IMAGES:
+        return (
+            f"not attempted: {client.examples} images over {client.steps} local step(s) in this update, beyond the "
+            f"≤ {MAX_IMAGES} images per update that image inversion is known to recover (Dimitrov et al., \"Data "
+            "Leakage in Federated Averaging\", TMLR 2022); the labels are what such an update gives away"
+        )
+    return None
+
+
 def labels_apply(obs: Observation) -> str | None:
     """Why label recovery cannot run (None when it can; it may still find the bias hidden)."""
     return simulated(obs)
@@ -80,8 +97,9 @@ IMAGE_ATTACKS: tuple[Attack, ...] = (
     Attack("APRIL-E mask-aware", lambda obs: _defence(obs, "masks"), april.masked_embedding_route),
     Attack("known-plaintext", lambda obs: _defence(obs, "encryption"), april.known_plaintext_route),
     Attack("known images (collusion)", lambda obs: _defence(obs, "colluders"), april.known_images_route),
-    Attack(COLLUSION_OPTIMISATION, lambda obs: _defence(obs, "colluders"), collusion_inversion, optimising=True),
-    Attack(OPTIMISATION, simulated, invert, optimising=True),
+    Attack(COLLUSION_OPTIMISATION, lambda obs: _defence(obs, "colluders") or optimisable(obs), collusion_inversion,
+           optimising=True),  # fmt: skip
+    Attack(OPTIMISATION, optimisable, invert, optimising=True),
 )
 
 

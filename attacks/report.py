@@ -18,24 +18,30 @@ TOP_LEVEL_KEYS = ("title", "model", "verdict", "metrics", "budget", "updates", "
 
 
 def verdict(updates: list[dict[str, Any]]) -> str:
-    """One line: what the captures give away (labels, images), scored where the clients' images were known."""
+    """One line: what the captures give away (labels, images), as far as the clients' data could check it. Nothing
+    checked (no recorded ground truth, no ``--data``) is "unverified", never "LEAKS"."""
     if not updates:
         return NOTHING_ON_THE_WIRE
     labels = [u for u in updates if u["labels"] is not None]
+    checked = [u for u in labels if u.get("label-accuracy") is not None]
     scored = [u for u in updates if u.get("reid-top1") is not None]
+    if not checked and not scored:
+        return (
+            f"unverified: label counts estimated for {len(labels)} of {len(updates)} update(s), not checked; images "
+            "unscored (no ground truth recorded and no --data)"
+        )
     parts = [f"labels recovered for {len(labels)} of {len(updates)} update(s)"]
-    exact = [u for u in labels if u.get("label-accuracy") is not None]
-    if exact:
-        parts[0] += f" ({sum(u['label-accuracy'] == 1.0 for u in exact)} of {len(exact)} exactly right)"
+    if checked:
+        parts[0] += f" ({sum(u['label-accuracy'] == 1.0 for u in checked)} of {len(checked)} exactly right)"
+    leaks = any(u["label-accuracy"] > 0.5 for u in checked)
     if scored:
         top1 = float(np.mean([u["reid-top1"] for u in scored]))
         chance = float(np.mean([u["reid-chance"] for u in scored]))
         psnr = float(np.mean([u["psnr"] for u in scored]))
         parts.append(f"images re-identified {top1:.0%} top-1 (chance {chance:.0%}), matched PSNR {psnr:.1f} dB")
-        leaks = bool(labels) or top1 > 2 * chance
+        leaks = leaks or top1 > 2 * chance
     else:
         parts.append("images unscored (no ground truth and no --data)")
-        leaks = bool(labels)
     return ("LEAKS: " if leaks else "no leak found: ") + "; ".join(parts)
 
 
@@ -83,6 +89,8 @@ def update_lines(updates: list[dict[str, Any]]) -> list[str]:
     lines += ["", "### Attacks per update", ""]
     for u in updates:
         lines.append(f"- **{u['update']}**: recipe: {u['recipe']}")
+        if u["assumptions"]:
+            lines.append(f"  - assumed (no record carries them): {'; '.join(u['assumptions'])}")
         lines += [f"  - {name}: {status}" for name, status in u["attacks"].items()]
     return lines + [""]
 

@@ -97,8 +97,7 @@ def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
 
 
 class Truths:
-    """The client images an update is scored against: the user's ``--data`` (a partition), else the batch fedvit's
-    clients recorded; with a decoy gallery for re-identification."""
+    """The images an update is scored against (``--data``'s partition, else the recorded batch) and the decoys."""
 
     def __init__(self, data: UserData | None, decoys: int, gallery: Gallery | None = None) -> None:
         self.data, self.decoys, self.gallery = data, decoys, gallery  # ``gallery``: the same decoys for every update

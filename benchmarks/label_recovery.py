@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attacks.benchmark import Setting, trained_model  # noqa: E402
+from attacks.benchmark import Setting  # noqa: E402
 from attacks.labels import label_accuracy, recover_labels  # noqa: E402
 from benchmarks.common import ROOT  # noqa: F401, E402  (puts the checkout first on sys.path)
 from benchmarks.peer_breaching import plain_updates  # noqa: E402
 from core.config import parse_config  # noqa: E402
+from core.results import trained_model  # noqa: E402
 
 
 def main() -> None:

@@ -35,7 +35,6 @@ from attacks.benchmark import (  # noqa: E402
     client_update_and_labels,
     defence_config,
     partitions,
-    trained_model,  # noqa: E402
 )
 from attacks.inversion import attack_model, invert  # noqa: E402
 from attacks.metrics import score  # noqa: E402
@@ -43,6 +42,7 @@ from attacks.observation import Observation, Reconstruction, as_gradient, image_
 from attacks.reidentification import Gallery, gallery_from_test_split  # noqa: E402
 from benchmarks.common import ROOT  # noqa: F401  (puts the checkout first on sys.path)
 from core.config import Config, parse_config  # noqa: E402
+from core.results import trained_model  # noqa: E402
 
 
 def breaching_invert(obs: Observation, steps: int, seed: int) -> Reconstruction:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -125,3 +126,30 @@ def load_checkpoint(run_dir: Path, config: Config) -> tuple[int, dict[str, np.nd
     weights = {k: v for k, v in arrays.items() if not k.startswith(STRATEGY_PREFIX)}
     state = {k[len(STRATEGY_PREFIX) :]: v for k, v in arrays.items() if k.startswith(STRATEGY_PREFIX)}
     return int(meta["round"]), weights, state, meta["history"]
+
+
+def trained_model(base: Config, run_dir: Path) -> Config:
+    """``base`` attacking the final model of a finished run: the run's ``model.*`` settings, its weights
+    (``<run>/model.safetensors``, loaded through ``model.pretrained``) as the model every client receives."""
+    from core.config import parse_config
+    from core.data import load_dataset  # data loading only when asked
+    from core.params import HEAD_BIAS
+
+    weights, saved = run_dir / "model.safetensors", run_dir / "config.json"
+    for path in (weights, saved):
+        if not path.is_file():
+            raise ValueError(f"--model-from {run_dir}: no {path.name} (is it the folder of a finished run?)")
+    run = parse_config(json.loads(saved.read_text()))
+    model = dataclasses.replace(run.model, pretrained=str(weights.resolve()))
+    config = dataclasses.replace(base, model=model)
+    classes = load_dataset(config.data, config.seed, "train").num_classes
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "numpy") as f:
+        head = f.get_slice(HEAD_BIAS).get_shape()[0] if HEAD_BIAS in f.keys() else None  # noqa: SIM118
+    if head is not None and head != classes:
+        raise ValueError(
+            f"--model-from {run_dir}: its head has {head} classes, the benchmark's data {config.data.name!r} has "
+            f"{classes} (timm would replace the trained head with a random one)"
+        )
+    return config

@@ -1,23 +1,5 @@
 """``fedvit audit``: the one audit command, for captures of any Flower app (fedvit's own included) and for the
-no-run benchmark.
-
-Its options are grouped by what they act on: the captures, the attacked model (another app's only: fedvit's
-captures name their own), the clients' data for scoring, the attack budget, the benchmark. An option given where
-it cannot apply is an error that says why. For captures of another app, flags win over a ``fedvit-audit.toml``
-found in the captures folder or its two parents (flags win)::
-
-    [model]
-    factory = "cnnapp.task:Net"      # or a timm name, e.g. "resnet18"
-    input = [3, 32, 32]              # C, H, W of the images the client feeds (pixels in [0, 1] before mean/std)
-    mean = [0.5, 0.5, 0.5]
-    std = [0.5, 0.5, 0.5]
-    loss = "cross-entropy"           # or "nll" (the model ends in log_softmax)
-    app-dir = "path/to/app"          # put on sys.path so the factory imports (relative to the TOML)
-    num-classes = 10                 # timm names only (default: the captured head's size)
-    [recipe]                         # recipe overrides, as --recipe
-    [data]                           # loader or name, partitions = {"<node id>" = <partition>}, decoy-partitions,
-                                     # and for a dataset name num-partitions and settings
-"""
+no-run benchmark; :data:`DESCRIPTION` says how its options are grouped and what ``fedvit-audit.toml`` holds."""
 
 from __future__ import annotations
 
@@ -32,6 +14,26 @@ from core.config import AuditConfig, ConfigError, is_dataset_name, parse_config,
 from fedvit_app.run_config import check_config, merge_overrides, resolved_run_config
 
 SPEC_FILE = "fedvit-audit.toml"
+DESCRIPTION = f"""Attack captured updates of any Flower app (fedvit's own included) or, with --benchmark, updates that
+fedvit's client code makes, and score what comes back.
+
+The options are grouped by what they act on: the captures, the attacked model (another app's only: fedvit's
+captures name their own), the clients' data for scoring, the attack budget, the benchmark. An option given where
+it cannot apply is an error that says why. For captures of another app the flags win over a {SPEC_FILE} in the
+captures folder or one of its two parents:
+
+    [model]
+    factory = "cnnapp.task:Net"      # or a timm name, e.g. "resnet18"
+    input = [3, 32, 32]              # C, H, W of the images the client feeds (pixels in [0, 1] before mean/std)
+    mean = [0.5, 0.5, 0.5]
+    std = [0.5, 0.5, 0.5]
+    loss = "cross-entropy"           # or "nll" (the model ends in log_softmax)
+    app-dir = "path/to/app"          # put on sys.path so the factory imports (relative to the TOML)
+    num-classes = 10                 # timm names only (default: the captured head's size)
+    [recipe]                         # recipe values, as --recipe
+    [data]                           # loader or name, partitions = {{"<node id>" = <partition>}},
+                                     # decoy-partitions; for a dataset name num-partitions and settings
+"""
 MODEL_FLAGS = ("model", "app_dir", "input", "mean", "std", "loss")
 DATA_FLAGS = ("data", "num_partitions", "data_option", "partition", "decoy_partitions")
 RECIPE_FLAGS = ("sent", "recipe")
@@ -44,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "audit",
         help="attack captured updates of any Flower app (or --benchmark) and score the reconstructions",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("captures")
@@ -261,8 +263,9 @@ def user_data(args: argparse.Namespace, values: dict[str, Any], spec: Any) -> An
 
 def benchmark(args: argparse.Namespace, budgets: list[int] | None) -> int:
     """``fedvit audit --benchmark``: client updates per defence and setting, as captures, through the audit."""
-    from attacks.benchmark import Setting, run_benchmark, trained_model
+    from attacks.benchmark import Setting, run_benchmark
     from attacks.frontier import final_accuracies
+    from core.results import trained_model
 
     images = 16 if args.images is None else args.images
     if images < 1:

@@ -76,6 +76,7 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
         assert row["label-accuracy"] == 1.0 and row["batch"] == partition + 1 and row["steps"] == 1
         assert row["sent"].startswith("weights")
         assert "lr 0.05 (ConfigRecord)" in row["recipe"] and "batch-size 4 (run config)" in row["recipe"]
+        assert {"momentum 0 (assumed plain SGD)", "weight decay 0 (assumed)"} <= set(row["assumptions"])
         assert row["reid-gallery"] > 30 and row["psnr"] is not None
         assert row["attacks"]["APRIL-E (naive)"].startswith("not applicable: no patch embedding")
         assert row["attacks"]["known-plaintext"].startswith("not applicable: this capture is another app")
@@ -95,6 +96,7 @@ def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_pa
         int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)
     }
     assert row["psnr"] is None and "unscored" in report["verdict"]
+    assert report["verdict"].startswith("unverified: label counts estimated for 1 of 1")  # nothing checked them
     assert "unscored" in (tmp_path / "out" / "audit.md").read_text()
 
 
@@ -319,3 +321,24 @@ def test_a_fedvit_run_and_another_apps_capture_share_one_report_schema(tmp_path)
     assert len(fedvit["updates"]) == 2 and len(app["updates"]) == 1
     with pytest.raises(AuditInputError, match="not from fedvit's app: give its model with --model"):
         audit_captures(tmp_path / "cap", tmp_path / "x")
+
+
+def test_image_inversion_is_not_attempted_beyond_what_it_can_recover():
+    """An update of 1,864 images over 466 local steps (a Flower example's round) gets no optimisation run that would
+    spend its budget on a few steps: the registry says why, and label recovery still applies."""
+    from attacks.observation import ClientRecipe, Observation
+    from attacks.registry import MAX_IMAGES, OPTIMISATION, applicable, labels_apply
+
+    model = Net()
+    state = {n: t.numpy() for n, t in model.state_dict().items()}
+
+    def update_of(examples: int, batch: int) -> Observation:
+        client = ClientRecipe(examples, batch, 1, 0.1, 0.0, 0.0, 0, False)
+        return Observation(update=state, received=state, config=None, num_classes=10, spec=SPEC, skeleton=model,
+                           client=client, head_bias="fc3.bias")  # fmt: skip
+
+    chosen, refused = applicable(update_of(1864, 4))
+    assert OPTIMISATION not in [a.name for a in chosen]
+    assert refused[OPTIMISATION].startswith("not attempted: 1864 images over 466 local step(s)")
+    assert labels_apply(update_of(1864, 4)) is None
+    assert OPTIMISATION in [a.name for a in applicable(update_of(MAX_IMAGES, 4))[0]]

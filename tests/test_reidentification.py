@@ -125,9 +125,10 @@ def test_budgets_run_the_optimisation_attack_once_per_budget_and_reach_the_front
 def test_the_benchmark_attacks_a_finished_runs_model(tmp_path, capsys):
     from safetensors.torch import save_file
 
-    from attacks.benchmark import DEFENCES, client_update_and_labels, defence_config, trained_model
+    from attacks.benchmark import DEFENCES, client_update_and_labels, defence_config
     from core.config import Config
     from core.model import build_model, get_weights
+    from core.results import trained_model
     from fedvit_app.cli import main
 
     run = tmp_path / "run"
