@@ -212,8 +212,13 @@ class Reader:
         names = [n for n, _ in base.named_parameters()]
         received = map_state(ex.received, base, f"{ex.label} (received)")
         sent = map_state(ex.sent, base, f"{ex.label} (sent)")
-        kind, distance = sent_kind(received, sent, names)
+        kind, evidence = sent_kind(received, sent, names)
         told = self.options.sent_as != "auto"
+        if kind == "ambiguous" and not told:
+            raise AuditInputError(
+                f"{ex.label}: the reply reads neither as weights nor as a gradient ({evidence}): give --sent weights "
+                "or --sent gradient"
+            )
         kind = self.options.sent_as if told else kind
         client, sources = read_recipe(ex, kind, self.options.overrides)
         bias = head_bias(base)
@@ -224,7 +229,7 @@ class Reader:
             "round": ex.round,
             "label": f"r{ex.round} n{ex.node}",
             "num-examples": client.examples,
-            "sent": f"{kind} (distance {distance:.3g})" + (", as told" if told else ""),
+            "sent": f"{kind} ({evidence})" + (", as told" if told else ""),
             "recipe": "; ".join(f"{k} {v}" for k, v in sources.items()),
             "assumptions": [f"{k} {v}" for k, v in sources.items() if "assumed" in v or "unknown" in v]
             + list(UNRECORDED),

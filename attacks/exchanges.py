@@ -19,7 +19,10 @@ from attacks.capture import CAPTURES, GROUND_TRUTH, unflatten
 from attacks.observation import ClientRecipe
 
 NOTHING_ON_THE_WIRE = "the wire shows nothing; the server still sees every update"
-WEIGHTS_DISTANCE = 0.5  # ‖sent − received‖ / ‖received‖ below this: the reply is weights, above: a gradient
+# A reply's per-layer norm against the received weights', ‖sent‖ / ‖received‖, whatever the learning rate: a gradient
+# is small beside the weights (below GRADIENT_RATIO), weights after local training keep their scale or grow (above
+# WEIGHTS_RATIO; long training at a large lr grows them many-fold). In between the audit asks for --sent.
+GRADIENT_RATIO, WEIGHTS_RATIO = 0.2, 0.5
 RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run config, reply metrics)
     "lr": ("lr", "learning-rate", "learning_rate"),
     "epochs": ("local-epochs", "local_epochs", "epochs"),
@@ -207,13 +210,18 @@ def map_state(arrays: dict[str, np.ndarray], model: nn.Module, what: str) -> dic
 # ---------------------------------------------------------------------------- the client's recipe
 
 
-def sent_kind(received: dict[str, np.ndarray], sent: dict[str, np.ndarray], names: list[str]) -> tuple[str, float]:
-    """("weights" | "gradient", ‖sent − received‖ / ‖received‖ over the parameters): weights after local
-    training stay close to what was received; a gradient is a different vector altogether."""
-    diff = sum(float(np.sum((sent[n].astype(np.float64) - received[n]) ** 2)) for n in names)
-    norm = sum(float(np.sum(received[n].astype(np.float64) ** 2)) for n in names)
-    distance = math.sqrt(diff) / max(math.sqrt(norm), 1e-12)
-    return ("weights" if distance < WEIGHTS_DISTANCE else "gradient"), distance
+def sent_kind(received: dict[str, np.ndarray], sent: dict[str, np.ndarray], names: list[str]) -> tuple[str, str]:
+    """("weights" | "gradient" | "ambiguous", the evidence): the median over the layers (those received non-zero)
+    of ‖sent‖ / ‖received‖, and how many layers agree with it (see :data:`GRADIENT_RATIO`)."""
+    ratios = [
+        math.sqrt(float(np.sum(sent[n].astype(np.float64) ** 2)) / r2)
+        for n in names
+        if (r2 := float(np.sum(received[n].astype(np.float64) ** 2))) > 0
+    ]
+    median = float(np.median(ratios)) if ratios else 0.0
+    kind = "gradient" if median < GRADIENT_RATIO else "weights" if median > WEIGHTS_RATIO else "ambiguous"
+    side = [r < GRADIENT_RATIO if kind == "gradient" else r > WEIGHTS_RATIO for r in ratios]
+    return kind, f"median ‖sent‖/‖received‖ {median:.3g}, {sum(side)} of {len(ratios)} layers agree"
 
 
 def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> tuple[ClientRecipe, dict[str, str]]:

@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "`fedvit tap` output); not with --benchmark")  # fmt: skip
     g.add_argument("--out", type=Path, required=True, help="where audit.md, audit.json, grid.png and the frontier go")
     g.add_argument("--sent", choices=("auto", "gradient", "weights"), help="what another app's replies carry "
-                   "(default auto: read from their distance to the received weights)")  # fmt: skip
+                   "(default auto: read from their per-layer norm against the received weights)")  # fmt: skip
     g.add_argument("--recipe", action="append", default=[], help="KEY=VALUE of another app's client recipe: lr, "
                    "local-epochs, local-steps, batch-size, momentum, num-examples (repeatable)")  # fmt: skip
 

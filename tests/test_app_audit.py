@@ -126,6 +126,11 @@ def test_sent_kind_tells_weights_from_gradients():
     w = {"a": np.ones(100, np.float32)}
     assert sent_kind(w, {"a": w["a"] - 0.01}, ["a"])[0] == "weights"
     assert sent_kind(w, {"a": np.full(100, 0.01, np.float32)}, ["a"])[0] == "gradient"
+    # weights after long training at a large lr: far from what was received (distance 7.6) yet their norm grew
+    grown = {"a": np.random.default_rng(0).normal(0, 8.0, 100).astype(np.float32)}
+    assert sent_kind(w, grown, ["a"])[0] == "weights"
+    kind, evidence = sent_kind(w, {"a": np.full(100, 0.3, np.float32)}, ["a"])
+    assert kind == "ambiguous" and "median ‖sent‖/‖received‖ 0.3, 0 of 1 layers agree" == evidence
 
 
 def test_a_tls_only_capture_says_the_wire_shows_nothing(tmp_path):
@@ -342,3 +347,21 @@ def test_image_inversion_is_not_attempted_beyond_what_it_can_recover():
     assert refused[OPTIMISATION].startswith("not attempted: 1864 images over 466 local step(s)")
     assert labels_apply(update_of(1864, 4)) is None
     assert OPTIMISATION in [a.name for a in applicable(update_of(MAX_IMAGES, 4))[0]]
+
+
+def test_a_reply_that_reads_neither_as_weights_nor_as_a_gradient_asks_for_sent(tmp_path):
+    model = Net()
+    instruction = Message(RecordDict({"arrays": ArrayRecord(model.state_dict())}), dst_node_id=61, message_type="train")
+    scaled = ArrayRecord({n: 0.3 * t for n, t in model.state_dict().items()})
+    reply = Message(RecordDict({"arrays": scaled, "metrics": MetricRecord({"num-examples": 2})}), reply_to=instruction)
+    stem = capture_stem(tmp_path / "cap", 7, 1, 61, "train")
+    head = {"run-id": 7, "round": 1, "node": 61, "run_config": {}}
+    add_direction(stem, "received", instruction, **head)
+    add_direction(stem, "sent", reply, **head)
+    with pytest.raises(AuditInputError, match=r"neither as weights nor as a gradient .*give --sent weights"):
+        audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, AuditConfig(iterations=1, restarts=1),
+                                sent_as="weights")  # fmt: skip
+    assert report["updates"][0]["sent"].startswith("weights (median ‖sent‖/‖received‖ 0.3") and "as told" in (
+        report["updates"][0]["sent"]
+    )
