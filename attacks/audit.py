@@ -40,7 +40,7 @@ from attacks.registry import LABELS, Attack, applicable, labels_apply
 from attacks.reidentification import DEFAULT_DECOYS, Gallery
 from attacks.report import TOP_LEVEL_KEYS, markdown, save_grid, verdict
 from attacks.user_data import Truths, UserData
-from core.config import AuditConfig, Config, ConfigError, parse_config
+from core.config import AuditConfig, Config, ConfigError, defence_of, parse_config
 from core.params import HEAD_BIAS
 from core.results import atomic_write
 
@@ -76,23 +76,6 @@ class Audited(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- reading
-
-
-def defence_of(config: Config | None) -> str:
-    """A short public label of the defence a run used (from its run config)."""
-    if config is None:
-        return "as captured (not fedvit's app)"
-    parts = []
-    if config.strategy == "masked-fedsgd":
-        m = config.mask
-        parts.append("fixed-position" if m.mode == "fixed-position" else f"mask-{m.mode}-r{m.r:g}")
-    if config.encryption.enabled:
-        parts.append(f"encryption-{config.encryption.mode}")
-    if config.dp.enabled:
-        parts.append(f"dp-{config.dp.mode}-σ{config.dp.noise_multiplier:g}-C{config.dp.clipping_norm:g}")
-    if config.adversarial.enabled:
-        parts.append("pgd-at")
-    return "+".join(parts) or "none"
 
 
 def is_fedvit(ex: Exchange) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from attacks.audit import AuditOptions, Reader, audit_exchanges, defence_of
+from attacks.audit import AuditOptions, Reader, audit_exchanges
 from attacks.capture import capture_stem, write_direction, write_ground_truth
 from attacks.exchanges import load_exchanges
 from attacks.frontier import write_frontier
@@ -29,7 +29,7 @@ from attacks.report import draw_grid
 from clients import runner
 from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from clients.privacy import privatize_offline
-from core.config import Config, parse_config
+from core.config import Config, defence_of, parse_config
 from core.data import client_data, load_dataset
 from core.model import build_model, get_weights
 

@@ -593,6 +593,23 @@ def _check_encryption(config: Config) -> None:
             )
 
 
+def defence_of(config: Config | None) -> str:
+    """A short public label of the defence a run config uses ("none"; None: an app that is not fedvit's)."""
+    if config is None:
+        return "as captured (not fedvit's app)"
+    parts = []
+    if config.strategy == "masked-fedsgd":
+        m = config.mask
+        parts.append("fixed-position" if m.mode == "fixed-position" else f"mask-{m.mode}-r{m.r:g}")
+    if config.encryption.enabled:
+        parts.append(f"encryption-{config.encryption.mode}")
+    if config.dp.enabled:
+        parts.append(f"dp-{config.dp.mode}-σ{config.dp.noise_multiplier:g}-C{config.dp.clipping_norm:g}")
+    if config.adversarial.enabled:
+        parts.append("pgd-at")
+    return "+".join(parts) or "none"
+
+
 def autoattack_in(config: Config, server_round: int) -> bool:
     """Whether round ``server_round`` is also evaluated under AutoAttack: every ``robust.every``-th and the last
     (never round 0, the untrained model)."""
