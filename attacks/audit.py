@@ -93,7 +93,6 @@ class Reader:
         self._controls: dict[tuple[Path, int], dict[str, np.ndarray]] = {}
         self._colluders: dict[Path, list[tuple[int, np.ndarray, dict[str, np.ndarray]]]] = {}
         self._skeleton: Any = None
-        self.settings_note = ""
 
     def observe(self, ex: Exchange, index: int = 1) -> Observation:
         """``ex`` as the attacker holds it; ``index`` (1-based, in audit order) seeds another app's random starts."""
@@ -102,9 +101,9 @@ class Reader:
         setting = f"round {ex.round}, B={client.batch}" + (
             ", FedSGD" if client.sends_gradient else f", {client.steps} local steps"
         )
-        obs.meta.update({"defence-name": defence_of(obs.config), "setting": setting, "batch-size": client.batch,
+        obs.meta.update({"node": ex.node, "partition": ex.partition, "round": ex.round, "update": ex.label,
+                         "defence-name": defence_of(obs.config), "setting": setting, "batch-size": client.batch,
                          "local-steps": 1 if client.sends_gradient else client.steps})  # fmt: skip
-        obs.meta["update"] = ex.label
         obs.meta.update(ex.meta)  # a producer's own labels (the benchmark's defence and setting)
         return obs
 
@@ -127,9 +126,6 @@ class Reader:
         run = ex.stem.parent.parent.parent  # run-<id>/captures/round-NNNN/<stem>
         plain, cipher = (None, None) if config.encryption.mode == "private-init" else self._handshake(run)
         meta = {
-            "node": ex.node,
-            "partition": ex.partition,
-            "round": ex.round,
             "label": f"p{ex.partition} r{ex.round}",
             "num-examples": ex.sent_metrics.get("num-examples"),
         }
@@ -157,10 +153,11 @@ class Reader:
         if config.strategy != "scaffold":
             return None
         control = ex.received_records["control"]
-        mine = self._controls.get((run, int(ex.partition or -1)), {})
+        key = (run, -1 if ex.partition is None else ex.partition)
+        mine = self._controls.get(key, {})
         correction = {n: control[n] - mine.get(n, np.zeros_like(control[n])) for n in control}
         delta = ex.sent_records.get("control-delta", {})
-        self._controls[(run, int(ex.partition or -1))] = {n: mine.get(n, 0) + d for n, d in delta.items()}
+        self._controls[key] = {n: mine.get(n, 0) + d for n, d in delta.items()}
         return correction
 
     def _known_images(self, ex: Exchange, config: Config) -> list[tuple[np.ndarray, dict[str, np.ndarray]]] | None:
@@ -207,9 +204,6 @@ class Reader:
         bias = head_bias(base)
         classes = int(received[bias].shape[0]) if bias else int(list(received.values())[-1].shape[0])
         meta = {
-            "node": ex.node,
-            "partition": ex.partition,
-            "round": ex.round,
             "label": f"r{ex.round} n{ex.node}",
             "num-examples": client.examples,
             "sent": f"{kind} ({evidence})" + (", as told" if told else ""),
@@ -230,24 +224,24 @@ class Reader:
             start_seed=index,
         )
 
-    def budget(self, obs: Observation) -> AuditConfig:
-        """The optimisation budget for ``obs``: a fedvit run's own (or the user's) ``audit.*``; for another app's
-        model the user's budget with the start, kept candidate and (unless the user set it) TV weight that
-        :func:`attacks.model_spec.model_settings` chooses for the model family."""
+    def budget(self, obs: Observation) -> tuple[AuditConfig, str]:
+        """The optimisation budget for ``obs`` and how the report states it: a fedvit run's own (or the user's)
+        ``audit.*``; for another app's model the user's budget with the start, kept candidate and (unless the user
+        set it) TV weight that :func:`attacks.model_spec.model_settings` chooses for the model family."""
         if obs.config is not None:
-            return obs.config.audit
+            return obs.config.audit, obs.config.audit.describe()
         settings, why = model_settings(obs.skeleton)
         tv_note = f" ({why}; --tv sets the weight)" if self.options.tv_by_model else " (--tv)"
         if not self.options.tv_by_model:
             settings.pop("tv")
         budget = dataclasses.replace(self.options.budget or AuditConfig(), **settings)
         start = "Gaussian start on the normalised scale" if budget.init == "gaussian" else "uniform start"
-        self.settings_note = (  # a user's model: no closed-form start, no position-embedding term to speak of
+        text = (  # a user's model: no closed-form start, no position-embedding term to speak of
             f"{budget.iterations} Adam steps × {budget.restarts} restart(s), ≤ {budget.max_seconds:g} s per update, "
             f"step {budget.lr:g}, TV {budget.tv:g}{tv_note}, {start}, keeps the lowest "
             + ("gradient match" if budget.keep == "match" else "total objective")
         )
-        return budget
+        return budget, text
 
 
 # ---------------------------------------------------------------------------- the pipeline
@@ -351,8 +345,8 @@ def audit_exchanges(
     rows, updates, attacked, grid_ranks, budgets = [], [], [], [], {}
     for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
         obs = reader.observe(ex, k + 1)
-        budget = reader.budget(obs)
-        budgets[budget_text(budget, options.budgets, reader.settings_note if obs.config is None else None)] = None
+        budget, text = reader.budget(obs)
+        budgets[budget_text(text, options.budgets)] = None
         truth = truths.of(ex, obs)
         update_rows, update, recs = attack_exchange(obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}")
         rows += update_rows
@@ -387,9 +381,8 @@ def audit_exchanges(
     return report, attacked
 
 
-def budget_text(budget: AuditConfig, budgets: list[int] | None, own_text: str | None) -> str:
-    """The optimisation budget as the report states it (``own_text``: another app's model's own wording)."""
-    text = own_text or budget.describe()
+def budget_text(text: str, budgets: list[int] | None) -> str:
+    """The optimisation budget as the report states it, with the budgets of ``--budgets`` where given."""
     if budgets:
         text = f"budgets (Adam steps per restart): {', '.join(map(str, budgets))}; otherwise " + text
     return text

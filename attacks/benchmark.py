@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attacks.audit import AuditOptions, Reader, audit_exchanges
-from attacks.capture import capture_stem, write_direction, write_ground_truth
+from attacks.capture import capture_stem, direction_entry, write_direction, write_ground_truth
 from attacks.exchanges import load_exchanges
 from attacks.frontier import write_frontier
 from attacks.metrics import as_batch
@@ -175,13 +175,8 @@ def _direction(
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Records as one direction of a capture: the flattened arrays and the manifest entry."""
     arrays = {f"{record}/{name}": np.asarray(a) for record, named in records.items() for name, a in named.items()}
-    entry = {
-        "message-type": message_type,
-        "arrays": {k: list(v.shape) for k, v in arrays.items()},
-        "config": {"config": config} if config else {},
-        "metrics": {"metrics": metrics} if metrics else {},
-    }
-    return arrays, entry
+    configs, metric_records = ({"config": config} if config else {}), ({"metrics": metrics} if metrics else {})
+    return arrays, direction_entry(message_type, arrays, configs, metric_records)
 
 
 def dataset_mean_image(config: Config, size: int) -> np.ndarray:

@@ -80,15 +80,21 @@ def _records(msg: Message, kind: str) -> dict[str, Any]:
 
 def describe(msg: Message, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """One direction of a capture manifest: message type, array shapes, ConfigRecords, MetricRecords, error."""
-    entry = {
-        "message-type": msg.metadata.message_type,
-        "arrays": {k: list(v.shape) for k, v in arrays.items()},
-        "config": _records(msg, "config_records"),
-        "metrics": _records(msg, "metric_records"),
-    }
+    entry = direction_entry(msg.metadata.message_type, arrays, _records(msg, "config_records"),
+                            _records(msg, "metric_records"))  # fmt: skip
     if msg.has_error():
         entry["error"] = f"{msg.error.code}: {msg.error.reason}"
     return entry
+
+
+def direction_entry(message_type: str, arrays: dict[str, np.ndarray], configs: dict, metrics: dict) -> dict[str, Any]:
+    """A direction's manifest entry from its message type, flattened arrays and records (name → values)."""
+    return {
+        "message-type": message_type,
+        "arrays": {k: list(v.shape) for k, v in arrays.items()},
+        "config": configs,
+        "metrics": metrics,
+    }
 
 
 # ---------------------------------------------------------------------------- the layout
@@ -198,6 +204,11 @@ def ground_truth_hook(
 # ---------------------------------------------------------------------------- the observers
 
 
+def _has_arrays(msg: Message) -> bool:
+    """Whether a message carries arrays (packed or not), without copying them."""
+    return msg.has_content() and bool(msg.content.array_records)
+
+
 def capture_dir(context: Context) -> Path:
     """Where :func:`capture_mod` writes for an app that is not fedvit's: the run config's
     ``fedvit-capture-dir``, else $FEDVIT_CAPTURE_DIR, else ``./fedvit-captures`` (absolute, so every ClientApp
@@ -213,14 +224,14 @@ def _client_stem(msg: Message, reply: Message, context: Context) -> tuple[Path, 
     """Where this exchange goes (stem, round, how the round was read), or None when it is not captured: for
     fedvit's app only train and query exchanges that carry arrays, in the selected rounds and partitions."""
     node, message_type = context.node_id, msg.metadata.message_type
-    config = fedvit_config(context.run_config)
     if FEDVIT_SWITCH in context.run_config:
+        config = fedvit_config(context.run_config)
         if config is None or not config.capture.enabled or message_type not in ("train", "query"):
             return None
         server_round = message_round(msg) if message_type == "train" else None
         server_round = server_round or 0  # the setup (the key handshake) is round 0
         partition = int(context.node_config.get("partition-id", -1))
-        if not selected(config, server_round, partition) or not (flatten(msg) or flatten(reply)):
+        if not selected(config, server_round, partition) or not (_has_arrays(msg) or _has_arrays(reply)):
             return None
         return capture_stem(run_dir(config), msg.metadata.run_id, server_round, node, message_type), server_round, ""
     server_round, source = _client_rounds.round_of(msg, node)
