@@ -21,7 +21,9 @@ import numpy as np
 from tqdm import tqdm
 
 from attacks.capture import FEDVIT_SWITCH
+from attacks.evidence import image_evidence, label_evidence, membership_evidence, threat_model, verdict
 from attacks.exchanges import (
+    NOTHING_ON_THE_WIRE,
     AuditInputError,
     Exchange,
     load_exchanges,
@@ -32,13 +34,15 @@ from attacks.exchanges import (
     unreadable_links,
 )
 from attacks.frontier import frontier_rows, write_frontier
+from attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
 from attacks.labels import label_accuracy, recover_labels
-from attacks.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting, score
+from attacks.membership import Candidates, infer, save_roc
+from attacks.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, as_batch, reference_rows, reid_setting, score
 from attacks.model_spec import ModelSpec, head_bias, model_settings
-from attacks.observation import Observation, Reconstruction, dense_update, model_skeleton, recipe
+from attacks.observation import Observation, Reconstruction, attacker_seed, dense_update, model_skeleton, recipe
 from attacks.registry import LABELS, Attack, applicable, labels_apply
 from attacks.reidentification import DEFAULT_DECOYS, Gallery
-from attacks.report import TOP_LEVEL_KEYS, markdown, save_grid, verdict
+from attacks.report import TOP_LEVEL_KEYS, markdown, save_grid
 from attacks.user_data import Truths, UserData
 from core.config import AuditConfig, Config, ConfigError, defence_of, parse_config
 from core.params import HEAD_BIAS
@@ -261,16 +265,26 @@ def run_attack(attack: Attack, obs: Observation, budget: AuditConfig, device: st
 
 
 def attack_exchange(
-    obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str
-) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Reconstruction]]:
-    """Every attack that applies to one observation: its report rows, its update entry, its reconstructions."""
+    obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str,
+    aux: Auxiliary | None = None, candidates: Candidates | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """Every attack that applies to one observation: its report rows, its update entry, its reconstructions (and
+    under "ranks" the re-identification ranks, under "membership" the member and non-member scores).
+    ``aux``: labelled images that are not the client's (the label simulation's); ``candidates``: membership's."""
     images, labels, gallery, exact = truth
     head = {**obs.meta, "defence": defence_of(obs.config)}
     client = recipe(obs)
     statuses: dict[str, str] = {}
     started = time.perf_counter()
-    counts, label_note = (None, why) if (why := labels_apply(obs)) else recover_labels(obs)
+    try:
+        counts, label_note = (None, why) if (why := labels_apply(obs)) else recover_labels(obs, aux)
+    except ValueError as err:  # a diverged update or simulation: said, not raised
+        counts, label_note = None, f"not estimated: {err}"
     accuracy = None if counts is None or labels is None or not exact else label_accuracy(counts, labels)
+    prior = aux.prior(obs.num_classes) if aux is not None else np.full(obs.num_classes, 1 / obs.num_classes)
+    null = None if accuracy is None else prior_accuracy(prior, labels)
+    multi_step = not client.sends_gradient and client.steps > 1
+    label_leak = label_evidence(counts, label_note, accuracy, null, benchmarked_error(obs) if multi_step else None)
     found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
     rows = [
         head | {
@@ -287,6 +301,12 @@ def attack_exchange(
     statuses[LABELS] = f"not applicable: {label_note}" if counts is None else "applied" + (
         f" ({label_note})" if label_note else ""
     )
+    member_scores = None
+    if candidates is None:
+        member_leak = membership_evidence(None, "needs the client's images and others: --data or ground truth")
+    else:
+        result, inside, outside = infer(obs, candidates, attacker_seed(obs))
+        member_leak, member_scores = membership_evidence(result, ""), (inside, outside)
     chosen, refused = applicable(obs)
     recs, ranks, scored_by = {}, {}, {}
     for attack in chosen:
@@ -315,6 +335,8 @@ def attack_exchange(
         rows += reference_rows(obs, images, options.dataset_mean, gallery, head)
     with_scores = {n: s for n, s in scored_by.items() if s["psnr"] is not None}
     best = max(with_scores, key=lambda n: with_scores[n]["psnr"]) if with_scores else None
+    image_why = "no image attack ran" if not with_scores and images is not None else "no ground truth and no --data"
+    best_scores = with_scores[best] if best else None
     update = {
         "update": obs.meta.get("update") or obs.meta["label"],
         "node": obs.meta.get("node"),
@@ -330,9 +352,14 @@ def attack_exchange(
         "label-accuracy": accuracy,
         "attacks": statuses,
         "best-attack": best,
+        "leakage": {
+            "labels": label_leak,
+            "membership": member_leak,
+            "images": image_evidence(best_scores, len(as_batch(images) or []) or 1, image_why),
+        },
         "seconds": round(time.perf_counter() - started, 1),
-    } | {k: (with_scores[best][k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
-    return rows, update, {"ranks": ranks} | recs
+    } | {k: (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
+    return rows, update, {"ranks": ranks, "membership": member_scores} | recs
 
 
 def audit_exchanges(
@@ -342,21 +369,28 @@ def audit_exchanges(
     ``out``. Returns the report and, per exchange, what was attacked."""
     out.mkdir(parents=True, exist_ok=True)
     reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
-    rows, updates, attacked, grid_ranks, budgets = [], [], [], [], {}
+    rows, updates, attacked, grid_ranks, budgets, observers, curves = [], [], [], [], {}, [], []
     for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
         obs = reader.observe(ex, k + 1)
         budget, text = reader.budget(obs)
         budgets[budget_text(text, options.budgets)] = None
         truth = truths.of(ex, obs)
-        update_rows, update, recs = attack_exchange(obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}")
+        aux = truths.auxiliary(ex, obs) if not recipe(obs).sends_gradient and recipe(obs).steps > 1 else None
+        candidates = truths.candidates(ex, obs, truth[0], truth[1])
+        update_rows, update, recs = attack_exchange(
+            obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates
+        )
         rows += update_rows
         updates.append(update)
+        observers.append(ex.observer)
         grid_ranks.append(recs.pop("ranks"))
+        if (member_scores := recs.pop("membership")) is not None:
+            curves.append((update["update"], *member_scores))
         attacked.append(Audited(obs, truth[0], recs))
         tqdm.write(f"audit: {update['update']}: labels {update['labels']}; " + (
             "unscored" if update["psnr"] is None else
             f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
-        ))  # fmt: skip
+        ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
     models = dict.fromkeys(
         a.obs.spec.describe() if a.obs.spec is not None else f"fedvit's {a.obs.config.model.name} (run config)"
         for a in attacked
@@ -364,7 +398,8 @@ def audit_exchanges(
     report = {
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "—",
-        "verdict": verdict(updates),
+        "threat-model": threat_model(observers, any(u["assumptions"] for u in updates)),
+        "verdict": verdict(updates, NOTHING_ON_THE_WIRE),
         "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
         "budget": list(budgets),
         "updates": updates,
@@ -377,6 +412,7 @@ def audit_exchanges(
     atomic_write(out / "audit.json", json.dumps(report, indent=1, default=numbers).encode())
     atomic_write(out / "audit.md", markdown(report).encode())
     save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
+    save_roc(curves, out / "membership-roc.png")
     write_frontier(rows, out, {})
     return report, attacked
 

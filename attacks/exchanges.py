@@ -55,6 +55,7 @@ class Exchange:
     received_records: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)  # all of them
     sent_records: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # labels a producer added (the benchmark's)
+    observer: str | None = None  # who recorded it: "client-mod", "wire-tap", "server", "benchmark"
 
     @property
     def label(self) -> str:
@@ -148,6 +149,7 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
                 received_records=received,
                 sent_records=sent,
                 meta=dict(manifest.get("meta") or {}),
+                observer=manifest.get("observer"),
             )
         )
     return exchanges, skipped
@@ -267,4 +269,6 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> tuple[Cli
     lr = take("lr", None, "scale estimated for labels; 0.01 simulated")
     momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0
     lr_known = lr is not None
-    return ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known), sources
+    client = ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
+                          momentum_known="momentum" in found)  # fmt: skip
+    return client, sources

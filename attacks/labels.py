@@ -6,7 +6,8 @@ n_c = B·p̄_c − B·g_c with p̄_c the batch-mean softmax (the idea of iDLG, Z
 as in Wainakh et al.'s LLG). The attacker does not see p̄; it estimates it from the received model's softmax on
 uninformative inputs, or, where that fits the gradient worse, as equal shares among the classes whose bias
 gradient is negative (:func:`best_counts`). A FedAvg update over E local steps holds −lr·Σ_t g_t in its bias:
-the same formula gives the label counts of all E·B samples the client processed.
+the same formula gives the label counts of all E·B samples the client processed as long as the softmax does not
+move; for several local steps see :mod:`attacks.label_distribution`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attacks.label_distribution import Auxiliary, estimate, noise_auxiliary
 from attacks.observation import (
     Observation,
     as_gradient,
@@ -101,15 +103,16 @@ def label_accuracy(counts: np.ndarray, true_labels: np.ndarray) -> float:
     return float(np.minimum(counts, true_counts[: len(counts)]).sum() / max(len(true_labels), 1))
 
 
-def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
+def recover_labels(obs: Observation, aux: Auxiliary | None = None) -> tuple[np.ndarray | None, str]:
     """The label counts an eavesdropper recovers from one observed update, or None and the reason it cannot.
 
     Needs the classifier bias sent whole (not masked; the encryption key only touches the embeddings) and the
-    client's recipe (:func:`attacks.observation.recipe`). FedSGD: g is the gradient itself. FedAvg/FedProx: the
-    bias moved by lr·Σ_t g_t over the ``steps`` local steps (plain SGD assumed; momentum β approximated by
-    lr/(1 − β), the proximal pull ignored), so g = Δb / (lr·steps) is the mean step gradient and the counts are
-    per local epoch. Where the scale is unknown (DP clipping, an lr no record carries) it is estimated
-    (:func:`label_counts_unknown_scale`).
+    client's recipe (:func:`attacks.observation.recipe`). FedSGD and single-step FedAvg: g is the gradient (for
+    FedAvg Δb / lr), counted as above. Several local steps: the softmax moved while the client trained, so the
+    counts of its N images come from a simulation of its local training on ``aux`` (auxiliary images, none of the
+    client's; uniform noise without them): :func:`attacks.label_distribution.estimate`. Where the scale is unknown
+    (DP clipping, an lr no record carries) a single step's is estimated (:func:`label_counts_unknown_scale`); a
+    multi-step update's is not.
     """
     bias = obs.head_bias
     if bias not in obs.update:
@@ -119,20 +122,28 @@ def recover_labels(obs: Observation) -> tuple[np.ndarray | None, str]:
     if (why := simulated(obs)) is not None:
         return None, why
     client = recipe(obs)
+    dp = obs.config is not None and obs.config.dp.enabled
+    if not client.sends_gradient and client.steps > 1:
+        if not client.lr_known:
+            return None, "not estimated: no record carries the learning rate (give --recipe lr=...)"
+        if dp:
+            return None, "not estimated: DP clipping scaled the update by an unknown factor"
+        aux = aux or noise_auxiliary(input_shape(obs), obs.num_classes, attacker_seed(obs))
+        found = estimate(obs, aux, attacker_seed(obs))
+        return found.counts, found.note
     # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received
     model = attack_model(obs) if obs.spec is not None else received_model(obs)
     mean_probs = mean_softmax(model, input_shape(obs), seed=attacker_seed(obs))
     if client.sends_gradient:
         grad, examples = obs.update[bias], client.batch
-    elif not client.lr_known:  # Δb = lr · steps · ḡ with lr unknown: the scale that makes the counts integral
-        delta = as_gradient(obs).update[bias] / client.steps
+    elif not client.lr_known:  # Δb = lr · ḡ with lr unknown: the scale that makes the counts integral
+        delta = as_gradient(obs).update[bias]
         return label_counts_unknown_scale(delta, client.examples, mean_probs), "lr unknown: scale estimated"
     else:
-        step_lr = client.lr / (1.0 - client.momentum)
-        grad = as_gradient(obs).update[bias] / (step_lr * client.steps)
-        if obs.correction is not None:  # SCAFFOLD moved every step by c − c_i as well
+        grad = as_gradient(obs).update[bias] / client.lr
+        if obs.correction is not None:  # SCAFFOLD moved the step by c − c_i as well
             grad = grad - obs.correction[bias]
         examples = client.examples
-    if obs.config is not None and obs.config.dp.enabled:  # clipping scaled the update by an unknown factor
+    if dp:  # clipping scaled the update by an unknown factor
         return label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated"
     return best_counts(grad, examples, mean_probs)

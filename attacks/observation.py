@@ -38,6 +38,7 @@ class ClientRecipe:
     adversarial: int  # samples per step replaced by their PGD versions (Madry AT), 0 if off
     sends_gradient: bool  # FedSGD: the update is the gradient; FedAvg: the update is the new weights
     lr_known: bool = True  # False: no record carries the lr (``lr`` is then a stand-in)
+    momentum_known: bool = True  # False: no record carries the momentum (``momentum`` is then assumed)
 
     @property
     def steps(self) -> int:

@@ -9,45 +9,19 @@ from typing import Any
 
 import numpy as np
 
-from attacks.exchanges import NOTHING_ON_THE_WIRE
 from attacks.frontier import fmt, reid_cell
 from attacks.metrics import as_batch, match_batch
 from attacks.observation import Observation, Reconstruction
 
-TOP_LEVEL_KEYS = ("title", "model", "verdict", "metrics", "budget", "updates", "rows", "summary", "notes")
-
-
-def verdict(updates: list[dict[str, Any]]) -> str:
-    """One line: what the captures give away (labels, images), as far as the clients' data could check it. Nothing
-    checked (no recorded ground truth, no ``--data``) is "unverified", never "LEAKS"."""
-    if not updates:
-        return NOTHING_ON_THE_WIRE
-    labels = [u for u in updates if u["labels"] is not None]
-    checked = [u for u in labels if u.get("label-accuracy") is not None]
-    scored = [u for u in updates if u.get("reid-top1") is not None]
-    if not checked and not scored:
-        return (
-            f"unverified: label counts estimated for {len(labels)} of {len(updates)} update(s), not checked; images "
-            "unscored (no ground truth recorded and no --data)"
-        )
-    parts = [f"labels recovered for {len(labels)} of {len(updates)} update(s)"]
-    if checked:
-        parts[0] += f" ({sum(u['label-accuracy'] == 1.0 for u in checked)} of {len(checked)} exactly right)"
-    leaks = any(u["label-accuracy"] > 0.5 for u in checked)
-    if scored:
-        top1 = float(np.mean([u["reid-top1"] for u in scored]))
-        chance = float(np.mean([u["reid-chance"] for u in scored]))
-        psnr = float(np.mean([u["psnr"] for u in scored]))
-        parts.append(f"images re-identified {top1:.0%} top-1 (chance {chance:.0%}), matched PSNR {psnr:.1f} dB")
-        leaks = leaks or top1 > 2 * chance
-    else:
-        parts.append("images unscored (no ground truth and no --data)")
-    return ("LEAKS: " if leaks else "no leak found: ") + "; ".join(parts)
+TOP_LEVEL_KEYS = (
+    "title", "model", "threat-model", "verdict", "metrics", "budget", "updates", "rows", "summary", "notes"
+)
 
 
 def markdown(report: dict[str, Any]) -> str:
     """``audit.md``: the verdict, one entry per update, then each attack's means (every row: ``frontier.md``)."""
-    lines = [f"# {report['title']}", "", f"**Verdict:** {report['verdict']}", ""]
+    lines = [f"# {report['title']}", "", f"**Verdict:** {report['verdict']}", "",
+             f"Threat model: {report['threat-model']}", ""]  # fmt: skip
     lines += [f"Model: {report['model']}", "", f"Budget: {'; '.join(report['budget'])}", ""]
     lines += update_lines(report["updates"])
     lines += [
@@ -92,7 +66,23 @@ def update_lines(updates: list[dict[str, Any]]) -> list[str]:
         if u["assumptions"]:
             lines.append(f"  - assumed (no record carries them): {'; '.join(u['assumptions'])}")
         lines += [f"  - {name}: {status}" for name, status in u["attacks"].items()]
+        lines += [f"  - evidence, {kind}: {evidence_text(e)}" for kind, e in u["leakage"].items()]
     return lines + [""]
+
+
+def evidence_text(e: dict[str, Any]) -> str:
+    """One leakage type of one update: the figure beside its null and margin (see :mod:`attacks.evidence`)."""
+    if e["status"] != "measured":
+        return e["status"] + ": " + (e.get("benchmarked-error") or e.get("why") or "")
+    verdict = "beyond the null" if e["clears"] else "within the null"
+    if "error" in e:
+        return (f"error {e['error']:.1%} vs prior {e['null-error']:.1%} (margin {e['margin']:.0%}): {verdict}")
+    if "auc" in e:
+        null = e["null"]
+        return (f"AUC {e['auc']:.3f} (null 99th pct {null['auc']:.3f}), TPR@0.1% FPR {e['tpr@0.001']:.1%} "
+                f"(null {null['tpr@0.001']:.1%}), TPR@1% FPR {e['tpr@0.01']:.1%} (null {null['tpr@0.01']:.1%}); "
+                f"{e['members']} members, {e['non-members']} non-members ({e['non-member-source']}): {verdict}")
+    return f"re-identified {e['top1']:.0%} top-1 vs null {e['null-top1']:.0%} (margin {e['margin']:.0%}): {verdict}"
 
 
 GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)

@@ -5,13 +5,16 @@ reads them; no path hands them to an attack."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
 
 from attacks.exchanges import AuditInputError, Exchange
+from attacks.label_distribution import Auxiliary
+from attacks.membership import Candidates
 from attacks.model_spec import import_callable
-from attacks.observation import Observation, recipe
+from attacks.observation import Observation, input_shape, recipe
 from attacks.reidentification import DEFAULT_DECOYS, Gallery, gallery_from_test_split
 from core.config import is_dataset_name
 
@@ -96,6 +99,35 @@ def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
     return Gallery(stacked, f"{len(decoys)} images of other partitions ({data.source})")
 
 
+OTHERS = 2000  # images of others (partitions not the client's, a test split) the attacker simulates or compares with
+
+
+@functools.lru_cache(maxsize=4)
+def test_split_sample(config: Any, size: int, count: int = OTHERS) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` evenly spaced images [n, C, H, W] in [0, 1] and labels of the run dataset's test split."""
+    from core.data import load_dataset
+
+    images = load_dataset(config.data, config.seed, "test")
+    indices = np.unique(np.linspace(0, len(images) - 1, num=min(count, len(images))).round().astype(np.int64))
+    x, y = images.batch(indices, size)
+    return x.numpy().astype(np.float64), y.numpy().astype(np.int64)
+
+
+def others(data: UserData, own: int) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """Images none of which is partition ``own``'s: the decoy partitions (else the other mapped partitions) of a
+    loader, a named dataset's test split; at most :data:`OTHERS`, evenly spaced."""
+    if data.named:
+        x, y = test_split_sample(data.config(), data.image_size)
+        return x, y, f"{len(x)} images of the {data.source} test split"
+    pids = sorted(set(data.decoy_partitions) - {own}) or sorted(set(data.partitions.values()) - {own})
+    if not pids:
+        return None
+    loaded = [data.load(p) for p in pids]
+    x, y = np.concatenate([a for a, _ in loaded]), np.concatenate([b for _, b in loaded])
+    keep = np.unique(np.linspace(0, len(x) - 1, num=min(OTHERS, len(x))).round().astype(np.int64))
+    return x[keep], y[keep], f"{len(keep)} images of partitions {pids[0]}-{pids[-1]} ({data.source})"
+
+
 class Truths:
     """The images an update is scored against (``--data``'s partition, else the recorded batch) and the decoys."""
 
@@ -128,6 +160,31 @@ class Truths:
             return None, None, None, False
         images = np.asarray(recorded["images"])
         return self._keep(images, np.asarray(recorded["labels"]), self._gallery_of(obs, images), True)
+
+    def others(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
+        """Labelled images that are not this client's (auxiliary data for the label simulation, non-members for
+        membership): see :func:`others`; for a fedvit run without ``--data``, its test split (None if not loadable)."""
+        if self.data is not None:
+            partition = self.data.partitions.get(str(ex.node), ex.partition)
+            return None if partition is None else others(self.data, partition)
+        if obs.config is None:
+            return None
+        try:
+            x, y = test_split_sample(obs.config, int(input_shape(obs)[-1]))
+        except (OSError, RuntimeError, ValueError):
+            return None
+        return x, y, f"{len(x)} images of the {obs.config.data.name} test split"
+
+    def auxiliary(self, ex: Exchange, obs: Observation) -> Auxiliary | None:
+        """:meth:`others` as the label simulation's auxiliary data (None: the simulation uses noise)."""
+        found = self.others(ex, obs)
+        return None if found is None else Auxiliary(*found)
+
+    def candidates(self, ex: Exchange, obs: Observation, members: np.ndarray | None,
+                   labels: np.ndarray | None) -> Candidates | None:  # fmt: skip
+        """Membership candidates: the client's images (the scored truth) and :meth:`others` (None if either lacks)."""
+        found = None if members is None or labels is None else self.others(ex, obs)
+        return None if found is None else Candidates((members, labels), found[:2], found[2])
 
     def _keep(self, images, labels, gallery, exact):
         if gallery is not None and all(gallery is not g for g in self.galleries):

@@ -80,7 +80,9 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
         assert row["reid-gallery"] > 30 and row["psnr"] is not None
         assert row["attacks"]["APRIL-E (naive)"].startswith("not applicable: no patch embedding")
         assert row["attacks"]["known-plaintext"].startswith("not applicable: this capture is another app")
-    assert report["verdict"].startswith("LEAKS: labels recovered for 4 of 4 update(s) (4 of 4 exactly right)")
+    assert report["verdict"].startswith("LEAKS: labels beyond the null in 4 of 4 update(s)")
+    assert "4 of 4 exactly right" in report["verdict"]
+    assert all(u["leakage"]["labels"]["null-error"] > 0.5 for u in report["updates"])  # the prior: 1-4 images
     assert (tmp_path / "out" / "grid.png").stat().st_size > 0
     assert "Verdict" in (tmp_path / "out" / "audit.md").read_text()
     assert json.loads((tmp_path / "out" / "audit.json").read_text())["updates"][0]["update"].startswith("run 5")
@@ -95,8 +97,8 @@ def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_pa
     assert sum(row["labels"].values()) == 3 and row["labels"] == {
         int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)
     }
-    assert row["psnr"] is None and "unscored" in report["verdict"]
-    assert report["verdict"].startswith("unverified: label counts estimated for 1 of 1")  # nothing checked them
+    assert row["psnr"] is None and "images not measured" in report["verdict"]
+    assert report["verdict"].startswith("unverified: labels estimated for 1 update(s), unverified")  # nothing checked
     assert "unscored" in (tmp_path / "out" / "audit.md").read_text()
 
 

@@ -1,0 +1,265 @@
+"""Label distribution of a multi-step FedAvg update: how many images of each class the client trained on.
+
+An RLU-class method (Chen & Vikalo, "Recovering Labels from Local Updates in Federated Learning", ICML 2024,
+arXiv 2405.00955): least squares on the output layer's update, with the softmax the model put on every class
+during the client's local training estimated by simulating that training on auxiliary data.
+
+With softmax cross-entropy averaged over each batch and SGD with momentum β (PyTorch's form, no dampening), the
+head bias moves by  w_received − w_sent = lr Σ_t w_t g_t,  g_t = (1/B_t) Σ_{i∈t} (p_i − y_i),
+w_t = (1 − β^{T−t+1}) / (1 − β). Grouping the images of step t by their class k and taking expectations over
+the client's shuffling (a class-k image is in any batch with probability B_t/N) gives
+
+    (I − P̄) n = N (b_sent − b_received) / (lr W),   W = Σ_t w_t,
+
+where n are the per-class counts of the client's N images and P̄[c, k] the w_t/B_t-weighted mean softmax of class
+c over the class-k images seen during training. P̄ is what the eavesdropper does not see: it is taken from a
+simulation of the same T steps (batch size, lr, momentum) on auxiliary images drawn with the current estimate of
+n, twice (the estimate of the first pass sets the class mix of the second). n ≥ 0 and Σn = N (the reply's
+num-examples) close the system (I − P̄ is singular: its columns sum to zero). Where no record carries the momentum,
+the simulation runs under each plausible value and keeps the one whose simulated head change is closest in norm
+to the observed one; the counts under the other values are reported beside it.
+
+The null is the prior: the counts a guess without the update makes (the auxiliary data's class shares times N);
+under IID partitions the truth is close to it and matching it shows nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import nnls
+
+from attacks.observation import Observation, input_shape, received_model, recipe
+from core.model import classify
+
+MOMENTA = (0.0, 0.9)  # the values tried when no record carries the momentum (plain SGD; the common default)
+PASSES = 3  # simulations per momentum: a uniform class mix, then each estimate sets the next one's
+SUM_WEIGHT = 10.0  # weight of the Σn = N row against the C rows of the least squares
+# Label-count error (1 − label accuracy) of this method in fedvit's own benchmark, by model family and local
+# epochs: 2 clients × 1,000 images, B = 32, lr 0.05, momentum 0.9 not on any record, IID and Dirichlet(0.5)
+# (the worse of the two). Measured 2026-11-26 with `uv run python -m benchmarks.label_distribution`
+# (docs/results/data/label-distribution.csv); tests/test_label_distribution.py checks the two agree.
+BENCHMARKED_ERROR = {"cnn": {1: 0.02, 3: 0.04, 5: 0.06}, "vit": {1: 0.02, 3: 0.04, 5: 0.06}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Auxiliary:
+    """Images [n, C, H, W] in [0, 1] with labels, none of them the client's: what the attacker simulates with."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    source: str
+
+    def prior(self, num_classes: int) -> np.ndarray:
+        """Class shares of the auxiliary data (the population's, as far as the attacker knows it)."""
+        counts = np.bincount(self.labels, minlength=num_classes)[:num_classes].astype(np.float64)
+        return counts / counts.sum() if counts.sum() else np.full(num_classes, 1 / num_classes)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelEstimate:
+    """The counts, the momentum the simulation used and the counts under every other momentum tried."""
+
+    counts: np.ndarray
+    momentum: float
+    note: str
+    alternatives: dict[float, np.ndarray]
+
+
+def step_weights(steps: int, momentum: float) -> np.ndarray:
+    """w_t = (1 − β^{T−t+1}) / (1 − β): how much of step t's gradient the T momentum steps applied in total."""
+    if momentum == 0:
+        return np.ones(steps)
+    remaining = np.arange(steps, 0, -1)
+    return (1 - momentum**remaining) / (1 - momentum)
+
+
+def noise_auxiliary(shape: tuple[int, int, int], num_classes: int, seed: int, per_class: int = 16) -> Auxiliary:
+    """Uniform-noise images with every class's label: a simulation without any data of the task (weak)."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(num_classes), per_class)
+    return Auxiliary(rng.random((len(labels), *shape)), labels, "uniform-noise images (no auxiliary data)")
+
+
+def integer_counts(raw: np.ndarray, total: int) -> np.ndarray:
+    """Non-negative integers summing to ``total``, by largest remainders of ``raw`` (rescaled to ``total``)."""
+    raw = np.clip(np.asarray(raw, np.float64), 0, None)
+    raw = raw * (total / raw.sum()) if raw.sum() > 0 else np.full(len(raw), total / len(raw))
+    counts = np.floor(raw).astype(np.int64)
+    counts[np.argsort(-(raw - counts), kind="stable")[: total - int(counts.sum())]] += 1
+    return counts
+
+
+def solve_counts(system: np.ndarray, rhs: np.ndarray, total: int) -> np.ndarray:
+    """Least squares ``system`` n ≈ rhs with n ≥ 0 and Σn = N (a row weighted like the system's largest), as real
+    counts."""
+    c = system.shape[1]
+    weight = SUM_WEIGHT * max(float(np.abs(system).max()), 1e-12)
+    a = np.vstack([system, weight * np.ones((1, c))])
+    b = np.concatenate([rhs, [weight * total]])
+    return nnls(a, b, maxiter=50 * c)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+    """One simulated local training, as the rows of the linear system in the counts n: ``system`` [R, C] and
+    ``scale`` such that ``system @ n ≈ scale * (w_sent − w_received)`` stacked over the head's bias and weight rows;
+    and the norm of the head's simulated change."""
+
+    system: np.ndarray
+    head_change: float
+
+
+def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
+    """The module that owns the head's bias (``fc3.bias`` → ``fc3``)."""
+    return model.get_submodule(bias.removesuffix(".bias"))
+
+
+def simulate(obs: Observation, aux: Auxiliary, counts: np.ndarray, momentum: float, seed: int) -> Simulation:
+    """The client's T local steps (its batch size, lr, momentum) from the received weights on auxiliary images:
+    ``counts`` images per class, each drawn once from the auxiliary images of its class and revisited every epoch.
+
+    Per class k it gathers, weighted by w_t / B_t: how often class-k images were seen (s_k), the sum of their
+    softmax (P[c, k]), of their head inputs h (F_k) and of p_c·h (M[c, k]). With n_k/N of every batch from class k,
+    the head's change is lr W/N · Σ_k n_k (δ_ck·[1, F_k] − [P, M][c, k]) / s_k·(W/N)... normalised per class below.
+    """
+    client = recipe(obs)
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model = received_model(obs).float().train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    features: list[torch.Tensor] = []
+    hook = head_module(model, obs.head_bias).register_forward_hook(lambda m, i, o: features.append(i[0].detach()))
+    classes = len(counts)
+    labels = np.repeat(np.arange(classes), counts)
+    by_class = {k: np.flatnonzero(aux.labels == k) for k in range(classes)}
+    shape = input_shape(obs)
+    pool = [
+        aux.images[rng.choice(by_class[k])] if len(by_class[k]) else rng.random(shape)  # a class aux lacks: noise
+        for k in labels
+    ]
+    images = torch.as_tensor(np.stack(pool), dtype=torch.float32)
+    targets = torch.as_tensor(labels)
+    bias, weight = obs.head_bias, head_weight(obs.head_bias)
+    params = dict(model.named_parameters())
+    start = {n: params[n].detach().clone() for n in (bias, weight) if n in params}
+    optimiser = torch.optim.SGD(model.parameters(), lr=client.lr, momentum=momentum)
+    per_epoch = math.ceil(len(labels) / client.batch)
+    weights = step_weights(per_epoch * client.epochs, momentum)
+    seen, probs_sum, feat_sum, cross_sum = np.zeros(classes), None, None, None
+    step = 0
+    for _ in range(client.epochs):
+        order = torch.randperm(len(labels), generator=generator)
+        for first in range(0, len(labels), client.batch):
+            batch = order[first : first + client.batch]
+            features.clear()
+            logits = classify(model, images[batch])
+            loss = F.cross_entropy(logits, targets[batch])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            scale = weights[step] / len(batch)
+            probs = torch.softmax(logits.detach().double(), 1).numpy()
+            h = features[-1].double().flatten(1).numpy()
+            y = targets[batch].numpy()
+            if probs_sum is None:
+                probs_sum = np.zeros((classes, classes))
+                feat_sum = np.zeros((classes, h.shape[1]))
+                cross_sum = np.zeros((classes, classes, h.shape[1]))
+            np.add.at(seen, y, scale)
+            np.add.at(probs_sum.T, y, scale * probs)  # column k: the softmax of class-k images
+            np.add.at(feat_sum, y, scale * h)
+            np.add.at(cross_sum.transpose(1, 0, 2), y, scale * probs[:, :, None] * h[:, None, :])
+            step += 1
+    hook.remove()
+    # per class k, the mean over its occurrences (classes never drawn: the mean over every image seen)
+    norm = np.maximum(seen, 1e-12)
+    fallback = seen == 0
+    p_mean = probs_sum / norm
+    f_mean = feat_sum / norm[:, None]
+    m_mean = cross_sum / norm[None, :, None]
+    p_mean[:, fallback] = (probs_sum.sum(1) / max(seen.sum(), 1e-12))[:, None]
+    f_mean[fallback] = feat_sum.sum(0) / max(seen.sum(), 1e-12)
+    m_mean[:, fallback] = (cross_sum.sum(1) / max(seen.sum(), 1e-12))[:, None]
+    eye = np.eye(classes)
+    bias_rows = eye - p_mean  # [c, k]
+    weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
+    system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
+    change = math.sqrt(sum(float((params[n].detach() - start[n]).pow(2).sum()) for n in start))
+    return Simulation(system, change)
+
+
+def head_weight(bias: str) -> str:
+    """The head's weight beside its bias (``fc3.bias`` → ``fc3.weight``)."""
+    return bias.removesuffix("bias") + "weight"
+
+
+def observed_head_change(obs: Observation) -> float:
+    """‖w_sent − w_received‖ over the head's weight and bias, as the wire shows it."""
+    names = [n for n in (obs.head_bias, head_weight(obs.head_bias)) if n in obs.update]
+    return math.sqrt(sum(float(((obs.update[n] - obs.received[n]) ** 2).sum()) for n in names))
+
+
+def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
+    """Per-class counts of a multi-step FedAvg update (see the module docstring). ``obs.update`` holds the sent
+    weights; the recipe's lr must be known (the scale of the right-hand side)."""
+    client = recipe(obs)
+    total = client.examples
+    names = [obs.head_bias, head_weight(obs.head_bias)]
+    moved = {}
+    for name in names:
+        change = np.asarray(obs.update[name], np.float64) - np.asarray(obs.received[name], np.float64)
+        if obs.correction is not None:  # SCAFFOLD moved every step by −lr (c − c_i) as well
+            change = change + client.lr * client.steps * obs.correction[name]
+        moved[name] = change.reshape(len(change), -1)
+    rows = np.concatenate([moved[names[0]], moved[names[1]]], axis=1).reshape(-1)  # per class: bias, then weights
+    if not np.isfinite(rows).all():
+        raise ValueError("the head's update holds non-finite values")
+    momenta = (client.momentum,) if client.momentum_known else MOMENTA
+    classes = len(moved[names[0]])
+    results: dict[float, tuple[np.ndarray, float]] = {}
+    for beta in momenta:
+        rhs = total * rows / (client.lr * float(step_weights(client.steps, beta).sum()))
+        counts = np.full(classes, total // classes) + (np.arange(classes) < total % classes)
+        for k in range(PASSES):
+            sim = simulate(obs, aux, counts, beta, seed + k)
+            if not np.isfinite(sim.system).all():  # the simulated training diverged under this momentum
+                break
+            counts = integer_counts(solve_counts(sim.system, rhs, total), total)
+        else:
+            results[beta] = (counts, sim.head_change)
+    if not results:
+        raise ValueError("the simulated local training diverged under every momentum tried")
+    observed = observed_head_change(obs)
+    mismatch = {b: abs(math.log(max(change, 1e-12) / max(observed, 1e-12))) for b, (_, change) in results.items()}
+    chosen = min(mismatch, key=mismatch.get)
+    note = f"local training simulated on {aux.source} ({client.steps} steps of {client.batch}, lr {client.lr:g}"
+    if client.momentum_known:
+        note += f", momentum {chosen:g})"
+    else:
+        ratios = ", ".join(f"β {b:g}: {results[b][1] / max(observed, 1e-12):.2f}" for b in results)
+        note += f"); momentum {chosen:g} estimated from the update (simulated/observed head change: {ratios})"
+    alternatives = {b: c for b, (c, _) in results.items() if b != chosen}
+    for b, other in alternatives.items():
+        moved_images = int(np.abs(other - results[chosen][0]).sum() // 2)
+        note += f"; under momentum {b:g} {moved_images} of {total} images change class"
+    return LabelEstimate(results[chosen][0], chosen, note, alternatives)
+
+
+def prior_accuracy(prior: np.ndarray, true_labels: np.ndarray) -> float:
+    """The label accuracy of the null: N × the prior's class shares (real counts), against the truth."""
+    true_counts = np.bincount(np.asarray(true_labels, np.int64), minlength=len(prior))[: len(prior)]
+    return float(np.minimum(len(true_labels) * prior, true_counts).sum() / max(len(true_labels), 1))
+
+
+def benchmarked_error(obs: Observation) -> str:
+    """The error this method had in fedvit's benchmark for this model family at the nearest number of epochs."""
+    family = "vit" if hasattr(received_model(obs), "patch_embed") else "cnn"
+    table = BENCHMARKED_ERROR[family]
+    epochs = min(table, key=lambda e: abs(e - recipe(obs).epochs))
+    return f"{table[epochs]:.0%} of images misplaced in fedvit's benchmark ({family}, {epochs} local epoch(s))"

@@ -1,0 +1,142 @@
+"""Membership inference on a captured update: was this image in the client's training data?
+
+The score of a candidate image is how much the client's update lowered its loss: ℓ(w_received, x) − ℓ(w_sent, x)
+(the "loss before vs after the update" signal of update-level attacks: Nasr et al., "Comprehensive Privacy
+Analysis of Deep Learning", S&P 2019; FedMIA, arXiv 2402.06289). A gradient reply is turned into the step it
+implies (w_received − η g, η the recipe's lr, else a step of 1% of the weights' norm). Candidates are the
+client's own images (members) and images it never held (non-members); the report gives ROC AUC and TPR at 0.1%
+and 1% FPR as Carlini et al. ask ("Membership Inference Attacks From First Principles", S&P 2022, arXiv
+2112.03570), each beside its null: the same figures with the member/non-member labels shuffled (a control that
+holds no information), whose 99th percentile is the margin a finding must clear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from attacks.observation import Observation, received_model, recipe
+from core.model import classify, set_weights
+
+FPRS = (0.001, 0.01)
+NULL_DRAWS = 200  # label shuffles behind the null's 99th percentile
+MAX_CANDIDATES = 5000  # per side; more are subsampled (evenly)
+BATCH = 256  # candidates per forward pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """Member and non-member images [n, C, H, W] in [0, 1] with their labels, and where the non-members came from."""
+
+    members: tuple[np.ndarray, np.ndarray]
+    non_members: tuple[np.ndarray, np.ndarray]
+    source: str
+
+
+def _evenly(images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(images) <= MAX_CANDIDATES:
+        return images, labels
+    keep = np.linspace(0, len(images) - 1, MAX_CANDIDATES).round().astype(np.int64)
+    return images[keep], labels[keep]
+
+
+@torch.no_grad()
+def losses(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-image cross-entropy, in batches of :data:`BATCH`."""
+    out = []
+    for first in range(0, len(images), BATCH):
+        x = torch.as_tensor(images[first : first + BATCH], dtype=torch.float32)
+        y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
+        out.append(F.cross_entropy(classify(model, x), y, reduction="none").double().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def sent_weights(obs: Observation) -> dict[str, np.ndarray]:
+    """The weights the reply implies: the sent weights, or the received ones moved one step against a gradient."""
+    client = recipe(obs)
+    if not client.sends_gradient:
+        return obs.update
+    norm = np.sqrt(sum(float((obs.received[n] ** 2).sum()) for n in obs.update))
+    grad_norm = np.sqrt(sum(float((g**2).sum()) for g in obs.update.values()))
+    step = client.lr if client.lr > 0 else 0.01 * norm / max(grad_norm, 1e-12)
+    return {n: obs.received[n] - step * g for n, g in obs.update.items()}
+
+
+def scores(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """ℓ(w_received, x) − ℓ(w_sent, x) per candidate (eval mode: BatchNorm on the received running statistics)."""
+    before = received_model(obs).float().eval()
+    after = received_model(obs).float().eval()
+    sent = sent_weights(obs)
+    if obs.spec is None:
+        set_weights(after, sent)
+    else:
+        after.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in sent.items()}, strict=False)
+    return losses(before, images, labels) - losses(after, images, labels)
+
+
+def tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
+    """The highest TPR at an FPR no larger than ``target`` (the ROC's step function)."""
+    return float(tpr[fpr <= target].max()) if (fpr <= target).any() else 0.0
+
+
+def roc_figures(member_scores: np.ndarray, non_member_scores: np.ndarray) -> dict[str, float]:
+    """ROC AUC and TPR at each of :data:`FPRS` (members positive, a higher score meaning member)."""
+    y = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
+    s = np.concatenate([member_scores, non_member_scores])
+    fpr, tpr, _ = roc_curve(y, s)
+    return {"auc": float(roc_auc_score(y, s))} | {f"tpr@{f:g}": tpr_at(fpr, tpr, f) for f in FPRS}
+
+
+def null_figures(member_scores: np.ndarray, non_member_scores: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """The 99th percentile of each figure over :data:`NULL_DRAWS` shuffles of the member/non-member labels."""
+    rng = np.random.default_rng(seed)
+    pooled = np.concatenate([member_scores, non_member_scores])
+    draws = []
+    for _ in range(NULL_DRAWS):
+        shuffled = rng.permutation(pooled)
+        draws.append(roc_figures(shuffled[: len(member_scores)], shuffled[len(member_scores) :]))
+    return {k: float(np.percentile([d[k] for d in draws], 99)) for k in draws[0]}
+
+
+def infer(obs: Observation, candidates: Candidates, seed: int = 0) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Membership figures of one update, their null and whether they clear it; and the two score arrays."""
+    members, non_members = _evenly(*candidates.members), _evenly(*candidates.non_members)
+    inside, outside = scores(obs, *members), scores(obs, *non_members)
+    figures, null = roc_figures(inside, outside), null_figures(inside, outside, seed)
+    clears = figures["auc"] > null["auc"] and figures["tpr@0.01"] > null["tpr@0.01"]
+    result = {
+        "members": len(inside),
+        "non-members": len(outside),
+        "non-member-source": candidates.source,
+        **figures,
+        "null": null,
+        "clears-null": bool(clears),
+        "fpr-resolution": 1.0 / max(len(outside), 1),
+    }
+    return result, inside, outside
+
+
+def save_roc(curves: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> None:
+    """Log-log ROC curves (one per update; the diagonal is chance), as Carlini et al. plot them."""
+    from core.plots import plt
+
+    if not curves:
+        return
+    fig, ax = plt.subplots(figsize=(4, 4))
+    for label, inside, outside in curves:
+        y = np.concatenate([np.ones(len(inside)), np.zeros(len(outside))])
+        fpr, tpr, _ = roc_curve(y, np.concatenate([inside, outside]))
+        ax.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label=label, lw=1)
+    ax.plot([1e-5, 1], [1e-5, 1], "k--", lw=0.7, label="chance")
+    ax.set(xscale="log", yscale="log", xlabel="false positive rate", ylabel="true positive rate",
+           xlim=(1e-4, 1), ylim=(1e-4, 1), title="membership inference (per update)")  # fmt: skip
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
