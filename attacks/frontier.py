@@ -63,6 +63,7 @@ def frontier_rows(audit_rows: list[dict[str, Any]], accuracy: dict[str, float]) 
                     "reid-top1": mean_or_none([r.get("reid-top1") for r in scored]),
                     "reid-rank": mean_or_none([r.get("reid-rank") for r in scored]),
                     "reid-chance": mean_or_none([r.get("reid-chance") for r in scored]),
+                    "reid-null": mean_or_none([r.get("reid-null") for r in scored]),
                     "reid-images": len(ranks),
                     "baseline-psnr": baseline,
                     "label-accuracy": labels,
@@ -81,19 +82,21 @@ REID_SIGNIFICANCE = 0.01  # re-identification counts when chance would reach it 
 
 
 def reidentified(row: dict[str, Any]) -> bool:
-    """Whether the row's re-identifications beat chance: P(at least that many top-1 hits | chance) < 1%
-    (binomial over the case's true images)."""
+    """Whether the row's re-identifications beat the null: P(at least that many top-1 hits | p0) < 1% (binomial over
+    the case's true images), p0 the larger of chance and the null's rate (the same reconstructions matched to and
+    ranked among images the update never saw, :func:`attacks.metrics.null_reid`), where it was measured."""
     if row.get("reid-top1") is None or not row.get("reid-images"):
         return False
     from scipy.stats import binom
 
     n = int(row["reid-images"])
     hits = int(np.floor(row["reid-top1"] * n + 1e-9))
-    return hits > 0 and float(binom.sf(hits - 1, n, row["reid-chance"])) < REID_SIGNIFICANCE
+    p0 = min(max(row["reid-chance"], row.get("reid-null") or 0.0), 1.0)
+    return hits > 0 and float(binom.sf(hits - 1, n, p0)) < REID_SIGNIFICANCE
 
 
 def leaks(row: dict[str, Any]) -> bool:
-    """Matched PSNR at least LEAK_DB above the baseline, or re-identification above chance."""
+    """Matched PSNR at least LEAK_DB above the baseline, or re-identification above its null."""
     if row["psnr"] is not None and row["baseline-psnr"] is not None and row["psnr"] - row["baseline-psnr"] >= LEAK_DB:
         return True
     return reidentified(row)
@@ -187,7 +190,8 @@ def markdown(rows: list[dict[str, Any]], skipped: list[str]) -> str:
         "the true image among a gallery of decoys, chance in brackets, then its mean rank, for the attack whose "
         "reconstructions are re-identified most (named when it is not the best-PSNR attack); budget: Adam steps per "
         "restart of the optimisation attacks, closed forms compete at every budget; verdict: 'leaks' when any "
-        f"attack gains ≥ {LEAK_DB:g} dB over the baseline or re-identifies above chance (binomial p < "
+        f"attack gains ≥ {LEAK_DB:g} dB over the baseline or re-identifies above the larger of chance and its null "
+        f"(the same protocol on images the update never saw; binomial p < "
         f"{REID_SIGNIFICANCE:g}), 'budget-limited' when it does not but the optimisation attack was still rising "
         f"(≥ {RISING_DB:g} dB or more re-identifications than at the previous budget) or hit its time cap; accuracy "
         "cost: plain minus defence, final accuracy of short training runs).",

@@ -96,9 +96,13 @@ def test_optimisation_reconstructs_every_image_of_a_batch_with_progress(tmp_path
 def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
     from attacks.labels import label_accuracy, recover_labels
 
+    from attacks.label_distribution import Auxiliary
+    from attacks.user_data import test_split_sample
+
     obs, _, labels = benchmark_update(tmp_path, setting=Setting(4, steps=2))
-    counts, reason = recover_labels(obs)
-    assert reason in ("", "p̄ as equal shares") and counts.sum() == 8  # which p̄ estimate fitted
+    aux = Auxiliary(*test_split_sample(obs.config, 32), "the test split")  # what the audit simulates with
+    counts, reason = recover_labels(obs, aux)
+    assert reason.startswith("local training simulated on the test split") and counts.sum() == 8
     assert label_accuracy(counts, labels) >= 0.75
 
 

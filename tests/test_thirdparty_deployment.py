@@ -75,11 +75,11 @@ class Federation:
             node = self.spawn(f"supernode-{i}", argv)
             wait_for_port(port, node, self.workdir / "logs" / f"supernode-{i}.log")
 
-    def run(self, final_model: Path, rounds: int) -> subprocess.CompletedProcess:
+    def run(self, final_model: Path, rounds: int, extra: str = "") -> subprocess.CompletedProcess:
         home = self.workdir / "homes" / "cli"
         ca = self.credentials / "ca.crt" if self.tls else None
         add_connection(home, "thirdparty", f"127.0.0.1:{self.link_port}", ca)
-        overrides = f"final-model='{final_model}' num-server-rounds={rounds}"
+        overrides = f"final-model='{final_model}' num-server-rounds={rounds} {extra}".strip()
         argv = [executable("flwr"), "run", str(APP), "thirdparty", "--stream", "-c", overrides]
         done = subprocess.run(argv, env=self.env("cli"), capture_output=True, text=True, timeout=420, cwd=APP)
         print(done.stdout[-3000:], done.stderr[-3000:])
@@ -117,9 +117,10 @@ def stop_tap(tap: subprocess.Popen) -> None:
 
 
 def deploy(
-    workdir: Path, through_tap: bool, tls: bool = False, rounds: int = 2
+    workdir: Path, through_tap: bool, tls: bool = False, rounds: int = 2, extra: str = ""
 ) -> tuple[subprocess.CompletedProcess, Path, Path]:
-    """One run of the app; returns flwr's result, the final model and the tap's folder."""
+    """One run of the app (``extra``: run-config overrides); returns flwr's result, the final model and the tap's
+    folder."""
     fed = Federation(workdir, tls)
     captures, final = workdir / "captures", workdir / "final.pt"
     tap = None
@@ -130,7 +131,7 @@ def deploy(
             tap = start_tap(fed, captures)
         fed.start_supernodes(fed.tap_port if through_tap else fed.link_port)
         started = time.monotonic()
-        done = fed.run(final, rounds)
+        done = fed.run(final, rounds, extra)
         print(f"flwr run took {time.monotonic() - started:.1f} s ({'tap' if through_tap else 'direct'}, tls {tls})")
     finally:
         fed.stop()

@@ -2,6 +2,7 @@
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import LocalDpMod
 
 from cnnapp.task import Net, load_data, partition_size, test, train
 
@@ -11,10 +12,18 @@ app = ClientApp()
 def local_data(context: Context):
     pid = int(context.node_config["partition-id"])
     size = partition_size(str(context.run_config["partition-sizes"]), pid)
-    return load_data(pid, size, int(context.run_config["seed"]))
+    return load_data(pid, size, int(context.run_config["seed"]), float(context.run_config["dirichlet-alpha"]))
 
 
-@app.train()
+def local_dp(msg: Message, context: Context, call_next) -> Message:
+    """Flower's LocalDpMod when the run config asks for it (``local-dp-epsilon`` > 0)."""
+    epsilon = float(context.run_config["local-dp-epsilon"])
+    if epsilon <= 0:
+        return call_next(msg, context)
+    return LocalDpMod(float(context.run_config["local-dp-clip"]), 1.0, epsilon, 1e-5)(msg, context, call_next)
+
+
+@app.train(mods=[local_dp])
 def train_fn(msg: Message, context: Context) -> Message:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())

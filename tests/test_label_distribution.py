@@ -1,0 +1,127 @@
+"""Label distribution (RLU-class), membership inference and the evidence/null logic of the audit's verdict."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attacks.evidence import image_evidence, label_evidence, membership_evidence, verdict
+from attacks.label_distribution import (
+    BENCHMARKED_ERROR,
+    Auxiliary,
+    estimate,
+    integer_counts,
+    prior_accuracy,
+    step_weights,
+)
+from attacks.labels import label_accuracy
+from attacks.membership import Candidates, infer, roc_figures
+from attacks.metrics import psnr, psnr_table, score
+from attacks.model_spec import ModelSpec
+from attacks.observation import ClientRecipe, Observation, Reconstruction
+from attacks.reidentification import Gallery
+
+APP = Path(__file__).parent / "thirdparty_app"
+sys.path.insert(0, str(APP))
+from cnnapp.task import Net, make_images, train  # noqa: E402
+
+SPEC = ModelSpec("cnnapp.task:Net", app_dir=str(APP))
+CSV = Path(__file__).parents[1] / "docs" / "results" / "data" / "label-distribution.csv"
+
+
+def test_step_weights_are_what_momentum_applies_of_each_gradient():
+    beta, steps = 0.9, 7
+    velocity, applied = 0.0, np.zeros(steps)
+    for t in range(steps):  # unit gradient at step t only: how much of it the remaining steps apply
+        velocity = 0.0
+        for s in range(t, steps):
+            velocity = beta * velocity + (1.0 if s == t else 0.0)
+            applied[t] += velocity
+    assert np.allclose(step_weights(steps, beta), applied) and (step_weights(5, 0.0) == 1).all()
+
+
+def test_integer_counts_sum_to_the_total_and_follow_the_shares():
+    counts = integer_counts(np.array([0.2, 3.9, 0.0, 5.4]), 100)
+    assert counts.sum() == 100 and counts.argmax() == 3 and counts[2] == 0
+
+
+def client_update(size: int, epochs: int, alpha: float, lr: float = 0.01):
+    torch.manual_seed(0)
+    model = Net()
+    received = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+    images, labels = make_images(size, 11, alpha)
+    train(model, images, labels, epochs, lr, 32, seed=1)  # the app's SGD, momentum 0.9 in its code
+    sent = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+    client = ClientRecipe(size, 32, epochs, lr, 0.0, 0.0, 0, False, True, momentum_known=False)
+    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+                      client=client, head_bias="fc3.bias")  # fmt: skip
+    return obs, images, labels
+
+
+def test_a_skewed_clients_counts_come_back_from_several_local_steps_and_beat_the_prior():
+    obs, _, labels = client_update(600, 1, alpha=0.5)
+    aux = Auxiliary(*make_images(1000, 99), "other images")
+    found = estimate(obs, aux)
+    accuracy, prior = label_accuracy(found.counts, labels), prior_accuracy(aux.prior(10), labels)
+    assert found.counts.sum() == 600 and found.momentum == 0.9  # the app's momentum, read from the update
+    assert accuracy > 0.9 and prior < 0.8, (accuracy, prior)
+    assert label_evidence(found.counts, "", accuracy, prior, None)["clears"]
+    # a control: the counts against another client's labels beat the prior of that client by no margin
+    other = make_images(600, 12, 0.5)[1]
+    assert not label_evidence(found.counts, "", label_accuracy(found.counts, other), prior_accuracy(
+        aux.prior(10), other), None)["clears"]  # fmt: skip
+
+
+def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case():
+    rows = list(csv.DictReader(CSV.open()))
+    assert rows, CSV
+    for family, table in BENCHMARKED_ERROR.items():
+        for epochs, bound in table.items():
+            worst = max(float(r["label error"]) for r in rows if r["model"] == family and
+                        int(r["local epochs"]) == epochs and int(r["images"]) >= 1000)  # fmt: skip
+            assert bound == pytest.approx(np.ceil(worst * 100) / 100), (family, epochs, worst)
+
+
+def test_membership_figures_and_their_null():
+    separable = roc_figures(np.arange(100.0) + 1000, np.arange(1000.0))
+    assert separable == {"auc": 1.0, "tpr@0.001": 1.0, "tpr@0.01": 1.0}
+    obs, images, labels = client_update(64, 1, alpha=0.0)
+    still = Observation(update=obs.received, received=obs.received, config=None, num_classes=10, spec=SPEC,
+                        skeleton=Net(), client=obs.client, head_bias="fc3.bias")  # fmt: skip
+    result, inside, outside = infer(still, Candidates((images, labels), make_images(500, 99), "other"))
+    assert (inside == 0).all() and result["auc"] == 0.5 and not membership_evidence(result, "")["clears"]
+
+
+def test_psnr_table_is_psnr():
+    rng = np.random.default_rng(0)
+    a, b = list(rng.random((3, 3, 8, 8))), list(rng.random((4, 3, 8, 8)))
+    table = psnr_table(a, b)
+    assert np.allclose(table, [[psnr(x, y) for y in b] for x in a]) and psnr_table([a[0]], [a[0]])[0, 0] == 200.0
+
+
+def test_noise_matched_to_many_images_is_not_re_identification():
+    """The protocol that found "re-id 29%" in noise: matching many noise reconstructions to as many true images
+    selects look-alikes. The null (the same protocol on images the update never saw) finds as many."""
+    images, _ = make_images(140, 3)
+    truths, decoys = images[:20].astype(np.float64), images[20:].astype(np.float64)
+    noise = list(np.random.default_rng(1).random((20, 3, 32, 32)))
+    scored = score(Reconstruction(noise[0], "noise", images=tuple(noise)), truths, Gallery(decoys, "decoys"))
+    evidence = image_evidence(scored, 20, "")
+    assert scored["reid-null"] is not None and evidence["status"] == "measured" and not evidence["clears"], evidence
+    exact = score(Reconstruction(truths[0], "", images=tuple(truths)), truths, Gallery(decoys, "decoys"))
+    assert image_evidence(exact, 20, "")["clears"]
+
+
+def test_the_verdict_says_leaks_only_beyond_a_null():
+    measured = {"status": "measured", "error": 0.3, "null-error": 0.32, "margin": 0.05, "clears": False}
+    none = {"status": "not measured", "why": "no candidates"}
+    unverified = {"status": "estimated (unverified)", "why": "", "benchmarked-error": "4% in the benchmark"}
+    update = lambda labels: {"leakage": {"labels": labels, "membership": none, "images": none}}  # noqa: E731
+    assert verdict([update(measured)], "").startswith("no evidence at this budget: labels beyond the null in 0 of 1")
+    assert verdict([update(unverified)], "").startswith("unverified: labels estimated for 1 update(s), unverified")
+    assert verdict([update(measured | {"error": 0.1, "clears": True})], "").startswith("LEAKS: labels")
