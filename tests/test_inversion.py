@@ -94,9 +94,8 @@ def test_optimisation_reconstructs_every_image_of_a_batch_with_progress(tmp_path
 
 
 def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
-    from attacks.labels import label_accuracy, recover_labels
-
     from attacks.label_distribution import Auxiliary
+    from attacks.labels import label_accuracy, recover_labels
     from attacks.user_data import test_split_sample
 
     obs, _, labels = benchmark_update(tmp_path, setting=Setting(4, steps=2))
