@@ -3,9 +3,10 @@ attacks/label_distribution.py) against the prior's, and membership AUC / TPR at 
 (attacks/membership.py) against the shuffled-label null, over local epochs (1, 3, 5), client dataset size,
 IID and Dirichlet(0.5) classes, for the third-party app's CNN and fedvit's tiny ViT.
 
-One client's update per row: its images from the test app's offline generator, SGD with momentum 0.9 (on no
-record: the attack estimates it), lr 0.01, batch 32, from the model's initialisation; auxiliary data and
-non-members: 2,000 images of the same generator that the client never held.
+One client's update per row: its images from the test app's offline generator (three Dirichlet draws of class
+shares, one IID), SGD with momentum 0.9 (on no record: the attack estimates it), lr 0.01, batch 32, from the
+model's initialisation; auxiliary data and non-members: 2,000 images of the same generator that the client never
+held.
 
     uv run python -m benchmarks.label_distribution            # writes docs/results/data/label-distribution.csv
 """
@@ -34,6 +35,7 @@ from core.model import classify  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "data" / "label-distribution.csv"
 EPOCHS, SIZES, PARTITIONS = (1, 3, 5), (500, 1000, 2000), {"IID": 0.0, "Dirichlet(0.5)": 0.5}
+DRAWS = {"IID": (0,), "Dirichlet(0.5)": (0, 1, 2)}  # client seeds: each Dirichlet draw is another class mix
 LR, MOMENTUM, BATCH = 0.01, 0.9, 32
 
 
@@ -78,7 +80,7 @@ def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed
     started = time.perf_counter()
     member, _, _ = infer(obs, Candidates((images, labels), (others, other_labels), "other images"), seed)
     return {
-        "model": name, "partition": partition, "images": size, "local epochs": epochs,
+        "model": name, "partition": partition, "client seed": seed, "images": size, "local epochs": epochs,
         "label error": round(1 - label_accuracy(found.counts, labels), 4),
         "prior error": round(1 - prior_accuracy(aux.prior(10), labels), 4),
         "momentum estimated": found.momentum, "label s": round(label_seconds, 1),
@@ -96,8 +98,9 @@ def main() -> None:
         for partition in PARTITIONS:
             for size in SIZES:
                 for epochs in EPOCHS:
-                    rows.append(row(name, spec, epochs, size, partition))
-                    print(rows[-1], flush=True)
+                    for seed in DRAWS[partition]:
+                        rows.append(row(name, spec, epochs, size, partition, seed))
+                        print(rows[-1], flush=True)
     with open(OUT, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -10,9 +10,9 @@ def partition(partition_id: int):
     return load_data(partition_id, partition_size(SIZES, partition_id), SEED)
 
 
-LARGE_SIZES, ALPHA = "1000,1000", 0.5  # the realistic run: 1,000 images per client, Dirichlet(0.5) classes
+LARGE_SIZES, ALPHA = "1000,1200", 0.5  # the realistic run: 1,000 and 1,200 images per client, Dirichlet(0.5) classes
 
 
 def large(partition_id: int):
-    """cnnapp's partition as the realistic run makes it (``partition-sizes="1000,1000" dirichlet-alpha=0.5``)."""
+    """cnnapp's partition as the realistic run makes it (``partition-sizes="1000,1200" dirichlet-alpha=0.5``)."""
     return load_data(partition_id, partition_size(LARGE_SIZES, partition_id), SEED, ALPHA)
