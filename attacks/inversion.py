@@ -69,6 +69,7 @@ def simulate(
     rec: ClientRecipe,
     adversary: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
     correction: dict[str, torch.Tensor] | None = None,
+    per_epoch: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The client's update for candidate pixels ``x`` [restarts, examples, C, H, W], differentiable in x; every
     entry of the result has a leading restart dimension.
@@ -79,6 +80,8 @@ def simulate(
     ``label_logits`` [restarts, examples, K] are near-one-hot (recovered labels) or learned soft labels;
     ``correction`` (SCAFFOLD's c − c_i) is added to every local gradient. Each restart runs on its own (expanded)
     copy of the weights, so one ``autograd.grad`` of the summed losses yields every restart's own gradient.
+    ``per_epoch``: x and ``label_logits`` hold one candidate set per epoch ([restarts, epochs · examples, ...]),
+    epoch e training on its own set (the FedAvg-aware attack: each epoch's order is free).
     """
     names = list(params)
     restarts = x.shape[0]
@@ -92,9 +95,11 @@ def simulate(
     else:
         forward = torch.func.vmap(lambda w, xb: functional_call(model, w, (normalize(model, xb),)), randomness="same")
     velocity: dict[str, torch.Tensor] = {}
-    for _ in range(rec.epochs):
-        for first in range(0, rec.examples, rec.batch):
-            xb, yb = x[:, first : first + rec.batch], label_logits[:, first : first + rec.batch]
+    for epoch in range(rec.epochs):
+        offset = epoch * rec.examples if per_epoch else 0
+        for first in range(offset, offset + rec.examples, rec.batch):
+            end = min(first + rec.batch, offset + rec.examples)
+            xb, yb = x[:, first:end], label_logits[:, first:end]
             if adversary is not None:
                 xb = adversary(xb, yb)
             logits = forward(weights, xb)
@@ -275,6 +280,18 @@ def group_consensus(candidates: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+EPOCH_TIE = 1.0  # weight of the pull of each epoch's candidate set towards the epochs' registered mean
+EPOCH_EVERY = 10  # Adam steps between registrations of the epochs' sets
+
+
+def epoch_consensus(x: torch.Tensor, epochs: int) -> torch.Tensor:
+    """The order-invariant prior of the FedAvg-aware attack (Dimitrov et al., "Data Leakage in Federated
+    Averaging", TMLR 2022, arXiv 2206.12395): ``x`` [epochs · N, C, H, W] holds one candidate set per local epoch;
+    each set is registered to epoch 0's order (one-to-one assignment on pixel distance, :func:`group_consensus`)
+    and the mean of the registered sets is returned in every epoch's own order, [epochs · N, C, H, W]."""
+    return torch.cat(group_consensus(list(x.view(epochs, -1, *x.shape[1:]))))
+
+
 @dataclasses.dataclass(frozen=True)
 class MatchProblem:
     """What the optimisation matches, model-agnostic: the attack's model copy and its parameters (the weights the
@@ -293,6 +310,7 @@ class MatchProblem:
     adversary: Callable | None = None
     correction: dict[str, torch.Tensor] | None = None
     patch: int = 0  # the patch size for the patch-border prior (0: none)
+    per_epoch: bool = False  # one candidate set per local epoch, tied by EPOCH_TIE (the FedAvg-aware attack)
 
 
 def optimise(
@@ -318,8 +336,10 @@ def optimise(
     for step in range(budget.iterations + 1):
         if grouped and step >= budget.iterations // 2 and step % GROUP_EVERY == 0:
             consensus = torch.stack(group_consensus(list(x.detach())))
+        if problem.per_epoch and step % EPOCH_EVERY == 0:
+            epoch_mean = torch.stack([epoch_consensus(c, rec.epochs) for c in x.detach()])
         optimizer.zero_grad(set_to_none=True)
-        sim = simulate(model, params, x, label_logits, rec, problem.adversary, problem.correction)
+        sim = simulate(model, params, x, label_logits, rec, problem.adversary, problem.correction, problem.per_epoch)
         match = match_loss(sim, target, kept, budget.pos_weight)
         prior = prior_weight(budget.prior_schedule, step, budget.iterations)
         loss = match + prior * budget.tv * total_variation(x)
@@ -327,6 +347,8 @@ def optimise(
             loss = loss + prior * budget.patch_tv * patch_border_variation(x, problem.patch)
         if consensus is not None:
             loss = loss + budget.group_weight * _per_restart((x - consensus) ** 2)
+        if problem.per_epoch:
+            loss = loss + EPOCH_TIE * _per_restart((x - epoch_mean) ** 2)
         ranked = (match if budget.keep == "match" else loss).detach()
         winner = int(ranked.argmin())
         if best is None or float(ranked[winner]) < best[0]:  # the candidates just evaluated (before their step)
@@ -345,6 +367,9 @@ def optimise(
             progress(done, total)
     assert best is not None
     _, images, note, match_value = best
+    if problem.per_epoch:  # the epochs' sets registered to epoch 0's order and averaged: one image each
+        images = epoch_consensus(images, rec.epochs)[: rec.examples]
+        note += f"; {rec.epochs} per-epoch image sets tied (weight {EPOCH_TIE:g}) and averaged"
     if grouped:
         note += f"; group consistency {budget.group_weight:g} over {budget.restarts} restarts"
     return images, note, match_value, done
@@ -365,12 +390,13 @@ def invert(
     budget: AuditConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
     device: str | None = None,
+    per_epoch: bool = False,
 ) -> Reconstruction:
     """Reconstruct the client's images from one observed update (see the module docstring).
 
     ``budget``: default, a fedvit run's own ``audit.*``; ``device``: default, its ``device`` ("auto": CUDA where
     there is one). Returns all candidates as ``Reconstruction.images``; ``progress(done, total)`` is called per
-    Adam step.
+    Adam step. ``per_epoch``: the FedAvg-aware attack (:func:`fedavg_aware_invert`).
     """
     if (why := simulated(obs)) is not None:
         return Reconstruction(None, why)
@@ -386,11 +412,16 @@ def invert(
         correction = {n: torch.as_tensor(c, dtype=torch.float32, device=device) for n, c in obs.correction.items()}
     labels, learn_labels, label_note = labels_for(obs, rec, obs.num_classes)  # once: restarts share them
     known = None if learn_labels else labels.argmax(1)
-    if obs.start_seed is None:  # fedvit's updates: a closed-form or seeded start per restart
+    sets = rec.epochs if per_epoch else 1
+    if per_epoch:  # each epoch's batches hold an unknown shuffle of the labels: a seeded guess per epoch
+        generator = torch.Generator().manual_seed(attacker_seed(obs))
+        labels = torch.cat([labels] + [labels[torch.randperm(len(labels), generator=generator)]
+                                       for _ in range(sets - 1)])  # fmt: skip
+    if obs.start_seed is None and not per_epoch:  # fedvit's updates: a closed-form or seeded start per restart
         starts = [initial_images(obs, model, rec, restart, budget, known) for restart in range(budget.restarts)]
-    else:  # another app's: every restart's noise from one generator
-        generator = torch.Generator().manual_seed(obs.start_seed)
-        shape = (budget.restarts, rec.examples, *image_geometry(obs)[:3])
+    else:  # another app's, or one set per epoch: every restart's noise from one generator
+        generator = torch.Generator().manual_seed(obs.start_seed or attacker_seed(obs))
+        shape = (budget.restarts, sets * rec.examples, *image_geometry(obs)[:3])
         starts = [(start, "random start") for start in noise_start(budget.init, shape, model, generator)]
     problem = MatchProblem(
         model=model,
@@ -405,6 +436,7 @@ def invert(
         adversary=madry_simulator(obs, model, rec.adversarial),
         correction=correction,
         patch=image_geometry(obs)[3],
+        per_epoch=per_epoch,
     )
     images, note, match_value, done = optimise(problem, budget, device, progress)
     note += "; " + steps_note(budget, rec, match_value, done)
@@ -414,6 +446,20 @@ def invert(
         note += "; no position-embedding gradient"
     batch = images.cpu().numpy().astype(np.float64)
     return Reconstruction(batch[0], note, images=tuple(batch), steps=done)
+
+
+def fedavg_aware_invert(
+    obs: Observation,
+    budget: AuditConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    device: str | None = None,
+) -> Reconstruction:
+    """The FedAvg-aware attack (Dimitrov et al., "Data Leakage in Federated Averaging", TMLR 2022, arXiv
+    2206.12395): the client's epochs simulated each on its own candidate set (the client reshuffles every epoch,
+    so one set in one fixed order cannot fit every epoch), the sets tied by an order-invariant prior
+    (:func:`epoch_consensus`) and averaged at the end; the labels of each epoch's batches are a seeded shuffle of
+    the recovered counts."""
+    return invert(obs, budget, progress, device, per_epoch=True)
 
 
 def collusion_inversion(

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 from attacks import april
 from attacks.cocktail import cocktail_party
-from attacks.inversion import collusion_inversion, invert
+from attacks.inversion import collusion_inversion, fedavg_aware_invert, invert
 from attacks.observation import Observation, Reconstruction, as_gradient, has_vit_embeddings, recipe, simulated
 from core.params import QKV0_WEIGHT
 
 LABELS = "labels (head-bias gradient)"
 OPTIMISATION = "gradient matching (optimisation, defence-aware)"
+FEDAVG_AWARE = "FedAvg-aware gradient matching (per-epoch image sets)"
 COLLUSION_OPTIMISATION = "collusion key, then gradient matching"
 BATCH_ICA = "patch-embedding ICA (batch)"
 
@@ -74,6 +75,16 @@ def optimisable(obs: Observation) -> str | None:
     return None
 
 
+def several_epochs(obs: Observation) -> str | None:
+    """Why the FedAvg-aware attack does not apply: what the optimisation attack refuses, or fewer than two epochs."""
+    if (why := optimisable(obs)) is not None:
+        return why
+    client = recipe(obs)
+    if client.sends_gradient or client.epochs < 2:
+        return "needs several local epochs over the same images (its image sets are per epoch)"
+    return None
+
+
 def labels_apply(obs: Observation) -> str | None:
     """Why label recovery cannot run (None when it can; it may still find the bias hidden)."""
     return simulated(obs)
@@ -100,6 +111,7 @@ IMAGE_ATTACKS: tuple[Attack, ...] = (
     Attack(COLLUSION_OPTIMISATION, lambda obs: _defence(obs, "colluders") or optimisable(obs), collusion_inversion,
            optimising=True),  # fmt: skip
     Attack(OPTIMISATION, optimisable, invert, optimising=True),
+    Attack(FEDAVG_AWARE, several_epochs, fedavg_aware_invert, optimising=True),
 )
 
 

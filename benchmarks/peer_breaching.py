@@ -66,9 +66,12 @@ def breaching_reconstruct(
     batch: int,
     steps: int,
     seed: int,
+    local: dict | None = None,
 ) -> Reconstruction:
     """breaching's Inverting Gradients on one FedSGD ``gradient`` (by parameter name) of ``model``, whose
-    parameters must require grad; images in [0, 1]."""
+    parameters must require grad; images in [0, 1]. ``local``: breaching's multi-step user instead (its
+    ``local_hyperparams``: ``lr``, ``steps``, ``data_per_step`` and the true ``labels`` of every step, plus
+    ``all_labels``; ``gradient`` is then w_sent − w_received)."""
     import breaching
 
     logging.getLogger("breaching").setLevel(logging.WARNING)
@@ -82,7 +85,8 @@ def breaching_reconstruct(
         {
             "gradients": [torch.as_tensor(gradient[n], dtype=torch.float32) for n in names],
             "buffers": None,
-            "metadata": {"num_data_points": batch, "labels": None, "local_hyperparams": None},
+            "metadata": {"num_data_points": batch, "labels": None if local is None else local.pop("all_labels"),
+                         "local_hyperparams": local},  # fmt: skip
         }
     ]
     attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg)

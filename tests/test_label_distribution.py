@@ -125,3 +125,52 @@ def test_the_verdict_says_leaks_only_beyond_a_null():
     assert verdict([update(measured)], "").startswith("no evidence at this budget: labels beyond the null in 0 of 1")
     assert verdict([update(unverified)], "").startswith("unverified: labels estimated for 1 update(s), unverified")
     assert verdict([update(measured | {"error": 0.1, "clears": True})], "").startswith("LEAKS: labels")
+
+
+def test_per_epoch_image_sets_fit_a_client_that_reshuffles_and_one_fixed_set_does_not():
+    """Why the FedAvg-aware attack keeps one candidate set per epoch: a client that reshuffles every epoch is
+    reproduced exactly from its per-epoch orders, not from one set in one order."""
+    from attacks.inversion import epoch_consensus, match_loss, observed_target, simulate
+    from attacks.observation import attack_model
+
+    images, labels = make_images(4, 5)
+    torch.manual_seed(0)
+    model = Net()
+    received = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+    x, y = torch.as_tensor(images), torch.as_tensor(labels)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+    orders = [torch.tensor([2, 0, 3, 1]), torch.tensor([1, 3, 0, 2])]
+    for order in orders:  # two epochs of two batches of two, reshuffled
+        for chunk in order.view(2, 2):
+            optimiser.zero_grad()
+            torch.nn.functional.cross_entropy(model((x[chunk] - 0.5) / 0.5), y[chunk]).backward()
+            optimiser.step()
+    sent = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
+    client = ClientRecipe(4, 2, 2, 0.1, 0.0, 0.0, 0, False)
+    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+                      client=client, head_bias="fc3.bias")  # fmt: skip
+    net = attack_model(obs)
+    params = {n: p.detach().requires_grad_(True) for n, p in net.named_parameters()}
+    onehot = lambda idx: torch.nn.functional.one_hot(y[idx], 10).float() * 60 - 30  # noqa: E731
+    per_epoch = torch.cat([x[o] for o in orders])[None]
+    sim = simulate(net, params, per_epoch, torch.cat([onehot(o) for o in orders])[None], client, None, per_epoch=True)
+    assert float(match_loss(sim, observed_target(obs), None, 0.0)) < 1e-5
+    fixed = simulate(net, params, x[orders[0]][None], onehot(orders[0])[None], client, None)
+    assert float(match_loss(fixed, observed_target(obs), None, 0.0)) > 1e-3
+    tied = epoch_consensus(per_epoch[0], 2)  # the second epoch's set registered to the first: the same images
+    assert torch.allclose(tied, per_epoch[0])
+
+
+def test_the_fedavg_aware_attack_applies_to_several_epochs_of_a_small_dataset():
+    from attacks.registry import FEDAVG_AWARE, applicable
+
+    state = {n: t.numpy() for n, t in Net().state_dict().items()}
+
+    def update_of(examples: int, epochs: int, gradient: bool = False) -> Observation:
+        client = ClientRecipe(examples, 4, epochs, 0.1, 0.0, 0.0, 0, gradient)
+        return Observation(update=state, received=state, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+                           client=client, head_bias="fc3.bias")  # fmt: skip
+
+    assert FEDAVG_AWARE in [a.name for a in applicable(update_of(16, 3))[0]]
+    assert "several local epochs" in applicable(update_of(16, 1))[1][FEDAVG_AWARE]
+    assert applicable(update_of(1000, 3))[1][FEDAVG_AWARE].startswith("not attempted")
