@@ -50,7 +50,10 @@ def capture(root: Path) -> None:
 
 
 def main() -> None:
+    from flwr.supercore.task_identity import TaskIdentity
+
     torch.set_num_threads(2)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # Messages outside a Flower run
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         capture(root / "cap")

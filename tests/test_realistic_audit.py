@@ -60,10 +60,13 @@ def test_realistic_rounds_leak_their_label_distribution_and_the_controls_show_no
             member = u["leakage"]["membership"]
             assert member["status"] == "measured" and member["members"] == u["examples"]
             assert {"auc", "tpr@0.001", "tpr@0.01"} <= set(member) and member["null"]["auc"] > 0.5
+            assert member["auc"] > member["null"]["auc"], member  # a skewed client's loss drops stand out
             assert u["leakage"]["images"]["status"] == "not measured"  # > 64 images: inversion not attempted
             assert u["attacks"]["gradient matching (optimisation, defence-aware)"].startswith("not applicable: not "
                                                                                                 "attempted")
         assert report["verdict"].startswith("LEAKS: labels beyond the null in 2 of 2 update(s)")
+        assert "membership beyond the null in" in report["verdict"]
+        assert any(u["leakage"]["membership"]["clears"] for u in report["updates"])
         assert (tmp_path / f"audit-e{epochs}" / "membership-roc.png").exists()
         if epochs == 1:
             swapped = audit(tmp_path / "e1" / "captures", tmp_path / "audit-swapped", swap=True)
