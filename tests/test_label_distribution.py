@@ -69,6 +69,7 @@ def test_a_skewed_clients_counts_come_back_from_several_local_steps_and_beat_the
     found = estimate(obs, aux)
     accuracy, prior = label_accuracy(found.counts, labels), prior_accuracy(aux.prior(10), labels)
     assert found.counts.sum() == 600 and found.momentum == 0.9  # the app's momentum, read from the update
+    assert "under momentum 0 " in found.note and "under weight decay 0.0005" in found.note  # the assumptions' effect
     assert accuracy > 0.9 and prior < 0.8, (accuracy, prior)
     assert label_evidence(found.counts, "", accuracy, prior, None)["clears"]
     # a control: the counts against another client's labels beat the prior of that client by no margin
