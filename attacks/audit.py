@@ -264,6 +264,37 @@ def run_attack(attack: Attack, obs: Observation, budget: AuditConfig, device: st
         return attack.run(obs, budget, progress, device)
 
 
+def label_distribution(
+    obs: Observation, aux: Auxiliary | None, labels: np.ndarray | None, head: dict[str, Any]
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The label counts of one update: its report row, its status and its evidence against the prior (``labels``:
+    the client's true labels where exactly known, else None; ``aux``: the simulation's images and the prior)."""
+    started = time.perf_counter()
+    client = recipe(obs)
+    try:
+        counts, note = (None, why) if (why := labels_apply(obs)) else recover_labels(obs, aux)
+    except ValueError as err:  # a diverged update or simulation: said, not raised
+        counts, note = None, f"not estimated: {err}"
+    accuracy = None if counts is None or labels is None else label_accuracy(counts, labels)
+    prior = aux.prior(obs.num_classes) if aux is not None else np.full(obs.num_classes, 1 / obs.num_classes)
+    null = None if accuracy is None else prior_accuracy(prior, labels)
+    multi_step = not client.sends_gradient and client.steps > 1
+    evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if multi_step else None)
+    found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
+    row = head | {
+        "attack": LABELS,
+        "budget": None,
+        "psnr": None,
+        "ssim": None,
+        "seconds": time.perf_counter() - started,
+        "note": note if counts is None else f"class×count: {found}" + (f" ({note})" * bool(note)),
+        "label-accuracy": accuracy,
+        "labels": None if counts is None else {int(c): int(n) for c, n in enumerate(counts) if n},
+    }
+    status = f"not applicable: {note}" if counts is None else "applied" + (f" ({note})" if note else "")
+    return row, status, evidence
+
+
 def attack_exchange(
     obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str,
     aux: Auxiliary | None = None, candidates: Candidates | None = None,
@@ -274,33 +305,10 @@ def attack_exchange(
     images, labels, gallery, exact = truth
     head = {**obs.meta, "defence": defence_of(obs.config)}
     client = recipe(obs)
-    statuses: dict[str, str] = {}
     started = time.perf_counter()
-    try:
-        counts, label_note = (None, why) if (why := labels_apply(obs)) else recover_labels(obs, aux)
-    except ValueError as err:  # a diverged update or simulation: said, not raised
-        counts, label_note = None, f"not estimated: {err}"
-    accuracy = None if counts is None or labels is None or not exact else label_accuracy(counts, labels)
-    prior = aux.prior(obs.num_classes) if aux is not None else np.full(obs.num_classes, 1 / obs.num_classes)
-    null = None if accuracy is None else prior_accuracy(prior, labels)
-    multi_step = not client.sends_gradient and client.steps > 1
-    label_leak = label_evidence(counts, label_note, accuracy, null, benchmarked_error(obs) if multi_step else None)
-    found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
-    rows = [
-        head | {
-            "attack": LABELS,
-            "budget": None,
-            "psnr": None,
-            "ssim": None,
-            "seconds": time.perf_counter() - started,
-            "note": label_note if counts is None else f"class×count: {found}" + (f" ({label_note})" * bool(label_note)),
-            "label-accuracy": accuracy,
-            "labels": None if counts is None else {int(c): int(n) for c, n in enumerate(counts) if n},
-        }
-    ]  # fmt: skip
-    statuses[LABELS] = f"not applicable: {label_note}" if counts is None else "applied" + (
-        f" ({label_note})" if label_note else ""
-    )
+    label_row, label_status, label_leak = label_distribution(obs, aux, labels if exact else None, head)
+    rows, statuses = [label_row], {LABELS: label_status}
+    accuracy = label_row["label-accuracy"]
     member_scores = None
     if candidates is None:
         member_leak = membership_evidence(None, "needs the client's images and others: --data or ground truth")
