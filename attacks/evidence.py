@@ -2,8 +2,9 @@
 the same figure on a null that holds no information, the margin a finding must clear, and from these the verdict.
 
 Nulls: label counts against the prior (N × the population's class shares: a guess without the update); membership
-figures against the member/non-member labels shuffled (:mod:`attacks.membership`); re-identification against the
-same reconstructions matched to and ranked among images the update never saw (:func:`attacks.metrics.null_reid`).
+figures against the member/non-member labels shuffled within each class (:mod:`attacks.membership`);
+re-identification against the same reconstructions matched to and ranked among images the update never saw
+(:func:`attacks.metrics.null_reid`).
 "LEAKS" needs a figure beyond its null by the margin; a figure nothing could check is "unverified".
 Threat models as Carletti et al. name them ("SoK: Gradient Inversion Attacks in Federated Learning", USENIX
 Security 2025).
@@ -65,7 +66,7 @@ def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> dict
 
 
 def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, Any]:
-    """Membership figures against the shuffled-label null (:func:`attacks.membership.infer`)."""
+    """Membership figures against the within-class shuffled-label null (:func:`attacks.membership.infer`)."""
     if result is None:
         return {"status": NOT_MEASURED, "why": why}
     return {"status": MEASURED, **result, "clears": result["clears-null"]}

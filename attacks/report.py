@@ -79,7 +79,7 @@ def evidence_text(e: dict[str, Any]) -> str:
         return (f"error {e['error']:.1%} vs prior {e['null-error']:.1%} (margin {e['margin']:.0%}): {verdict}")
     if "auc" in e:
         null = e["null"]
-        return (f"AUC {e['auc']:.3f} (null 99th pct {null['auc']:.3f}), TPR@0.1% FPR {e['tpr@0.001']:.1%} "
+        return (f"AUC {e['auc']:.3f} (null {null['auc']:.3f}), TPR@0.1% FPR {e['tpr@0.001']:.1%} "
                 f"(null {null['tpr@0.001']:.1%}), TPR@1% FPR {e['tpr@0.01']:.1%} (null {null['tpr@0.01']:.1%}); "
                 f"{e['members']} members, {e['non-members']} non-members ({e['non-member-source']}): {verdict}")
     return f"re-identified {e['top1']:.0%} top-1 vs null {e['null-top1']:.0%} (margin {e['margin']:.0%}): {verdict}"

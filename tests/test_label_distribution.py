@@ -175,3 +175,28 @@ def test_the_fedavg_aware_attack_applies_to_several_epochs_of_a_small_dataset():
     assert FEDAVG_AWARE in [a.name for a in applicable(update_of(16, 3))[0]]
     assert "several local epochs" in applicable(update_of(16, 1))[1][FEDAVG_AWARE]
     assert applicable(update_of(1000, 3))[1][FEDAVG_AWARE].startswith("not attempted")
+
+
+def test_memorised_members_clear_the_within_class_null_and_a_noised_update_does_not():
+    """Membership that the class composition cannot explain: a CNN that memorises 64 random-label images (members
+    and non-members drawn alike) clears the null; the same update drowned in noise does not."""
+    rng = np.random.default_rng(0)
+    images = rng.random((320, 3, 32, 32)).astype(np.float32)
+    labels = rng.integers(0, 10, 320)
+    members, outsiders = (images[:64], labels[:64]), (images[64:], labels[64:])
+    torch.manual_seed(0)
+    model = Net()
+    received = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+    train(model, *members, epochs=40, lr=0.02, batch_size=16, seed=1)
+    sent = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+    client = ClientRecipe(64, 16, 40, 0.02, 0.0, 0.0, 0, False)
+
+    def observed(update):
+        return Observation(update=update, received=received, config=None, num_classes=10, spec=SPEC,
+                           skeleton=Net(), client=client, head_bias="fc3.bias")  # fmt: skip
+
+    result, _, _ = infer(observed(sent), Candidates(members, outsiders, "other noise images"))
+    assert result["auc"] > 0.9 and result["clears-null"], result
+    noised = {n: w + rng.normal(0, 50, w.shape).astype(np.float32) for n, w in sent.items()}
+    result, _, _ = infer(observed(noised), Candidates(members, outsiders, "other noise images"))
+    assert not result["clears-null"], result

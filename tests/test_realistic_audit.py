@@ -1,7 +1,9 @@
 """The audit on the rounds people train: the third-party app (Flower's CNN and FedAvg, SGD momentum 0.9 in its code
 and on no record) deployed through ``fedvit tap`` with 1,000 and 1,200 images per client, Dirichlet(0.5) classes,
 batch 32, 1 and 3 local epochs. The replies must read as weights, the label counts come within the method's
-benchmarked error and beyond the prior, membership is reported against its null, and two controls that hold no
+benchmarked error and beyond the prior, membership is reported against its within-class null (which this round's
+class-skewed loss drops do not beat: tests/test_label_distribution.py has a model that memorises and does), and two
+controls that hold no
 information about the mapped client's data end in "no evidence": Flower's LocalDpMod at large noise, and each
 node mapped to the other client's data.
 """
@@ -59,14 +61,15 @@ def test_realistic_rounds_leak_their_label_distribution_and_the_controls_show_no
             assert "momentum 0.9 estimated from the update" in u["attacks"]["labels (head-bias gradient)"]
             member = u["leakage"]["membership"]
             assert member["status"] == "measured" and member["members"] == u["examples"]
-            assert {"auc", "tpr@0.001", "tpr@0.01"} <= set(member) and member["null"]["auc"] > 0.5
-            assert member["auc"] > member["null"]["auc"], member  # a skewed client's loss drops stand out
+            assert {"auc", "tpr@0.001", "tpr@0.01"} <= set(member) and member["auc"] > 0.6
+            # the loss drops single out the client's frequent classes (AUC > 0.6), which its label distribution
+            # explains: the within-class null holds them, and one round of this CNN memorises nothing beyond
+            assert member["null"]["auc"] > 0.6 and not member["clears"], member
             assert u["leakage"]["images"]["status"] == "not measured"  # > 64 images: inversion not attempted
             assert u["attacks"]["gradient matching (optimisation, defence-aware)"].startswith("not applicable: not "
                                                                                                 "attempted")
         assert report["verdict"].startswith("LEAKS: labels beyond the null in 2 of 2 update(s)")
-        assert "membership beyond the null in" in report["verdict"]
-        assert any(u["leakage"]["membership"]["clears"] for u in report["updates"])
+        assert "membership beyond the null in 0 of 2" in report["verdict"]
         assert (tmp_path / f"audit-e{epochs}" / "membership-roc.png").exists()
         if epochs == 1:
             swapped = audit(tmp_path / "e1" / "captures", tmp_path / "audit-swapped", swap=True)
