@@ -84,9 +84,9 @@ def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed
         "label error": round(1 - label_accuracy(found.counts, labels), 4),
         "prior error": round(1 - prior_accuracy(aux.prior(10), labels), 4),
         "momentum estimated": found.momentum, "label s": round(label_seconds, 1),
-        "membership AUC": round(member["auc"], 3), "null AUC (99th pct)": round(member["null"]["auc"], 3),
+        "membership AUC": round(member["auc"], 3), "null AUC (99.9th pct)": round(member["null"]["auc"], 3),
         "TPR@0.1% FPR": member["tpr@0.001"], "TPR@1% FPR": member["tpr@0.01"],
-        "null TPR@1% (99th pct)": round(member["null"]["tpr@0.01"], 4),
+        "null TPR@1% (99.9th pct)": round(member["null"]["tpr@0.01"], 4),
         "membership s": round(time.perf_counter() - started, 1),
     }  # fmt: skip
 
