@@ -278,8 +278,7 @@ def label_distribution(
     accuracy = None if counts is None or labels is None else label_accuracy(counts, labels)
     prior = aux.prior(obs.num_classes) if aux is not None else np.full(obs.num_classes, 1 / obs.num_classes)
     null = None if accuracy is None else prior_accuracy(prior, labels)
-    multi_step = not client.sends_gradient and client.steps > 1
-    evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if multi_step else None)
+    evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if client.several_steps else None)
     found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
     row = head | {
         "attack": LABELS,
@@ -383,7 +382,7 @@ def audit_exchanges(
         budget, text = reader.budget(obs)
         budgets[budget_text(text, options.budgets)] = None
         truth = truths.of(ex, obs)
-        aux = truths.auxiliary(ex, obs) if not recipe(obs).sends_gradient and recipe(obs).steps > 1 else None
+        aux = truths.auxiliary(ex, obs) if recipe(obs).several_steps else None
         candidates = truths.candidates(ex, obs, truth[0], truth[1])
         update_rows, update, recs = attack_exchange(
             obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates

@@ -123,7 +123,7 @@ def recover_labels(obs: Observation, aux: Auxiliary | None = None) -> tuple[np.n
         return None, why
     client = recipe(obs)
     dp = obs.config is not None and obs.config.dp.enabled
-    if not client.sends_gradient and client.steps > 1:
+    if client.several_steps:
         if not client.lr_known:
             return None, "not estimated: no record carries the learning rate (give --recipe lr=...)"
         if dp:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from attacks.observation import Observation, received_model, recipe
+from attacks.reidentification import evenly_spaced
 from core.model import classify, set_weights
 
 FPRS = (0.001, 0.01)
@@ -44,7 +45,7 @@ class Candidates:
 def _evenly(images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(images) <= MAX_CANDIDATES:
         return images, labels
-    keep = np.linspace(0, len(images) - 1, MAX_CANDIDATES).round().astype(np.int64)
+    keep = evenly_spaced(len(images), MAX_CANDIDATES)
     return images[keep], labels[keep]
 
 

@@ -45,6 +45,11 @@ class ClientRecipe:
         """Local optimiser steps: ⌈examples / batch⌉ per epoch."""
         return self.epochs * math.ceil(self.examples / self.batch)
 
+    @property
+    def several_steps(self) -> bool:
+        """Weights after more than one local step: the softmax moved while the client trained."""
+        return not self.sends_gradient and self.steps > 1
+
 
 @dataclass(frozen=True, eq=False)
 class Observation:

@@ -15,7 +15,7 @@ from attacks.label_distribution import Auxiliary
 from attacks.membership import Candidates
 from attacks.model_spec import import_callable
 from attacks.observation import Observation, input_shape, recipe
-from attacks.reidentification import DEFAULT_DECOYS, Gallery, gallery_from_test_split
+from attacks.reidentification import DEFAULT_DECOYS, Gallery, evenly_spaced, gallery_from_test_split
 from core.config import is_dataset_name
 
 
@@ -108,7 +108,7 @@ def test_split_sample(config: Any, size: int, count: int = OTHERS) -> tuple[np.n
     from core.data import load_dataset
 
     images = load_dataset(config.data, config.seed, "test")
-    indices = np.unique(np.linspace(0, len(images) - 1, num=min(count, len(images))).round().astype(np.int64))
+    indices = evenly_spaced(len(images), count)
     x, y = images.batch(indices, size)
     return x.numpy().astype(np.float64), y.numpy().astype(np.int64)
 
@@ -124,7 +124,7 @@ def others(data: UserData, own: int) -> tuple[np.ndarray, np.ndarray, str] | Non
         return None
     loaded = [data.load(p) for p in pids]
     x, y = np.concatenate([a for a, _ in loaded]), np.concatenate([b for _, b in loaded])
-    keep = np.unique(np.linspace(0, len(x) - 1, num=min(OTHERS, len(x))).round().astype(np.int64))
+    keep = evenly_spaced(len(x), OTHERS)
     return x[keep], y[keep], f"{len(keep)} images of partitions {pids[0]}-{pids[-1]} ({data.source})"
 
 
@@ -135,6 +135,7 @@ class Truths:
         self.data, self.decoys, self.gallery = data, decoys, gallery  # ``gallery``: the same decoys for every update
         self.galleries: list[Gallery] = []
         self.notes: list[str] = []
+        self._others: dict[Any, tuple[np.ndarray, np.ndarray, str] | None] = {}  # by partition (or run config)
 
     def of(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray | None, np.ndarray | None, Gallery | None, bool]:
         """(images, labels, gallery, exact): ``exact`` when the images are exactly the update's."""
@@ -163,10 +164,16 @@ class Truths:
 
     def others(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
         """Labelled images that are not this client's (auxiliary data for the label simulation, non-members for
-        membership): see :func:`others`; for a fedvit run without ``--data``, its test split (None if not loadable)."""
+        membership): see :func:`others`; for a fedvit run without ``--data``, its test split (None if not loadable).
+        Gathered once per partition (or run config) and audit."""
+        key = self.data.partitions.get(str(ex.node), ex.partition) if self.data is not None else obs.config
+        if key not in self._others:
+            self._others[key] = self._gather_others(key, obs)
+        return self._others[key]
+
+    def _gather_others(self, key: Any, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
         if self.data is not None:
-            partition = self.data.partitions.get(str(ex.node), ex.partition)
-            return None if partition is None else others(self.data, partition)
+            return None if key is None else others(self.data, key)
         if obs.config is None:
             return None
         try:

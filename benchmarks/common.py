@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import statistics
 import sys
 import time
@@ -28,3 +29,12 @@ def median_time(repeats: int, fn: Callable, *args) -> float:
         fn(*args)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    """``rows`` (dicts with the same keys) as a CSV table with a header row; says where it went."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")

@@ -14,7 +14,6 @@ threshold of Dimitrov et al.'s scripts), re-identification against the same prot
 
 from __future__ import annotations
 
-import csv
 import math
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, write_csv
 from benchmarks.natural_images import write_natural_images
 
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
@@ -135,11 +134,7 @@ def main() -> None:
                 else:
                     rec = breaching_fedavg(obs, step_labels, labels[pick], k)
                 rows.append(row(case, k, tool, rec, images[pick], gallery, time.perf_counter() - started))
-    with open(OUT, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {OUT}")
+    write_csv(rows, OUT)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ held.
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
 
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import ROOT, TINY
+from benchmarks.common import ROOT, TINY, write_csv
 
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 
@@ -101,11 +100,7 @@ def main() -> None:
                     for seed in DRAWS[partition]:
                         rows.append(row(name, spec, epochs, size, partition, seed))
                         print(rows[-1], flush=True)
-    with open(OUT, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {OUT}")
+    write_csv(rows, OUT)
 
 
 if __name__ == "__main__":
