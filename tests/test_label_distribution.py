@@ -200,3 +200,18 @@ def test_memorised_members_clear_the_within_class_null_and_a_noised_update_does_
     noised = {n: w + rng.normal(0, 50, w.shape).astype(np.float32) for n, w in sent.items()}
     result, _, _ = infer(observed(noised), Candidates(members, outsiders, "other noise images"))
     assert not result["clears-null"], result
+
+
+def test_a_score_that_only_tells_the_class_is_not_membership():
+    """Members skewed to some classes, non-members uniform, a score that depends on the class alone (a noised
+    model's class bias): the AUC is high, and the within-class null reaches it."""
+    from attacks.membership import null_figures
+
+    rng = np.random.default_rng(0)
+    member_labels = rng.choice(10, 500, p=np.r_[np.full(3, 0.3), np.full(7, 0.1 / 7)])
+    outsider_labels = rng.integers(0, 10, 1000)
+    score_of = lambda y: -np.abs(y - 1.0) + rng.normal(0, 0.01, len(y))  # noqa: E731 — peaks at classes 0-2
+    inside, outside = score_of(member_labels), score_of(outsider_labels)
+    figures = roc_figures(inside, outside)
+    null = null_figures(inside, outside, member_labels, outsider_labels)
+    assert figures["auc"] > 0.7 and not (figures["auc"] > null["auc"] and figures["tpr@0.01"] > null["tpr@0.01"])
