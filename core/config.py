@@ -256,6 +256,7 @@ class Config:
     fraction_evaluate: float = 1.0
     min_nodes: int = 2
     round_timeout: float = 600.0
+    accept_failures: bool = True  # False: a round with a failed or rejected train reply stops the run
     centralized_evaluation: bool = True
     eval_every: int = 1
     resume_from: str = ""

@@ -51,6 +51,7 @@ def make_strategy(config: Config) -> FedVitStrategy:
         fraction_evaluate=config.fraction_evaluate,
         min_nodes=config.min_nodes,
         wait_timeout=config.round_timeout,
+        accept_failures=config.accept_failures,
         evaluate_round=lambda rnd: evaluates_in(config, rnd),
         lr_decay=config.lr_decay,
     )

@@ -142,6 +142,7 @@ class FedVitStrategy(FedAvg):
         fraction_evaluate: float = 1.0,
         min_nodes: int = 2,
         wait_timeout: float = 600.0,
+        accept_failures: bool = True,
         evaluate_round: Callable[[int], bool] = lambda _round: True,
         lr_decay: float = 0.0,
     ) -> None:
@@ -155,6 +156,7 @@ class FedVitStrategy(FedAvg):
         self.seed = seed
         self.lr_decay = lr_decay  # clients' lr in round t: lr · (1 − lr_decay)^(t − 1)
         self.wait_timeout = wait_timeout
+        self.accept_failures = accept_failures  # False: a round with a failed/rejected train reply stops the run
         self.evaluate_round = evaluate_round  # whether federated evaluation runs in a given round
         self.round_offset = 0  # rounds already done before a resumed start()
         self.partition_of: dict[int, int] = {}  # node id -> partition id
@@ -379,7 +381,21 @@ class FedVitStrategy(FedAvg):
         valid = self.accept(rnd, replies, "train")
         if self.merges_evaluation(rnd - 1):
             self.aggregate_merged_evaluation(rnd - 1, valid)
+        if not self.accept_failures:
+            self._stop_if_any_failed(rnd, len(valid))
         return valid
+
+    def _stop_if_any_failed(self, rnd: int, replied: int) -> None:
+        """accept-failures=false (Flower's legacy ``accept_failures``): a round short of any sampled client's
+        valid reply is not aggregated; the run stops before it, so a resume redoes the round with everyone."""
+        sampled = len(self.stats[rnd].sampled)
+        rejected = self.stats[rnd].rejected
+        if replied < sampled or rejected:
+            why = "; ".join(f"partition {p}: {r}" for p, r in rejected.items()) or "replies missing at the timeout"
+            raise ClientsFailedError(
+                f"round {rnd}: {replied} of {sampled} sampled clients replied validly and accept-failures=false "
+                f"({why}); resume from the last checkpoint once fixed"
+            )
 
     def _stop_if_all_failed(self, rnd: int) -> None:
         rejected = self.stats[rnd].rejected
@@ -459,10 +475,11 @@ class FedVitStrategy(FedAvg):
     def summary(self) -> None:
         log(
             INFO,
-            "\t├── %s: seed %d, fraction train %.2f / evaluate %.2f, min nodes %d",
+            "\t├── %s: seed %d, fraction train %.2f / evaluate %.2f, min nodes %d, accept failures %s",
             type(self).__name__,
             self.seed,
             self.fraction_train,
             self.fraction_evaluate,
             self.min_available_nodes,
+            self.accept_failures,
         )

@@ -106,6 +106,26 @@ def test_a_round_where_every_client_failed_stops_the_run():
         s.aggregate_train(1, [reply(11, error="x\nTypeError: bad"), reply(12, error="y\nTypeError: bad")])
 
 
+def test_accept_failures_false_stops_a_round_short_of_any_client():
+    """accept-failures=false: one failed reply (or one missing at the timeout) stops the run before aggregating;
+    the default aggregates the others."""
+    from strategies.base import ClientsFailedError
+
+    ok = reply(11, {k: np.ones(v, np.float32) for k, v in SHAPES.items()}, **{"num-examples": 2})
+    failed = reply(12, error="x\nTypeError: bad")
+    strict = FedSGD(lr=0.1, min_nodes=1, accept_failures=False)
+    prepared(strict, {11: 0, 12: 1})
+    with pytest.raises(ClientsFailedError, match="1 of 2 sampled clients .*partition 1: error 2: TypeError: bad"):
+        strict.aggregate_train(1, [ok, failed])
+    strict = FedSGD(lr=0.1, min_nodes=1, accept_failures=False)
+    prepared(strict, {11: 0, 12: 1})
+    with pytest.raises(ClientsFailedError, match="1 of 2 sampled .*replies missing at the timeout"):
+        strict.aggregate_train(1, [ok])
+    lenient = FedSGD(lr=0.1, min_nodes=1)
+    prepared(lenient, {11: 0, 12: 1})
+    assert lenient.aggregate_train(1, [ok, failed])[0] is not None
+
+
 def test_fedavg_matches_flowers_fedavg_on_same_replies():
     rng = np.random.default_rng(0)
     replies = [
