@@ -24,7 +24,9 @@ The null is the prior: the counts a guess without the update makes (the auxiliar
 under IID partitions the truth is close to it and matching it shows nothing. Measured accuracy: one local epoch
 is close (the class mix barely matters to the softmax yet); beyond it, on skewed classes, the model learns the
 client's class prior within the first epoch, the estimate stays near the uniform start and its error reaches the
-prior's (:data:`BENCHMARKED_ERROR`; with the true class mix the same least squares is within 1%).
+prior's (:data:`BENCHMARKED_ERROR`; with the true class mix the same least squares is within 1%, and a
+Gauss–Newton search on the self-consistency residual reaches 1–10%: benchmarks/label_mix_search.py, not used
+here until it has a benchmarked bound of its own).
 """
 
 from __future__ import annotations
@@ -216,11 +218,10 @@ def observed_head_change(obs: Observation) -> float:
     return math.sqrt(sum(float(((obs.update[n] - obs.received[n]) ** 2).sum()) for n in names))
 
 
-def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
-    """Per-class counts of a multi-step FedAvg update (see the module docstring). ``obs.update`` holds the sent
-    weights; the recipe's lr must be known (the scale of the right-hand side)."""
+def head_rows(obs: Observation) -> np.ndarray:
+    """w_sent − w_received of the head, per class its bias then its weight row, flattened (the system's
+    right-hand side before scaling)."""
     client = recipe(obs)
-    total = client.examples
     names = [obs.head_bias, head_weight(obs.head_bias)]
     moved = {}
     for name in names:
@@ -228,9 +229,24 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
         if obs.correction is not None:  # SCAFFOLD moved every step by −lr (c − c_i) as well
             change = change + client.lr * client.steps * obs.correction[name]
         moved[name] = change.reshape(len(change), -1)
-    rows = np.concatenate([moved[names[0]], moved[names[1]]], axis=1).reshape(-1)  # per class: bias, then weights
+    rows = np.concatenate([moved[names[0]], moved[names[1]]], axis=1).reshape(-1)
     if not np.isfinite(rows).all():
         raise ValueError("the head's update holds non-finite values")
+    return rows
+
+
+def scaled_rhs(obs: Observation, rows: np.ndarray, momentum: float) -> np.ndarray:
+    """N (w_sent − w_received) / (lr W): the right-hand side the system in the counts must meet."""
+    client = recipe(obs)
+    return client.examples * rows / (client.lr * float(step_weights(client.steps, momentum).sum()))
+
+
+def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
+    """Per-class counts of a multi-step FedAvg update (see the module docstring). ``obs.update`` holds the sent
+    weights; the recipe's lr must be known (the scale of the right-hand side)."""
+    client = recipe(obs)
+    total = client.examples
+    rows = head_rows(obs)
     momenta = (client.momentum,) if client.momentum_known else MOMENTA
     results = {beta: found for beta in momenta if (found := passes(obs, aux, rows, beta, 0.0, seed)) is not None}
     if not results:
@@ -262,7 +278,7 @@ def passes(obs: Observation, aux: Auxiliary, rows: np.ndarray, momentum: float, 
     client = recipe(obs)
     total = client.examples
     classes = len(obs.update[obs.head_bias])
-    rhs = total * rows / (client.lr * float(step_weights(client.steps, momentum).sum()))
+    rhs = scaled_rhs(obs, rows, momentum)
     counts = np.full(classes, total // classes) + (np.arange(classes) < total % classes)
     for k in range(PASSES):
         sim = simulate(obs, aux, counts, momentum, seed + k, weight_decay)

@@ -58,7 +58,9 @@ def train(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, epochs
             optimiser.step()
 
 
-def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed: int = 0) -> dict:
+def client_update(spec: ModelSpec, epochs: int, size: int, partition: str, seed: int = 0):
+    """One client's update from the model's initialisation, as the eavesdropper sees it; with the client's images
+    and labels and the 2,000 other images (auxiliary data and non-members)."""
     from cnnapp.task import make_images
 
     torch.manual_seed(seed)
@@ -72,6 +74,11 @@ def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed
     skeleton = spec.build(10)
     obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,
                       client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
+    return obs, (images, labels), (others, other_labels)
+
+
+def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed: int = 0) -> dict:
+    obs, (images, labels), (others, other_labels) = client_update(spec, epochs, size, partition, seed)
     aux = Auxiliary(others, other_labels, "2,000 other images")
     started = time.perf_counter()
     found = estimate(obs, aux, seed)
