@@ -115,13 +115,12 @@ def solve_counts(system: np.ndarray, rhs: np.ndarray, total: int) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Simulation:
-    """One simulated local training, as the rows of the linear system in the counts n: ``system`` [R, C] and
-    ``scale`` such that ``system @ n ≈ scale * (w_sent − w_received)`` stacked over the head's bias and weight rows;
-    and the norm of the head's simulated change."""
+    """One simulated local training, as the rows of the linear system in the counts n: ``system`` [R, C] such that
+    ``system @ n ≈ N (w_sent − w_received) / (lr W)`` (:func:`scaled_rhs`) stacked over the head's bias and weight
+    rows; and the norm of the head's simulated change."""
 
     system: np.ndarray
     head_change: float
-    bias_change: np.ndarray  # b_end − b_start of the simulated training
 
 
 def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
@@ -204,7 +203,7 @@ def simulate(
     weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
     system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
     change = math.sqrt(sum(float((params[n].detach() - start[n]).pow(2).sum()) for n in start))
-    return Simulation(system, change, (params[bias].detach() - start[bias]).double().numpy())
+    return Simulation(system, change)
 
 
 def head_weight(bias: str) -> str:

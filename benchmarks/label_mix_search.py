@@ -45,9 +45,8 @@ ITERATIONS = 5
 FD_SHARE = 0.05  # finite-difference step: this share of the client's images moved into one class
 
 
-def residual_search(obs, aux: Auxiliary, total: int, seed: int) -> tuple[np.ndarray, float, int]:
+def residual_search(obs, aux: Auxiliary, rhs: np.ndarray, total: int, seed: int) -> tuple[np.ndarray, float, int]:
     """Gauss–Newton on r(n) from the uniform mix; returns the counts, their residual and the simulations run."""
-    rhs = scaled_rhs(obs, head_rows(obs), MOMENTUM)
     scale = np.linalg.norm(rhs)
     simulations = 0
 
@@ -68,8 +67,8 @@ def residual_search(obs, aux: Auxiliary, total: int, seed: int) -> tuple[np.ndar
             d[k] += h
             jacobian[:, k] = (residual(n + d) - r) / h
         step = solve_counts(jacobian, jacobian @ n - r, total) - n
-        tried = [(n + t * step, t) for t in (1.0, 2.0, 4.0) if (n + t * step >= 0).all()]
-        scored = [(np.linalg.norm(r_new), m, r_new) for m, _ in tried for r_new in [residual(m)]]
+        tried = [m for t in (1.0, 2.0, 4.0) if ((m := n + t * step) >= 0).all()]
+        scored = [(np.linalg.norm(r_new), m, r_new) for m in tried for r_new in [residual(m)]]
         if not scored or min(s[0] for s in scored) >= np.linalg.norm(r):
             break
         _, n, r = min(scored, key=lambda s: s[0])
@@ -86,7 +85,7 @@ def row(size: int, epochs: int, seed: int) -> dict:
     rhs = scaled_rhs(obs, head_rows(obs), MOMENTUM)
     oracle = integer_counts(solve_counts(simulate(obs, aux, truth, MOMENTUM, seed).system, rhs, size), size)
     started = time.perf_counter()
-    searched, residual, simulations = residual_search(obs, aux, size, seed)
+    searched, residual, simulations = residual_search(obs, aux, rhs, size, seed)
     error = lambda counts: round(1 - label_accuracy(counts, labels), 4)  # noqa: E731
     return {
         "images": size, "local epochs": epochs, "client seed": seed,
