@@ -24,9 +24,9 @@ The null is the prior: the counts a guess without the update makes (the auxiliar
 under IID partitions the truth is close to it and matching it shows nothing. Measured accuracy: one local epoch
 is close (the class mix barely matters to the softmax yet); beyond it, on skewed classes, the model learns the
 client's class prior within the first epoch, the estimate stays near the uniform start and its error reaches the
-prior's (:data:`BENCHMARKED_ERROR`; with the true class mix the same least squares is within 1%, and a
-Gauss–Newton search on the self-consistency residual reaches 1–10%: benchmarks/label_mix_search.py, not used
-here until it has a benchmarked bound of its own).
+prior's (:data:`BENCHMARKED_ERROR`). With the true class mix the same least squares is close, and a Gauss–Newton
+search on the self-consistency residual comes near it (benchmarks/label_mix_search.py, figures in the docs' audit
+results); it is not used here until it has a benchmarked bound of its own.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ SUM_WEIGHT = 10.0  # weight of the Σn = N row against the C rows of the least s
 # momentum 0.9 on no record. Measured 2026-11-26 with `uv run python -m benchmarks.label_distribution`
 # (docs/results/data/label-distribution.csv); tests/test_label_distribution.py checks that the two agree. Beyond
 # one epoch on skewed classes the error reaches the prior's: the simulation's class mix stays near its uniform
-# start (with the true mix the same least squares is within 1%).
+# start (see the module docstring).
 BENCHMARKED_ERROR = {"cnn": {1: 0.2, 3: 0.47, 5: 0.46}, "vit": {1: 0.39, 3: 0.43, 5: 0.44}}
 
 
