@@ -16,17 +16,23 @@ c over the class-k images seen during training. P̄ is what the eavesdropper doe
 simulation of the same T steps (batch size, lr, momentum) on auxiliary images drawn with the current estimate of
 n, in :data:`PASSES` passes (each estimate sets the next pass's class mix). The head's weight rows add the same
 relation with the class-mean head inputs (see :func:`simulate`). n ≥ 0 and Σn = N (the reply's num-examples)
-close the system (I − P̄ is singular: its columns sum to zero). Where no record carries the momentum,
-the simulation runs under each plausible value and keeps the one whose simulated head change is closest in norm
-to the observed one; the counts under the other values are reported beside it.
+close the system (I − P̄ is singular: its columns sum to zero).
+
+Passes alone (each estimate setting the next simulation's class mix) are a fixed-point iteration that stalls beyond
+one epoch on skewed classes: the simulated model learns whatever class prior it is given, so every mix looks
+nearly self-consistent and the estimate stays near its uniform start (error near the prior's). So the passes only
+start a Gauss–Newton search on the self-consistency residual r(n) = (S(n) n − rhs) / ‖rhs‖, S(n) the system of a
+simulation at mix n, its Jacobian by finite differences (one simulation per class, the same shuffling seed
+throughout); see :func:`residual_search`. The residual is not convex in n, so a second search starts from the
+class shares the sent model predicts on the auxiliary images (:func:`learned_mix`), and the lower residual wins.
+Where no record carries the momentum, the passes run under each plausible value and the one whose simulated head
+change is closest in norm to the observed one is searched; the counts under the other values (one search step
+from their own passes) are reported beside it.
 
 The null is the prior: the counts a guess without the update makes (the auxiliary data's class shares times N);
-under IID partitions the truth is close to it and matching it shows nothing. Measured accuracy: one local epoch
-is close (the class mix barely matters to the softmax yet); beyond it, on skewed classes, the model learns the
-client's class prior within the first epoch, the estimate stays near the uniform start and its error reaches the
-prior's (:data:`BENCHMARKED_ERROR`). With the true class mix the same least squares is close, and a Gauss–Newton
-search on the self-consistency residual comes near it (benchmarks/label_mix_search.py, figures in the docs' audit
-results); it is not used here until it has a benchmarked bound of its own.
+under IID partitions the truth is close to it and matching it shows nothing. Measured accuracy: see
+:data:`BENCHMARKED_ERROR` and the docs' audit results (benchmarks/label_distribution.py; the search alone against
+the passes and the true mix in benchmarks/label_mix_search.py).
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ from core.model import classify
 
 MOMENTA = (0.0, 0.9)  # the values tried when no record carries the momentum (plain SGD; the common default)
 PASSES = 3  # simulations per momentum: a uniform class mix, then each estimate sets the next one's
+SEARCH_STEPS = 5  # Gauss–Newton steps at most (each: one simulation per class, then up to 3 for the step length)
+SIDE_SEARCH_STEPS = 1  # for the counts under the other momentum and under weight decay (their sensitivity)
+FD_SHARE = 0.05  # finite-difference step of the Jacobian: this share of the client's images moved into one class
+CONVERGED = 0.005  # a step that moves fewer than this share of the images ends the search
 WEIGHT_DECAY = 5e-4  # the common value, tried beside 0 for another app's update (no record carries it)
 SUM_WEIGHT = 10.0  # weight of the Σn = N row against the C rows of the least squares
 # Label-count error (1 − label accuracy) of this method in fedvit's own benchmark, by model family and local
@@ -259,14 +269,42 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     else:
         ratios = ", ".join(f"β {b:g}: {results[b][1] / max(observed, 1e-12):.2f}" for b in results)
         note += f"); momentum {chosen:g} estimated from the update (simulated/observed head change: {ratios})"
-    counts = results[chosen][0]
+    starts = {"the passes' estimate": results[chosen][0], "the sent model's class shares": learned_mix(obs, aux)}
+    searched = {name: residual_search(obs, aux, rows, start, chosen, 0.0, seed, SEARCH_STEPS)
+                for name, start in starts.items()}  # fmt: skip
+    best = min(searched, key=lambda name: np.nan_to_num(searched[name].residual, nan=np.inf))
+    counts = searched[best].counts
+    note += (f"; class-mix search: residual {searched[best].residual:.2f} from {best} (" + ", ".join(
+        f"{f.residual:.2f} from {name}" for name, f in searched.items() if name != best) + "), " +
+        f"{sum(f.simulations for f in searched.values())} simulations")  # fmt: skip
     changed = lambda other: int(np.abs(other - counts).sum() // 2)  # noqa: E731 — images that change class
-    alternatives = {b: c for b, (c, _) in results.items() if b != chosen}
+    alternatives = {
+        b: residual_search(obs, aux, rows, start, b, 0.0, seed, SIDE_SEARCH_STEPS).counts
+        for b, (start, _) in results.items()
+        if b != chosen
+    }
     for b, other in alternatives.items():
         note += f"; under momentum {b:g} {changed(other)} of {total} images change class"
-    if obs.config is None and (decayed := passes(obs, aux, rows, chosen, WEIGHT_DECAY, seed)) is not None:
-        note += f"; under weight decay {WEIGHT_DECAY:g} {changed(decayed[0])} change class"
+    if obs.config is None:
+        decayed = residual_search(obs, aux, rows, counts, chosen, WEIGHT_DECAY, seed, SIDE_SEARCH_STEPS)
+        note += f"; under weight decay {WEIGHT_DECAY:g} {changed(decayed.counts)} change class"
     return LabelEstimate(counts, chosen, note, alternatives)
+
+
+@torch.no_grad()
+def learned_mix(obs: Observation, aux: Auxiliary) -> np.ndarray:
+    """N × the sent model's mean softmax on the auxiliary images, over their class shares: the class prior the
+    client's training taught the model, a start for the search that the passes, stalled near the uniform mix, do
+    not give. ``obs.update`` holds the sent weights (a multi-step reply)."""
+    model = received_model(obs).float().eval()
+    model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in obs.update.items()}, strict=False)
+    classes = len(obs.update[obs.head_bias])
+    shares = np.zeros(classes)
+    for first in range(0, len(aux.images), 256):
+        x = torch.as_tensor(aux.images[first : first + 256], dtype=torch.float32)
+        shares += torch.softmax(classify(model, x).double(), 1).sum(0).numpy()[:classes]
+    shares = shares / max(shares.sum(), 1e-12) / np.maximum(aux.prior(classes), 1e-3)
+    return recipe(obs).examples * shares / shares.sum()
 
 
 def passes(obs: Observation, aux: Auxiliary, rows: np.ndarray, momentum: float, weight_decay: float,
@@ -285,6 +323,65 @@ def passes(obs: Observation, aux: Auxiliary, rows: np.ndarray, momentum: float, 
             return None
         counts = integer_counts(solve_counts(sim.system, rhs, total), total)
     return counts, sim.head_change
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """The counts a class-mix search ended at, their relative residual ‖S(n) n − rhs‖ / ‖rhs‖ and the simulations
+    it ran."""
+
+    counts: np.ndarray
+    residual: float
+    simulations: int
+
+
+def residual_search(obs: Observation, aux: Auxiliary, rows: np.ndarray, start: np.ndarray, momentum: float,
+                    weight_decay: float, seed: int, steps: int) -> SearchResult:  # fmt: skip
+    """Gauss–Newton from ``start`` on r(n) = (S(n) n − rhs) / ‖rhs‖: the Jacobian by finite differences (move
+    :data:`FD_SHARE` of the images into one class, keeping Σn = N), the linearised least squares solved with n ≥ 0
+    and Σn = N, and 1, 2 or 4 times that step kept where r falls; it ends when no step lowers r, a step moves
+    fewer than :data:`CONVERGED` of the images, or after ``steps`` steps. A simulation that diverges ends it at
+    the best counts so far."""
+    total = int(recipe(obs).examples)
+    rhs = scaled_rhs(obs, rows, momentum)
+    scale = max(float(np.linalg.norm(rhs)), 1e-12)
+    simulations = 0
+
+    def residual(n: np.ndarray) -> np.ndarray | None:
+        nonlocal simulations
+        simulations += 1
+        system = simulate(obs, aux, integer_counts(n, total), momentum, seed, weight_decay).system
+        return (system @ n - rhs) / scale if np.isfinite(system).all() else None
+
+    n = np.asarray(start, np.float64)
+    r = residual(n)
+    if r is None:
+        return SearchResult(integer_counts(n, total), math.nan, simulations)
+    classes, h = len(n), FD_SHARE * total
+    for _ in range(steps):
+        jacobian = np.empty((len(r), classes))
+        for k in range(classes):
+            d = -n / total * h
+            d[k] += h
+            moved = residual(n + d)
+            if moved is None:
+                return SearchResult(integer_counts(n, total), float(np.linalg.norm(r)), simulations)
+            jacobian[:, k] = (moved - r) / h
+        step = solve_counts(jacobian, jacobian @ n - r, total) - n
+        best = (float(np.linalg.norm(r)), n, r)
+        for length in (1.0, 2.0, 4.0):
+            m = n + length * step
+            if (m < 0).any():
+                break
+            if (r_new := residual(m)) is not None and np.linalg.norm(r_new) < best[0]:
+                best = (float(np.linalg.norm(r_new)), m, r_new)
+        if best[1] is n:
+            break
+        moved_images = float(np.abs(best[1] - n).sum()) / 2
+        n, r = best[1], best[2]
+        if moved_images < CONVERGED * total:
+            break
+    return SearchResult(integer_counts(n, total), float(np.linalg.norm(r)), simulations)
 
 
 def prior_accuracy(prior: np.ndarray, true_labels: np.ndarray) -> float:

@@ -4,11 +4,14 @@ The score of a candidate image is how much the client's update lowered its loss:
 (the "loss before vs after the update" signal of update-level attacks: Nasr et al., "Comprehensive Privacy
 Analysis of Deep Learning", S&P 2019; FedMIA, arXiv 2402.06289). A gradient reply is turned into the step it
 implies (w_received − η g, η the recipe's lr, else a step of 1% of the weights' norm). Candidates are the
-client's own images (members) and images it never held (non-members); the report gives ROC AUC and TPR at 0.1%
-and 1% FPR as Carlini et al. ask ("Membership Inference Attacks From First Principles", S&P 2022, arXiv
-2112.03570), each beside its null: the same figures with the member/non-member labels shuffled within each class
-(a control that holds no information about membership beyond the two sides' class composition), whose 99.9th
-percentile is the margin a finding must clear.
+client's own images (members) and images it never held (non-members). Each score is calibrated on the known
+non-members of its class, z = (s − μ_c) / σ_c: how far the update moved this image beyond what it moved images of
+the same class that it never saw (Carlini et al. calibrate per example; with one update per client the class is
+the finest reference an eavesdropper has, and it removes the class skew a FedAvg update always carries). The report
+gives ROC AUC and TPR at 0.1% and 1% FPR as Carlini et al. ask ("Membership Inference Attacks From First
+Principles", S&P 2022, arXiv 2112.03570), each beside its null: the same figures, calibration included, with the
+member/non-member labels shuffled within each class (a control that holds no information about membership beyond
+the two sides' class composition), whose 99.9th percentile is the margin a finding must clear.
 """
 
 from __future__ import annotations
@@ -83,6 +86,24 @@ def scores(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.ndarr
     return losses(before, images, labels) - losses(after, images, labels)
 
 
+def calibrate(
+    member_scores: np.ndarray, non_member_scores: np.ndarray, member_labels: np.ndarray, non_member_labels: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Both sides' scores as z = (s − μ_c) / σ_c, μ_c and σ_c the mean and standard deviation of the non-member
+    scores of class c; a class with fewer than two non-members (or no spread) takes all non-members' figures."""
+    classes = int(max(member_labels.max(initial=0), non_member_labels.max(initial=0))) + 1
+    count = np.bincount(non_member_labels, minlength=classes).astype(np.float64)
+    total = np.bincount(non_member_labels, non_member_scores, minlength=classes)
+    squares = np.bincount(non_member_labels, non_member_scores**2, minlength=classes)
+    mean = total / np.maximum(count, 1)
+    std = np.sqrt(np.maximum(squares / np.maximum(count, 1) - mean**2, 0))
+    pooled_mean, pooled_std = non_member_scores.mean(), non_member_scores.std()
+    fallback = (count < 2) | (std <= 1e-12 * max(abs(pooled_std), 1e-300))
+    mean[fallback], std[fallback] = pooled_mean, max(pooled_std, 1e-12)
+    return (member_scores - mean[member_labels]) / std[member_labels], (
+        non_member_scores - mean[non_member_labels]) / std[non_member_labels]  # fmt: skip
+
+
 def tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
     """The highest TPR at an FPR no larger than ``target`` (the ROC's step function)."""
     return float(tpr[fpr <= target].max()) if (fpr <= target).any() else 0.0
@@ -101,9 +122,10 @@ def null_figures(
     non_member_labels: np.ndarray, seed: int = 0,
 ) -> dict[str, float]:  # fmt: skip
     """The :data:`NULL_QUANTILE` of each figure over :data:`NULL_DRAWS` shuffles of the member/non-member labels
-    within each class: the class composition of the two sides stays, so a score that only tells the client's
-    frequent classes from the population's (its label distribution, or a noised model's class bias) is in the
-    null, not counted as membership."""
+    within each class, each draw calibrated on its own non-members (:func:`calibrate`) as the real split is: the
+    class composition of the two sides stays, so a score that only tells the client's frequent classes from the
+    population's (its label distribution, or a noised model's class bias) is in the null, not counted as
+    membership. Takes raw scores."""
     rng = np.random.default_rng(seed)
     pooled = np.concatenate([member_scores, non_member_scores])
     classes = np.concatenate([member_labels, non_member_labels])
@@ -114,15 +136,19 @@ def null_figures(
         shuffled = is_member.copy()
         for group in groups:
             shuffled[group] = rng.permutation(is_member[group])
-        draws.append(roc_figures(pooled[shuffled], pooled[~shuffled]))
+        draws.append(roc_figures(*calibrate(pooled[shuffled], pooled[~shuffled], classes[shuffled],
+                                            classes[~shuffled])))  # fmt: skip
     return {k: float(np.quantile([d[k] for d in draws], NULL_QUANTILE)) for k in draws[0]}
 
 
 def infer(obs: Observation, candidates: Candidates, seed: int = 0) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """Membership figures of one update, their null and whether they clear it; and the two score arrays."""
+    """Membership figures of one update (calibrated scores), their null and whether they clear it; and the two
+    calibrated score arrays."""
     members, non_members = _evenly(*candidates.members), _evenly(*candidates.non_members)
-    inside, outside = scores(obs, *members), scores(obs, *non_members)
-    figures, null = roc_figures(inside, outside), null_figures(inside, outside, members[1], non_members[1], seed)
+    raw_inside, raw_outside = scores(obs, *members), scores(obs, *non_members)
+    null = null_figures(raw_inside, raw_outside, members[1], non_members[1], seed)
+    inside, outside = calibrate(raw_inside, raw_outside, members[1], non_members[1])
+    figures = roc_figures(inside, outside)
     clears = figures["auc"] > null["auc"] and figures["tpr@0.01"] > null["tpr@0.01"]
     result = {
         "members": len(inside),

@@ -8,11 +8,13 @@ shares, one IID), SGD with momentum 0.9 (on no record: the attack estimates it),
 model's initialisation; auxiliary data and non-members: 2,000 images of the same generator that the client never
 held.
 
-    uv run python -m benchmarks.label_distribution            # writes docs/results/data/label-distribution.csv
+    uv run python -m benchmarks.label_distribution --workers 2   # writes docs/results/data/label-distribution.csv
 """
 
 from __future__ import annotations
 
+import argparse
+import multiprocessing
 import sys
 import time
 
@@ -97,16 +99,31 @@ def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed
     }  # fmt: skip
 
 
+def run_case(case: tuple[str, int, int, str, int]) -> dict:
+    """One row in a worker process (one thread each: the rows of a pool run side by side)."""
+    torch.set_num_threads(1)
+    name, epochs, size, partition, seed = case
+    return row(name, models()[name], epochs, size, partition, seed)
+
+
 def main() -> None:
-    torch.set_num_threads(2)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=1, help="rows run side by side, one thread each "
+                        "(1: one row at a time on 2 threads)")  # fmt: skip
+    workers = parser.parse_args().workers
+    cases = [(name, epochs, size, partition, seed) for name in models() for partition in PARTITIONS
+             for size in SIZES for epochs in EPOCHS for seed in DRAWS[partition]]  # fmt: skip
     rows = []
-    for name, spec in models().items():
-        for partition in PARTITIONS:
-            for size in SIZES:
-                for epochs in EPOCHS:
-                    for seed in DRAWS[partition]:
-                        rows.append(row(name, spec, epochs, size, partition, seed))
-                        print(rows[-1], flush=True)
+    if workers == 1:
+        torch.set_num_threads(2)
+        for name, epochs, size, partition, seed in cases:
+            rows.append(row(name, models()[name], epochs, size, partition, seed))
+            print(rows[-1], flush=True)
+    else:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            for done in pool.imap(run_case, cases):
+                rows.append(done)
+                print(done, flush=True)
     write_csv(rows, OUT)
 
 

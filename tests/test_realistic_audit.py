@@ -2,10 +2,9 @@
 and on no record) deployed through ``fedvit tap`` with 1,000 and 1,200 images per client, Dirichlet(0.5) classes,
 batch 32, 1 and 3 local epochs. The replies must read as weights, the label counts come within the method's
 benchmarked error and beyond the prior, membership is reported against its within-class null (which this round's
-class-skewed loss drops do not beat: tests/test_label_distribution.py has a model that memorises and does), and two
-controls that hold no
-information about the mapped client's data end in "no evidence": Flower's LocalDpMod at large noise, and each
-node mapped to the other client's data.
+loss drops, calibrated per class, do not beat: tests/test_label_distribution.py has a model that memorises and
+does), and two controls that hold no information about the mapped client's data end in "no evidence": Flower's
+LocalDpMod at large noise, and each node mapped to the other client's data.
 """
 
 from __future__ import annotations
@@ -61,10 +60,10 @@ def test_realistic_rounds_leak_their_label_distribution_and_the_controls_show_no
             assert "momentum 0.9 estimated from the update" in u["attacks"]["labels (head-bias gradient)"]
             member = u["leakage"]["membership"]
             assert member["status"] == "measured" and member["members"] == u["examples"]
-            assert {"auc", "tpr@0.001", "tpr@0.01"} <= set(member) and member["auc"] > 0.6
-            # the loss drops single out the client's frequent classes (AUC > 0.6), which its label distribution
-            # explains: the within-class null holds them, and one round of this CNN memorises nothing beyond
-            assert member["null"]["auc"] > 0.6 and not member["clears"], member
+            assert {"auc", "tpr@0.001", "tpr@0.01"} <= set(member)
+            # the raw loss drops single out the client's frequent classes (AUC 0.7-0.8 in the benchmark); calibrated
+            # per class on the non-members they do not, and one round of this CNN memorises nothing beyond
+            assert abs(member["auc"] - 0.5) < 0.05 and not member["clears"], member
             assert u["leakage"]["images"]["status"] == "not measured"  # > 64 images: inversion not attempted
             assert u["attacks"]["gradient matching (optimisation, defence-aware)"].startswith("not applicable: not "
                                                                                                 "attempted")
