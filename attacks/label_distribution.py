@@ -58,11 +58,10 @@ WEIGHT_DECAY = 5e-4  # the common value, tried beside 0 for another app's update
 SUM_WEIGHT = 10.0  # weight of the Σn = N row against the C rows of the least squares
 # Label-count error (1 − label accuracy) of this method in fedvit's own benchmark, by model family and local
 # epochs: the worst over IID and five Dirichlet(0.5) draws and 1,000 or 2,000 images per client, B = 32, lr 0.01,
-# momentum 0.9 on no record. Measured 2026-11-26 with `uv run python -m benchmarks.label_distribution`
-# (docs/results/data/label-distribution.csv); tests/test_label_distribution.py checks that the two agree. Beyond
-# one epoch on skewed classes the error reaches the prior's: the simulation's class mix stays near its uniform
-# start (see the module docstring).
-BENCHMARKED_ERROR = {"cnn": {1: 0.2, 3: 0.47, 5: 0.46}, "vit": {1: 0.39, 3: 0.43, 5: 0.44}}
+# momentum 0.9 on no record. Measured 2026-11-26 (commit f82b26f) with
+# `uv run python -m benchmarks.label_distribution --workers 2` (docs/results/data/label-distribution.csv);
+# tests/test_label_distribution.py checks that the two agree. The prior misplaces 27-47% on those skewed clients.
+BENCHMARKED_ERROR = {"cnn": {1: 0.04, 3: 0.14, 5: 0.3}, "vit": {1: 0.13, 3: 0.16, 5: 0.17}}
 
 
 @dataclasses.dataclass(frozen=True)
