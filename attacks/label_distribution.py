@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import nnls
 
-from attacks.observation import Observation, input_shape, received_model, recipe
+from attacks.observation import Observation, input_shape, model_with, received_model, recipe
 from core.model import classify
 
 MOMENTA = (0.0, 0.9)  # the values tried when no record carries the momentum (plain SGD; the common default)
@@ -271,7 +271,7 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     starts = {"the passes' estimate": results[chosen][0], "the sent model's class shares": learned_mix(obs, aux)}
     searched = {name: residual_search(obs, aux, rows, start, chosen, 0.0, seed, SEARCH_STEPS)
                 for name, start in starts.items()}  # fmt: skip
-    best = min(searched, key=lambda name: np.nan_to_num(searched[name].residual, nan=np.inf))
+    best = lowest_residual(searched)
     counts = searched[best].counts
     note += (f"; class-mix search: residual {searched[best].residual:.2f} from {best} (" + ", ".join(
         f"{f.residual:.2f} from {name}" for name, f in searched.items() if name != best) + "), " +
@@ -295,8 +295,7 @@ def learned_mix(obs: Observation, aux: Auxiliary) -> np.ndarray:
     """N × the sent model's mean softmax on the auxiliary images, over their class shares: the class prior the
     client's training taught the model, a start for the search that the passes, stalled near the uniform mix, do
     not give. ``obs.update`` holds the sent weights (a multi-step reply)."""
-    model = received_model(obs).float().eval()
-    model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in obs.update.items()}, strict=False)
+    model = model_with(obs, obs.update).float().eval()
     classes = len(obs.update[obs.head_bias])
     shares = np.zeros(classes)
     for first in range(0, len(aux.images), 256):
@@ -332,6 +331,11 @@ class SearchResult:
     counts: np.ndarray
     residual: float
     simulations: int
+
+
+def lowest_residual(searched: dict[str, SearchResult]) -> str:
+    """The name of the search that ended at the lowest residual (a diverged one, NaN, never)."""
+    return min(searched, key=lambda name: np.nan_to_num(searched[name].residual, nan=np.inf))
 
 
 def residual_search(obs: Observation, aux: Auxiliary, rows: np.ndarray, start: np.ndarray, momentum: float,

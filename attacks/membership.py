@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from attacks.observation import Observation, received_model, recipe
+from attacks.observation import Observation, model_with, received_model, recipe
 from attacks.reidentification import evenly_spaced
-from core.model import classify, set_weights
+from core.model import classify
 
 FPRS = (0.001, 0.01)
 NULL_DRAWS = 1000  # within-class label shuffles behind the null
@@ -77,12 +77,7 @@ def sent_weights(obs: Observation) -> dict[str, np.ndarray]:
 def scores(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """ℓ(w_received, x) − ℓ(w_sent, x) per candidate (eval mode: BatchNorm on the received running statistics)."""
     before = received_model(obs).float().eval()
-    after = received_model(obs).float().eval()
-    sent = sent_weights(obs)
-    if obs.spec is None:
-        set_weights(after, sent)
-    else:
-        after.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in sent.items()}, strict=False)
+    after = model_with(obs, sent_weights(obs)).float().eval()
     return losses(before, images, labels) - losses(after, images, labels)
 
 

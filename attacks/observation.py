@@ -121,13 +121,26 @@ def public_model(obs: Observation) -> nn.Module:
     return model_skeleton(obs.config, obs.num_classes)
 
 
+def _load(model: nn.Module, obs: Observation, weights: dict[str, np.ndarray]) -> None:
+    """fedvit's model: every parameter by name; another app's: its state dict, as far as ``weights`` carries it."""
+    if obs.spec is None:
+        set_weights(model, weights)
+    else:
+        model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in weights.items()}, strict=False)
+
+
 def received_model(obs: Observation) -> nn.Module:
     """A private copy of the model with the weights the client received (the cached skeleton stays untouched)."""
     model = copy.deepcopy(public_model(obs))
-    if obs.spec is None:
-        set_weights(model, obs.received)
-    else:
-        model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in obs.received.items()}, strict=False)
+    _load(model, obs, obs.received)
+    return model
+
+
+def model_with(obs: Observation, weights: dict[str, np.ndarray]) -> nn.Module:
+    """The received model with ``weights`` laid over it (e.g. the sent weights: buffers they lack stay as
+    received)."""
+    model = received_model(obs)
+    _load(model, obs, weights)
     return model
 
 

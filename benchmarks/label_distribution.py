@@ -14,6 +14,8 @@ held.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import multiprocessing
 import sys
 import time
@@ -99,9 +101,9 @@ def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed
     }  # fmt: skip
 
 
-def run_case(case: tuple[str, int, int, str, int]) -> dict:
-    """One row in a worker process (one thread each: the rows of a pool run side by side)."""
-    torch.set_num_threads(1)
+def run_case(case: tuple[str, int, int, str, int], threads: int) -> dict:
+    """One row on ``threads`` threads (a pool's workers run side by side on one each)."""
+    torch.set_num_threads(threads)
     name, epochs, size, partition, seed = case
     return row(name, models()[name], epochs, size, partition, seed)
 
@@ -114,16 +116,15 @@ def main() -> None:
     cases = [(name, epochs, size, partition, seed) for name in models() for partition in PARTITIONS
              for size in SIZES for epochs in EPOCHS for seed in DRAWS[partition]]  # fmt: skip
     rows = []
-    if workers == 1:
-        torch.set_num_threads(2)
-        for name, epochs, size, partition, seed in cases:
-            rows.append(row(name, models()[name], epochs, size, partition, seed))
-            print(rows[-1], flush=True)
-    else:
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for done in pool.imap(run_case, cases):
-                rows.append(done)
-                print(done, flush=True)
+    with contextlib.ExitStack() as stack:
+        if workers == 1:
+            done = (run_case(case, 2) for case in cases)
+        else:
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
+            done = pool.imap(functools.partial(run_case, threads=1), cases)
+        for result in done:
+            rows.append(result)
+            print(result, flush=True)
     write_csv(rows, OUT)
 
 

@@ -30,6 +30,7 @@ from attacks.label_distribution import (
     head_rows,
     integer_counts,
     learned_mix,
+    lowest_residual,
     passes,
     prior_accuracy,
     residual_search,
@@ -56,7 +57,7 @@ def row(size: int, epochs: int, seed: int) -> dict:
     from_passes = passes(obs, aux, rows, MOMENTUM, 0.0, seed)[0]
     searched = {name: residual_search(obs, aux, rows, start, MOMENTUM, 0.0, seed, SEARCH_STEPS)
                 for name, start in (("passes", from_passes), ("learned", learned_mix(obs, aux)))}  # fmt: skip
-    kept = min(searched.values(), key=lambda f: np.nan_to_num(f.residual, nan=np.inf))
+    kept = searched[lowest_residual(searched)]
     seconds = time.perf_counter() - started
     rhs = scaled_rhs(obs, rows, MOMENTUM)
     oracle = integer_counts(solve_counts(simulate(obs, aux, truth, MOMENTUM, seed).system, rhs, size), size)
