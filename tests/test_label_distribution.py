@@ -98,7 +98,7 @@ def test_membership_figures_and_their_null():
     still = Observation(update=obs.received, received=obs.received, config=None, num_classes=10, spec=SPEC,
                         skeleton=Net(), client=obs.client, head_bias="fc3.bias")  # fmt: skip
     result, inside, outside = infer(still, Candidates((images, labels), make_images(500, 99), "other"))
-    assert (inside == 0).all() and result["auc"] == 0.5 and not membership_evidence(result, "")["clears"]
+    assert (inside == 0.5).all() and result["auc"] == 0.5 and not membership_evidence(result, "")["clears"]
 
 
 def test_psnr_table_is_psnr():
@@ -223,11 +223,31 @@ def test_a_score_that_only_tells_the_class_is_not_membership():
     assert not (figures["auc"] > null["auc"] and figures["tpr@0.01"] > null["tpr@0.01"])
 
 
-def test_calibration_standardises_each_class_on_its_non_members():
+def test_calibration_ranks_each_class_among_its_non_members():
     from attacks.membership import calibrate
 
     inside, outside = calibrate(np.array([5.0, 1.0, 7.0]), np.array([1.0, 3.0, 10.0, 10.0, 4.0]),
                                 np.array([0, 1, 2]), np.array([0, 0, 1, 1, 2]))  # fmt: skip
-    assert np.allclose(outside[:2], [-1, 1]) and np.allclose(inside[0], 3.0)  # class 0: μ 2, σ 1
-    pooled = np.array([1.0, 3.0, 10.0, 10.0, 4.0])  # class 1 has no spread, class 2 one non-member: all of them
-    assert np.allclose(inside[1:], (np.array([1.0, 7.0]) - pooled.mean()) / pooled.std())
+    assert np.allclose(outside, [0.25, 0.75, 0.5, 0.5, 0.5]) and np.allclose(inside[:2], [1.0, 0.0])
+    assert np.isclose(inside[2], 3 / 5)  # class 2 has one non-member: ranked among all five
+
+
+def test_calibrated_auc_is_the_within_class_auc_however_skewed_the_classes():
+    """A class holding most members with a long-tailed score, another holding most non-members: the pooled
+    calibrated AUC is the member-weighted within-class AUC, and a null split centres on 0.5 (a mean/std
+    standardisation gives 0.50 for a within-class 0.63 here, and 0.46 for the null)."""
+    from attacks.membership import calibrate
+
+    rng = np.random.default_rng(0)
+    member_labels, outsider_labels = np.repeat([0, 1], [900, 100]), np.repeat([0, 1], [100, 900])
+    tail = lambda n, shift: rng.exponential(1.0, n) ** 3 + shift  # noqa: E731
+    inside = np.where(member_labels == 0, tail(1000, 0.3), rng.normal(0.3, 1, 1000))
+    outside = np.where(outsider_labels == 0, tail(1000, 0.0), rng.normal(0.0, 1, 1000))
+    within = [roc_figures(inside[member_labels == c], outside[outsider_labels == c])["auc"] for c in (0, 1)]
+    pooled = roc_figures(*calibrate(inside, outside, member_labels, outsider_labels))["auc"]
+    assert abs(pooled - (0.9 * within[0] + 0.1 * within[1])) < 0.01, (pooled, within)
+    null_inside, null_outside = tail(1000, 0.0), tail(1000, 0.0)  # class 0 both sides: no membership
+    null_inside[member_labels == 1] = rng.normal(0, 1, 100)
+    null_outside[outsider_labels == 1] = rng.normal(0, 1, 900)
+    null = roc_figures(*calibrate(null_inside, null_outside, member_labels, outsider_labels))["auc"]
+    assert abs(null - 0.5) < 0.03, null
