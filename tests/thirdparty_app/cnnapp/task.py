@@ -34,21 +34,47 @@ class Net(nn.Module):
 MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)  # the Normalize of Flower's quickstart
 
 
-def make_images(count: int, seed: int, alpha: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` offline images in [0, 1] (smooth colour blobs; the class shifts the hue) and their labels: classes
-    uniform, or (``alpha`` > 0) drawn from class shares ~ Dirichlet(alpha), a non-IID client."""
-    rng = np.random.default_rng(seed)
+def draw_labels(rng: np.random.Generator, count: int, alpha: float) -> np.ndarray:
+    """Classes uniform, or (``alpha`` > 0) drawn from class shares ~ Dirichlet(alpha), a non-IID client."""
     shares = rng.dirichlet([alpha] * NUM_CLASSES) if alpha > 0 else np.full(NUM_CLASSES, 1 / NUM_CLASSES)
-    labels = rng.choice(NUM_CLASSES, count, p=shares) if alpha > 0 else rng.integers(0, NUM_CLASSES, count)
+    return rng.choice(NUM_CLASSES, count, p=shares) if alpha > 0 else rng.integers(0, NUM_CLASSES, count)
+
+
+def class_colours(labels: np.ndarray) -> np.ndarray:
+    """[n, 3, 1, 1]: each class's hue as a colour direction (cosines 120 degrees apart, in [-1, 1])."""
+    hue = 2 * np.pi * labels / NUM_CLASSES
+    return np.stack([np.cos(hue + 2 * np.pi * c / 3) for c in range(3)], 1)[:, :, None, None]
+
+
+def make_images(count: int, seed: int, alpha: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` offline images in [0, 1] (smooth colour blobs; the class shifts the hue) and their labels
+    (:func:`draw_labels`)."""
+    rng = np.random.default_rng(seed)
+    labels = draw_labels(rng, count, alpha)
     yy, xx = np.mgrid[0:32, 0:32] / 31.0
     images = np.empty((count, 3, 32, 32), np.float32)
     for i, label in enumerate(labels):
         cx, cy, r = rng.uniform(0.2, 0.8, 3)
         blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (0.05 + 0.1 * r))
-        hue = 2 * np.pi * label / NUM_CLASSES
-        for c in range(3):
-            images[i, c] = 0.5 + 0.4 * np.cos(hue + 2 * np.pi * c / 3) * blob + 0.05 * rng.standard_normal((32, 32))
+        colour = class_colours(np.array([label]))[0]
+        images[i] = 0.5 + 0.4 * colour * blob + 0.05 * rng.standard_normal((3, 32, 32))
     return np.clip(images, 0, 1), labels
+
+
+def make_textures(count: int, seed: int, alpha: float = 0.0, cast: float = 0.03) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` photograph-like offline images in [0, 1] and their labels (:func:`draw_labels`): colour textures
+    with the 1/f amplitude spectrum of natural photographs (pixel std 0.15), the class only a faint colour cast
+    (``cast``). Unlike :func:`make_images`, a CNN fits the images it trains on long before it generalises to others
+    of their class: the memorisation that membership inference looks for."""
+    rng = np.random.default_rng(seed)
+    labels = draw_labels(rng, count, alpha)
+    fy, fx = np.meshgrid(np.fft.fftfreq(32), np.fft.fftfreq(32), indexing="ij")
+    frequency = np.hypot(fx, fy)
+    amplitude = np.divide(1.0, frequency, out=np.zeros_like(frequency), where=frequency > 0)  # no DC term
+    spectrum = rng.standard_normal((count, 3, 32, 32)) + 1j * rng.standard_normal((count, 3, 32, 32))
+    texture = np.fft.ifft2(amplitude * spectrum).real
+    texture /= texture.std(axis=(1, 2, 3), keepdims=True)
+    return np.clip(0.5 + 0.15 * texture + cast * class_colours(labels), 0, 1).astype(np.float32), labels
 
 
 def partition_size(sizes: str, partition_id: int) -> int:

@@ -1,0 +1,108 @@
+"""When does one FedAvg update show membership? The audit's membership figures (attacks/membership.py: loss drop,
+ranked among each class's non-members, against the within-class shuffle null) on one client's update over local
+epochs 1, 3, 5, 10, 30 and 100, for 1,000 and 2,000 images per client, IID and Dirichlet(0.5) classes, the
+third-party app's CNN and fedvit's tiny ViT, on two kinds of offline images: the test app's colour blobs (every
+image of a class alike: nothing to memorise) and photograph-like 1/f textures with a faint class colour (the model
+fits its own images long before it generalises: see ``train acc`` against ``held-out acc``).
+
+One client per row, as in benchmarks/label_distribution.py: SGD with momentum 0.9, lr 0.01, batch 32, from the
+model's initialisation; each epoch count is a snapshot of one training run (every epoch reshuffled); non-members:
+2,000 images of the same generator that the client never held.
+
+    uv run python -m benchmarks.membership_onset --workers 2   # writes docs/results/data/membership-onset.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import multiprocessing
+import time
+
+import numpy as np
+import torch
+
+from attacks.membership import Candidates, infer
+from attacks.model_spec import head_bias
+from attacks.observation import ClientRecipe, Observation
+from benchmarks.common import ROOT, write_csv
+from benchmarks.label_distribution import BATCH, DRAWS, LR, PARTITIONS, models, train
+from core.model import classify
+
+OUT = ROOT / "docs" / "results" / "data" / "membership-onset.csv"
+EPOCHS, SIZES, DATA = (1, 3, 5, 10, 30, 100), (1000, 2000), ("app images", "textures")
+ONSET_DRAWS = {"IID": DRAWS["IID"], "Dirichlet(0.5)": DRAWS["Dirichlet(0.5)"][:2]}
+
+
+def images_of(data: str, count: int, seed: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    from cnnapp.task import make_images, make_textures
+
+    return (make_images if data == "app images" else make_textures)(count, seed, alpha)
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> float:
+    model.eval()
+    predicted = classify(model, torch.as_tensor(images, dtype=torch.float32)).argmax(1).numpy()
+    return float((predicted == labels).mean())
+
+
+def rows(case: tuple[str, str, str, int, int], threads: int) -> list[dict]:
+    """One client's training; at each of :data:`EPOCHS` its update as the eavesdropper sees it, audited for
+    membership (``threads`` torch threads: a pool's workers run side by side on one each)."""
+    torch.set_num_threads(threads)
+    name, data, partition, size, seed = case
+    spec = models()[name]
+    torch.manual_seed(seed)
+    model = spec.build(10)
+    received = {n: p.detach().numpy().copy() for n, p in model.state_dict().items()}
+    images, labels = images_of(data, size, 100 + seed, PARTITIONS[partition])
+    others = images_of(data, 2000, 999, 0.0)
+    skeleton = spec.build(10)
+    out = []
+    for epoch in range(1, max(EPOCHS) + 1):
+        model.train()
+        train(model, images, labels, 1, 1000 * seed + epoch)
+        if epoch not in EPOCHS:
+            continue
+        sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+        client = ClientRecipe(size, BATCH, epoch, LR, 0.0, 0.0, 0, False, True, momentum_known=False)
+        obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,
+                          client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
+        started = time.perf_counter()
+        member, _, _ = infer(obs, Candidates((images, labels), others, "other images"), seed)
+        out.append({
+            "model": name, "data": data, "partition": partition, "client seed": seed, "images": size,
+            "local epochs": epoch, "train acc": round(accuracy(model, images, labels), 3),
+            "held-out acc": round(accuracy(model, *others), 3),
+            "AUC": round(member["auc"], 3), "null AUC (99.9th pct)": round(member["null"]["auc"], 3),
+            "TPR@0.1% FPR": member["tpr@0.001"], "null TPR@0.1%": round(member["null"]["tpr@0.001"], 4),
+            "TPR@1% FPR": member["tpr@0.01"], "null TPR@1%": round(member["null"]["tpr@0.01"], 4),
+            "clears": member["clears-null"], "membership s": round(time.perf_counter() - started, 1),
+        })  # fmt: skip
+        print(out[-1], flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=1, help="clients trained side by side, one thread each "
+                        "(1: one at a time on 2 threads)")  # fmt: skip
+    workers = parser.parse_args().workers
+    cases = [(name, data, partition, size, seed) for name in models() for data in DATA for partition in PARTITIONS
+             for size in SIZES for seed in ONSET_DRAWS[partition]]  # fmt: skip
+    found: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        if workers == 1:
+            done = (rows(case, 2) for case in cases)
+        else:
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
+            done = pool.imap(functools.partial(rows, threads=1), cases)
+        for client_rows in done:
+            found.extend(client_rows)
+    write_csv(found, OUT)
+
+
+if __name__ == "__main__":
+    main()
