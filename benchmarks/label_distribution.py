@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import multiprocessing
 import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -47,19 +49,28 @@ def models() -> dict[str, ModelSpec]:
             "vit": fedvit_model_spec(Config(model=TINY), 10)}  # fmt: skip
 
 
-def train(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, epochs: int, seed: int) -> None:
-    """The client: shuffled batches, SGD with momentum, mean cross-entropy (as the test app trains)."""
+def epochs_of(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, seed: int) -> Iterator[int]:
+    """The client's training, one epoch per step (yields the epochs done): shuffled batches, SGD with momentum
+    (one optimiser throughout), mean cross-entropy, as the test app trains."""
     generator = torch.Generator().manual_seed(seed)
     x, y = torch.as_tensor(images, dtype=torch.float32), torch.as_tensor(labels)
     optimiser = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    model.train()
-    for _ in range(epochs):
+    for epoch in itertools.count(1):
+        model.train()
         order = torch.randperm(len(y), generator=generator)
         for first in range(0, len(y), BATCH):
             batch = order[first : first + BATCH]
             optimiser.zero_grad()
             F.cross_entropy(classify(model, x[batch]), y[batch]).backward()
             optimiser.step()
+        yield epoch
+
+
+def train(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, epochs: int, seed: int) -> None:
+    """``epochs`` epochs of :func:`epochs_of`."""
+    for done in epochs_of(model, images, labels, seed):
+        if done == epochs:
+            return
 
 
 def client_update(spec: ModelSpec, epochs: int, size: int, partition: str, seed: int = 0):

@@ -6,8 +6,8 @@ image of a class alike: nothing to memorise) and photograph-like 1/f textures wi
 fits its own images long before it generalises: see ``train acc`` against ``held-out acc``).
 
 One client per row, as in benchmarks/label_distribution.py: SGD with momentum 0.9, lr 0.01, batch 32, from the
-model's initialisation; each epoch count is a snapshot of one training run (every epoch reshuffled); non-members:
-2,000 images of the same generator that the client never held.
+model's initialisation; each epoch count is a snapshot of one training run (one optimiser, every epoch
+reshuffled); non-members: 2,000 images of the same generator that the client never held.
 
     uv run python -m benchmarks.membership_onset --workers 2   # writes docs/results/data/membership-onset.csv
 """
@@ -27,7 +27,7 @@ from attacks.membership import Candidates, infer
 from attacks.model_spec import head_bias
 from attacks.observation import ClientRecipe, Observation
 from benchmarks.common import ROOT, write_csv
-from benchmarks.label_distribution import BATCH, DRAWS, LR, PARTITIONS, models, train
+from benchmarks.label_distribution import BATCH, DRAWS, LR, PARTITIONS, epochs_of, models
 from core.model import classify
 
 OUT = ROOT / "docs" / "results" / "data" / "membership-onset.csv"
@@ -61,9 +61,9 @@ def rows(case: tuple[str, str, str, int, int], threads: int) -> list[dict]:
     others = images_of(data, 2000, 999, 0.0)
     skeleton = spec.build(10)
     out = []
-    for epoch in range(1, max(EPOCHS) + 1):
-        model.train()
-        train(model, images, labels, 1, 1000 * seed + epoch)
+    for epoch in epochs_of(model, images, labels, seed):
+        if epoch > max(EPOCHS):
+            break
         if epoch not in EPOCHS:
             continue
         sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}

@@ -28,7 +28,7 @@ from attacks.reidentification import Gallery
 
 APP = Path(__file__).parent / "thirdparty_app"
 sys.path.insert(0, str(APP))
-from cnnapp.task import Net, make_images, train  # noqa: E402
+from cnnapp.task import Net, make_images, make_textures, train  # noqa: E402
 
 SPEC = ModelSpec("cnnapp.task:Net", app_dir=str(APP))
 CSV = Path(__file__).parents[1] / "docs" / "results" / "data" / "label-distribution.csv"
@@ -203,6 +203,29 @@ def test_memorised_members_clear_the_within_class_null_and_a_noised_update_does_
     noised = {n: w + rng.normal(0, 50, w.shape).astype(np.float32) for n, w in sent.items()}
     result, _, _ = infer(observed(noised), Candidates(members, outsiders, "other noise images"))
     assert not result["clears-null"], result
+
+
+def test_membership_shows_once_a_realistic_client_memorises():
+    """A client at the scale people train (1,000 photograph-like images, Dirichlet(0.5) classes, batch 32, lr 0.01,
+    momentum 0.9): after 3 local epochs its update shows no membership beyond the null; after 30, when it fits its
+    own images far better than others of their class, the calibrated AUC clears its null (the onset
+    benchmarks/membership_onset.py measures)."""
+    images, labels = make_textures(1000, 100, 0.5)
+    others = make_textures(2000, 999)
+    found = {}
+    for epochs in (3, 30):
+        torch.manual_seed(0)
+        model = Net()
+        received = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+        train(model, images, labels, epochs, 0.01, 32, seed=1)  # the app's SGD, momentum 0.9 in its code
+        sent = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+        client = ClientRecipe(1000, 32, epochs, 0.01, 0.0, 0.0, 0, False, True, momentum_known=False)
+        obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+                          client=client, head_bias="fc3.bias")  # fmt: skip
+        found[epochs] = infer(obs, Candidates((images, labels), others, "other textures"))[0]
+    assert not found[3]["clears-null"], found[3]
+    memorised = found[30]
+    assert memorised["auc"] > memorised["null"]["auc"] + 0.03, memorised
 
 
 def test_a_score_that_only_tells_the_class_is_not_membership():
