@@ -220,12 +220,6 @@ def head_weight(bias: str) -> str:
     return bias.removesuffix("bias") + "weight"
 
 
-def observed_head_change(obs: Observation) -> float:
-    """‖w_sent − w_received‖ over the head's weight and bias, as the wire shows it."""
-    names = [n for n in (obs.head_bias, head_weight(obs.head_bias)) if n in obs.update]
-    return math.sqrt(sum(float(((obs.update[n] - obs.received[n]) ** 2).sum()) for n in names))
-
-
 def head_rows(obs: Observation) -> np.ndarray:
     """w_sent − w_received of the head, per class its bias then its weight row, flattened (the system's
     right-hand side before scaling)."""
@@ -259,7 +253,7 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     results = {beta: found for beta in momenta if (found := passes(obs, aux, rows, beta, 0.0, seed)) is not None}
     if not results:
         raise ValueError("the simulated local training diverged under every momentum tried")
-    observed = observed_head_change(obs)
+    observed = float(np.linalg.norm(rows))  # the head's change, SCAFFOLD's correction taken out as in rows
     mismatch = {b: abs(math.log(max(change, 1e-12) / max(observed, 1e-12))) for b, (_, change) in results.items()}
     chosen = min(mismatch, key=mismatch.get)
     note = f"local training simulated on {aux.source} ({client.steps} steps of {client.batch}, lr {client.lr:g}"

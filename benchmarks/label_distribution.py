@@ -1,11 +1,11 @@
-"""What a multi-step FedAvg update leaks at realistic scale: label-count error (RLU-class simulation,
-attacks/label_distribution.py) against the prior's, and membership AUC / TPR at 0.1% and 1% FPR
-(attacks/membership.py) against the shuffled-label null, over local epochs (1, 3, 5), client dataset size,
-IID and Dirichlet(0.5) classes, for the third-party app's CNN and fedvit's tiny ViT.
+"""The label distribution a multi-step FedAvg update leaks at realistic scale: label-count error (RLU-class
+simulation, attacks/label_distribution.py) against the prior's, over local epochs (1, 3, 5), client dataset size,
+IID and Dirichlet(0.5) classes, for the third-party app's CNN and fedvit's tiny ViT (membership at the same scale:
+benchmarks/membership_onset.py).
 
 One client's update per row: its images from the test app's offline generator (five Dirichlet draws of class
 shares, one IID), SGD with momentum 0.9 (on no record: the attack estimates it), lr 0.01, batch 32, from the
-model's initialisation; auxiliary data and non-members: 2,000 images of the same generator that the client never
+model's initialisation; auxiliary data: 2,000 images of the same generator that the client never
 held.
 
     uv run python -m benchmarks.label_distribution --workers 2   # writes docs/results/data/label-distribution.csv
@@ -32,7 +32,6 @@ sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 
 from attacks.label_distribution import Auxiliary, estimate, prior_accuracy  # noqa: E402
 from attacks.labels import label_accuracy  # noqa: E402
-from attacks.membership import Candidates, infer  # noqa: E402
 from attacks.model_spec import ModelSpec, fedvit_model_spec, head_bias  # noqa: E402
 from attacks.observation import ClientRecipe, Observation  # noqa: E402
 from core.config import Config  # noqa: E402
@@ -98,17 +97,11 @@ def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed
     started = time.perf_counter()
     found = estimate(obs, aux, seed)
     label_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    member, _, _ = infer(obs, Candidates((images, labels), (others, other_labels), "other images"), seed)
     return {
         "model": name, "partition": partition, "client seed": seed, "images": size, "local epochs": epochs,
         "label error": round(1 - label_accuracy(found.counts, labels), 4),
         "prior error": round(1 - prior_accuracy(aux.prior(10), labels), 4),
         "momentum estimated": found.momentum, "label s": round(label_seconds, 1),
-        "membership AUC": round(member["auc"], 3), "null AUC (99.9th pct)": round(member["null"]["auc"], 3),
-        "TPR@0.1% FPR": member["tpr@0.001"], "TPR@1% FPR": member["tpr@0.01"],
-        "null TPR@1% (99.9th pct)": round(member["null"]["tpr@0.01"], 4),
-        "membership s": round(time.perf_counter() - started, 1),
     }  # fmt: skip
 
 

@@ -129,6 +129,12 @@ def test_the_verdict_says_leaks_only_beyond_a_null():
     assert verdict([update(measured)], "").startswith("no evidence at this budget: labels beyond the null in 0 of 1")
     assert verdict([update(unverified)], "").startswith("unverified: labels estimated for 1 update(s), unverified")
     assert verdict([update(measured | {"error": 0.1, "clears": True})], "").startswith("LEAKS: labels")
+    figures = {"status": "measured", "auc": 0.56, "tpr@0.01": 0.02, "null": {"auc": 0.53, "tpr@0.01": 0.03}}
+    average = {"leakage": {"labels": none, "images": none, "membership": figures | {"clears": False}}}
+    said = verdict([average], "")
+    assert said.startswith("no evidence at this budget") and "AUC alone beyond its null in 1" in said, said
+    exposed = {"leakage": {"labels": none, "images": none, "membership": figures | {"tpr@0.01": 0.05, "clears": True}}}
+    assert verdict([exposed], "").startswith("LEAKS: membership beyond the null in 1 of 1")
 
 
 def test_per_epoch_image_sets_fit_a_client_that_reshuffles_and_one_fixed_set_does_not():

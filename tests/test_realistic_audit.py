@@ -1,10 +1,10 @@
-"""The audit on the rounds people train: the third-party app (Flower's CNN and FedAvg, SGD momentum 0.9 in its code
-and on no record) deployed through ``fedvit tap`` with 1,000 and 1,200 images per client, Dirichlet(0.5) classes,
-batch 32, 1 and 3 local epochs. The replies must read as weights, the label counts come within the method's
-benchmarked error and beyond the prior, membership is reported against its within-class null (which this round's
-loss drops, calibrated per class, do not beat: tests/test_label_distribution.py has a model that memorises and
-does), and two controls that hold no information about the mapped client's data end in "no evidence": Flower's
-LocalDpMod at large noise, and each node mapped to the other client's data.
+"""The audit on the rounds people train: the third-party app (Flower's CNN and FedAvg, SGD momentum 0.9 in its code and
+on no record) deployed through ``fedvit tap`` with 1,000 and 1,200 images per client, Dirichlet(0.5) classes, batch
+32, 1 and 3 local epochs. The replies must read as weights, the label counts come within the method's benchmarked
+error and beyond the prior, membership is reported against its within-class null (which one to three epochs of this
+CNN do not beat: it memorises nothing measurable that early, benchmarks/membership_onset.py; a client that memorises
+does, tests/test_label_distribution.py), and two controls that hold no information about the mapped client's data
+end in "no evidence": Flower's LocalDpMod at large noise, and each node mapped to the other client's data.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_realistic_rounds_leak_their_label_distribution_and_the_controls_show_no
             member = u["leakage"]["membership"]
             assert member["status"] == "measured" and member["members"] == u["examples"]
             assert {"auc", "tpr@0.001", "tpr@0.01"} <= set(member)
-            # the raw loss drops single out the client's frequent classes (AUC 0.7-0.8 in the benchmark); calibrated
+            # the raw loss drops single out the client's frequent classes (AUC 0.7-0.8 uncalibrated); calibrated
             # per class on the non-members they do not, and one round of this CNN memorises nothing beyond
             assert member["auc"] < 0.6 and not member["clears"], member
             assert u["leakage"]["images"]["status"] == "not measured"  # > 64 images: inversion not attempted
