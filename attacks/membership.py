@@ -93,10 +93,10 @@ def calibrate(
     member_scores: np.ndarray, non_member_scores: np.ndarray, member_labels: np.ndarray, non_member_labels: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Both sides' scores as their mid-rank among the non-members of their class (:func:`class_ranks`: the class's
-    empirical CDF), so that the pooled AUC is the member-weighted mean of the within-class AUCs and a null split
-    centres on 0.5 however skewed a class's scores are (a mean/std standardisation does not: with most members in a
-    long-tailed class it gives 0.50 where the within-class AUC is 0.63, tests/test_label_distribution.py). A class
-    with fewer than two non-members is ranked among all non-members."""
+    empirical CDF), so that the pooled AUC is the member-weighted mean of the within-class AUCs (up to the ranks'
+    granularity) and a null split centres on 0.5 however skewed a class's scores are (a mean/std standardisation
+    does not: with most members in a long-tailed class it gives 0.50 where the within-class AUC is 0.63,
+    tests/test_label_distribution.py). A class with fewer than two non-members is ranked among all non-members."""
     members, non_members = np.empty(len(member_scores)), np.empty(len(non_member_scores))
     for c in np.unique(np.concatenate([member_labels, non_member_labels])):
         inside, outside = member_labels == c, non_member_labels == c
