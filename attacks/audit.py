@@ -35,8 +35,8 @@ from attacks.exchanges import (
 )
 from attacks.frontier import frontier_rows, write_frontier
 from attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
-from attacks.labels import label_accuracy, recover_labels
-from attacks.membership import Candidates, infer, save_roc
+from attacks.labels import label_accuracy, recover_labels_and_momentum
+from attacks.membership import Candidates, infer, reference_updates, save_roc, split_for_references
 from attacks.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, as_batch, reference_rows, reid_setting, score
 from attacks.model_spec import ModelSpec, head_bias, model_settings
 from attacks.observation import Observation, Reconstruction, attacker_seed, dense_update, model_skeleton, recipe
@@ -64,6 +64,7 @@ class AuditOptions:
     sent_as: str = "auto"  # "gradient" | "weights": what another app's replies carry, when the distance misleads
     data: UserData | None = None  # the clients' data for scoring (else the ground truth fedvit's clients recorded)
     decoys: int = DEFAULT_DECOYS  # test-split decoys beside recorded ground truth (0: no re-identification)
+    references: int = 0  # membership of a multi-step update against this many shadow updates (0: the received model)
     budgets: list[int] | None = None  # Adam steps per restart, one row each (default: the budget's own)
     device: str | None = None  # default: a fedvit run's own ``device``, else "auto"
     title: str | None = None
@@ -266,15 +267,17 @@ def run_attack(attack: Attack, obs: Observation, budget: AuditConfig, device: st
 
 def label_distribution(
     obs: Observation, aux: Auxiliary | None, labels: np.ndarray | None, head: dict[str, Any]
-) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """The label counts of one update: its report row, its status and its evidence against the prior (``labels``:
-    the client's true labels where exactly known, else None; ``aux``: the simulation's images and the prior)."""
+) -> tuple[dict[str, Any], str, dict[str, Any], tuple[np.ndarray, float] | None]:
+    """The label counts of one update: its report row, its status, its evidence against the prior and, where a
+    simulation of the local training found them, the counts and the momentum it used (``labels``: the client's true
+    labels where exactly known, else None; ``aux``: the simulation's images and the prior)."""
     started = time.perf_counter()
     client = recipe(obs)
     try:
-        counts, note = (None, why) if (why := labels_apply(obs)) else recover_labels(obs, aux)
+        counts, note, momentum = (None, why, None) if (why := labels_apply(obs)) else recover_labels_and_momentum(
+            obs, aux)  # fmt: skip
     except ValueError as err:  # a diverged update or simulation: said, not raised
-        counts, note = None, f"not estimated: {err}"
+        counts, note, momentum = None, f"not estimated: {err}", None
     accuracy = None if counts is None or labels is None else label_accuracy(counts, labels)
     prior = aux.prior(obs.num_classes) if aux is not None else np.full(obs.num_classes, 1 / obs.num_classes)
     null = None if accuracy is None else prior_accuracy(prior, labels)
@@ -291,7 +294,7 @@ def label_distribution(
         "labels": None if counts is None else {int(c): int(n) for c, n in enumerate(counts) if n},
     }
     status = f"not applicable: {note}" if counts is None else "applied" + (f" ({note})" if note else "")
-    return row, status, evidence
+    return row, status, evidence, None if counts is None or momentum is None else (counts, momentum)
 
 
 def attack_exchange(
@@ -305,14 +308,18 @@ def attack_exchange(
     head = {**obs.meta, "defence": defence_of(obs.config)}
     client = recipe(obs)
     started = time.perf_counter()
-    label_row, label_status, label_leak = label_distribution(obs, aux, labels if exact else None, head)
+    label_row, label_status, label_leak, simulated = label_distribution(obs, aux, labels if exact else None, head)
     rows, statuses = [label_row], {LABELS: label_status}
     accuracy = label_row["label-accuracy"]
     member_scores = None
     if candidates is None:
         member_leak = membership_evidence(None, "needs the client's images and others: --data or ground truth")
     else:
-        result, inside, outside = infer(obs, candidates, attacker_seed(obs))
+        references = None
+        if options.references > 0 and simulated is not None and aux is not None:  # the label estimate's simulation
+            candidates, pool = split_for_references(candidates)
+            references = reference_updates(obs, pool, *simulated, attacker_seed(obs), options.references)
+        result, inside, outside = infer(obs, candidates, attacker_seed(obs), references)
         member_leak, member_scores = membership_evidence(result, ""), (inside, outside)
     chosen, refused = applicable(obs)
     recs, ranks, scored_by = {}, {}, {}

@@ -130,6 +130,7 @@ class Simulation:
 
     system: np.ndarray
     head_change: float
+    weights: dict[str, np.ndarray] | None = None  # the simulated client's final state dict (``keep_weights``)
 
 
 def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
@@ -138,8 +139,9 @@ def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
 
 
 def simulate(
-    obs: Observation, aux: Auxiliary, counts: np.ndarray, momentum: float, seed: int, weight_decay: float = 0.0
-) -> Simulation:
+    obs: Observation, aux: Auxiliary, counts: np.ndarray, momentum: float, seed: int, weight_decay: float = 0.0,
+    keep_weights: bool = False,
+) -> Simulation:  # fmt: skip
     """The client's T local steps (its batch size, lr, momentum) from the received weights on auxiliary images:
     ``counts`` images per class, each drawn once from the auxiliary images of its class and revisited every epoch.
 
@@ -212,7 +214,8 @@ def simulate(
     weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
     system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
     change = math.sqrt(sum(float((params[n].detach() - start[n]).pow(2).sum()) for n in start))
-    return Simulation(system, change)
+    weights = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()} if keep_weights else None
+    return Simulation(system, change, weights)
 
 
 def head_weight(bias: str) -> str:

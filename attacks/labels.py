@@ -103,8 +103,11 @@ def label_accuracy(counts: np.ndarray, true_labels: np.ndarray) -> float:
     return float(np.minimum(counts, true_counts[: len(counts)]).sum() / max(len(true_labels), 1))
 
 
-def recover_labels(obs: Observation, aux: Auxiliary | None = None) -> tuple[np.ndarray | None, str]:
-    """The label counts an eavesdropper recovers from one observed update, or None and the reason it cannot.
+def recover_labels_and_momentum(
+    obs: Observation, aux: Auxiliary | None = None
+) -> tuple[np.ndarray | None, str, float | None]:
+    """The label counts an eavesdropper recovers from one observed update, or None and the reason it cannot, and the
+    momentum its simulation used (None where it simulated nothing).
 
     Needs the classifier bias sent whole (not masked; the encryption key only touches the embeddings) and the
     client's recipe (:func:`attacks.observation.recipe`). FedSGD and single-step FedAvg: g is the gradient (for
@@ -116,21 +119,21 @@ def recover_labels(obs: Observation, aux: Auxiliary | None = None) -> tuple[np.n
     """
     bias = obs.head_bias
     if bias not in obs.update:
-        return None, "no final linear layer with a bias"
+        return None, "no final linear layer with a bias", None
     if obs.masks is not None and not obs.masks[bias].all():
-        return None, "the mask hides part of the head-bias gradient"
+        return None, "the mask hides part of the head-bias gradient", None
     if (why := simulated(obs)) is not None:
-        return None, why
+        return None, why, None
     client = recipe(obs)
     dp = obs.config is not None and obs.config.dp.enabled
     if client.several_steps:
         if not client.lr_known:
-            return None, "not estimated: no record carries the learning rate (give --recipe lr=...)"
+            return None, "not estimated: no record carries the learning rate (give --recipe lr=...)", None
         if dp:
-            return None, "not estimated: DP clipping scaled the update by an unknown factor"
+            return None, "not estimated: DP clipping scaled the update by an unknown factor", None
         aux = aux or noise_auxiliary(input_shape(obs), obs.num_classes, attacker_seed(obs))
         found = estimate(obs, aux, attacker_seed(obs))
-        return found.counts, found.note
+        return found.counts, found.note, found.momentum
     # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received
     model = attack_model(obs) if obs.spec is not None else received_model(obs)
     mean_probs = mean_softmax(model, input_shape(obs), seed=attacker_seed(obs))
@@ -138,12 +141,18 @@ def recover_labels(obs: Observation, aux: Auxiliary | None = None) -> tuple[np.n
         grad, examples = obs.update[bias], client.batch
     elif not client.lr_known:  # Δb = lr · ḡ with lr unknown: the scale that makes the counts integral
         delta = as_gradient(obs).update[bias]
-        return label_counts_unknown_scale(delta, client.examples, mean_probs), "lr unknown: scale estimated"
+        return label_counts_unknown_scale(delta, client.examples, mean_probs), "lr unknown: scale estimated", None
     else:
         grad = as_gradient(obs).update[bias] / client.lr
         if obs.correction is not None:  # SCAFFOLD moved the step by c − c_i as well
             grad = grad - obs.correction[bias]
         examples = client.examples
     if dp:  # clipping scaled the update by an unknown factor
-        return label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated"
-    return best_counts(grad, examples, mean_probs)
+        return label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated", None
+    return (*best_counts(grad, examples, mean_probs), None)
+
+
+def recover_labels(obs: Observation, aux: Auxiliary | None = None) -> tuple[np.ndarray | None, str]:
+    """:func:`recover_labels_and_momentum` without the momentum."""
+    counts, note, _ = recover_labels_and_momentum(obs, aux)
+    return counts, note

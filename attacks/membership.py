@@ -17,6 +17,7 @@ the two sides' class composition), whose 99.9th percentile is the margin a findi
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score, roc_curve
 
+from attacks.label_distribution import Auxiliary, simulate
 from attacks.observation import Observation, model_with, received_model, recipe
 from attacks.reidentification import evenly_spaced
 from core.model import classify
@@ -34,6 +36,8 @@ NULL_DRAWS = 1000  # within-class label shuffles behind the null
 NULL_QUANTILE = 0.999  # a finding must beat this quantile of the null (per figure and update)
 MAX_CANDIDATES = 5000  # per side; more are subsampled (evenly)
 BATCH = 256  # candidates per forward pass
+REFERENCES = 64  # shadow updates per multi-step update (fewer where REFERENCE_SECONDS runs out)
+REFERENCE_SECONDS = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +78,42 @@ def sent_weights(obs: Observation) -> dict[str, np.ndarray]:
     return {n: obs.received[n] - step * g for n, g in obs.update.items()}
 
 
-def scores(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """ℓ(w_received, x) − ℓ(w_sent, x) per candidate (eval mode: BatchNorm on the received running statistics)."""
-    before = received_model(obs).float().eval()
-    after = model_with(obs, sent_weights(obs)).float().eval()
-    return losses(before, images, labels) - losses(after, images, labels)
+def scores(
+    obs: Observation, images: np.ndarray, labels: np.ndarray, references: list[dict[str, np.ndarray]] | None = None
+) -> np.ndarray:  # fmt: skip
+    """ℓ(w_received, x) − ℓ(w_sent, x) per candidate; with ``references`` (shadow updates: :func:`reference_updates`)
+    the mean of ℓ(w_k, x) over them in place of ℓ(w_received, x), how much lower the client's model puts x than
+    models trained alike without it (eval mode: BatchNorm on the received running statistics)."""
+    after = losses(model_with(obs, sent_weights(obs)).float().eval(), images, labels)
+    if not references:
+        return losses(received_model(obs).float().eval(), images, labels) - after
+    before = np.mean([losses(model_with(obs, w).float().eval(), images, labels) for w in references], axis=0)
+    return before - after
+
+
+def split_for_references(candidates: Candidates) -> tuple[Candidates, Auxiliary]:
+    """Every other non-member moves to the shadow updates' images: none of the scored non-members trains a shadow
+    (one that did would score lower on the real split only, which the within-class null cannot see)."""
+    images, labels = candidates.non_members
+    pool = Auxiliary(images[0::2], labels[0::2], f"half of {candidates.source}")
+    kept = dataclasses.replace(candidates, non_members=(images[1::2], labels[1::2]),
+                               source=f"the other half of {candidates.source}")  # fmt: skip
+    return kept, pool
+
+
+def reference_updates(
+    obs: Observation, pool: Auxiliary, counts: np.ndarray, momentum: float, seed: int,
+    count: int = REFERENCES, seconds: float = REFERENCE_SECONDS,
+) -> list[dict[str, np.ndarray]]:  # fmt: skip
+    """Up to ``count`` shadow updates (the offline reference models of Carlini et al., adapted to one update): the
+    client's local training from the received weights (its recipe, ``momentum``) on ``pool`` images drawn to the
+    class ``counts`` the label estimate found, each with its own draw and order; stops after ``seconds``."""
+    found, started = [], time.perf_counter()
+    for k in range(count):
+        found.append(simulate(obs, pool, counts, momentum, seed + 1 + k, keep_weights=True).weights)
+        if time.perf_counter() - started > seconds:
+            break
+    return found
 
 
 def class_ranks(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -143,11 +178,14 @@ def null_figures(
     return {k: float(np.quantile([d[k] for d in draws], NULL_QUANTILE)) for k in draws[0]}
 
 
-def infer(obs: Observation, candidates: Candidates, seed: int = 0) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+def infer(
+    obs: Observation, candidates: Candidates, seed: int = 0, references: list[dict[str, np.ndarray]] | None = None
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
     """Membership figures of one update (calibrated scores), their null and whether they clear it; and the two
-    calibrated score arrays."""
+    calibrated score arrays. ``references``: shadow updates trained on none of the candidates
+    (:func:`split_for_references`, :func:`reference_updates`)."""
     members, non_members = _evenly(*candidates.members), _evenly(*candidates.non_members)
-    raw_inside, raw_outside = scores(obs, *members), scores(obs, *non_members)
+    raw_inside, raw_outside = scores(obs, *members, references), scores(obs, *non_members, references)
     null = null_figures(raw_inside, raw_outside, members[1], non_members[1], seed)
     inside, outside = calibrate(raw_inside, raw_outside, members[1], non_members[1])
     figures = roc_figures(inside, outside)
@@ -156,6 +194,7 @@ def infer(obs: Observation, candidates: Candidates, seed: int = 0) -> tuple[dict
         "members": len(inside),
         "non-members": len(outside),
         "non-member-source": candidates.source,
+        "reference": f"{len(references)} shadow updates" if references else "the received model",
         **figures,
         "null": null,
         "clears-null": bool(clears),

@@ -78,6 +78,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--decoy-partitions", help="with a loader: partitions whose images are decoys, e.g. 4-40")
     g.add_argument("--decoys", type=int, default=99, help="test-split images beside the true one in the "
                    "re-identification gallery of recorded ground truth (default 99: chance 1%%; 0: off)")  # fmt: skip
+    g.add_argument("--membership-references", type=int, default=0, metavar="K", help="membership of a multi-step "
+                   "update scored against K shadow updates (the client's local training simulated on half the "
+                   "non-member images at the estimated class counts; at most 60 s) instead of the received model "
+                   "(default 0: off)")  # fmt: skip
 
     g = p.add_argument_group("budget (the optimisation attacks)")
     g.add_argument("-c", "--run-config", action="append", default=[], help="key=value or a TOML file: audit.* keys "
@@ -167,8 +171,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"fedvit audit: {problem}", file=sys.stderr)
         return 2
     try:
-        if args.decoys < 0:
-            raise ValueError("--decoys must be >= 0")
+        if args.decoys < 0 or args.membership_references < 0:
+            raise ValueError("--decoys and --membership-references must be >= 0")
         budgets = sorted(set(positive_list(args.budgets, "--budgets"))) if args.budgets else None
         for flag, value in (("--iterations", args.iterations), ("--restarts", args.restarts)):
             if value is not None and value < 1:
@@ -195,6 +199,7 @@ def audit_captures(args: argparse.Namespace, budgets: list[int] | None) -> None:
         tv_by_model=args.tv is None and "audit.tv" not in merge_overrides(args.run_config),
         sent_as=args.sent or "auto",
         decoys=args.decoys,
+        references=args.membership_references,
         budgets=budgets,
         device=args.device,
     )

@@ -234,6 +234,55 @@ def test_membership_shows_once_a_realistic_client_memorises():
     assert memorised["auc"] > memorised["null"]["auc"] + 0.03, memorised
 
 
+def textures_update(epochs: int, alpha: float) -> tuple[Observation, Candidates]:
+    """One client's update on 1,000 photograph-like images (batch 32, lr 0.01, the app's momentum 0.9) and its
+    candidates: its images against 2,000 others of the generator."""
+    images, labels = make_textures(1000, 100, alpha)
+    torch.manual_seed(0)
+    model = Net()
+    received = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+    train(model, images, labels, epochs, 0.01, 32, seed=1)
+    sent = {n: t.numpy().copy() for n, t in model.state_dict().items()}
+    client = ClientRecipe(1000, 32, epochs, 0.01, 0.0, 0.0, 0, False, True, momentum_known=False)
+    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+                      client=client, head_bias="fc3.bias")  # fmt: skip
+    return obs, Candidates((images, labels), make_textures(2000, 999), "other textures")
+
+
+def test_shadow_updates_single_out_members_the_loss_drop_does_not():
+    """3 local epochs of an IID photograph-like client: the loss drop against the received model clears nothing;
+    against 64 shadow updates (its local training simulated on half the other images) both AUC and TPR@1% FPR
+    clear their null."""
+    from attacks.membership import reference_updates, split_for_references
+
+    obs, candidates = textures_update(3, 0.0)
+    assert not infer(obs, candidates)[0]["clears-null"]
+    kept, pool = split_for_references(candidates)
+    references = reference_updates(obs, pool, np.bincount(candidates.members[1], minlength=10), 0.9, seed=0)
+    found = infer(obs, kept, 0, references)[0]
+    assert len(references) == 64 and found["reference"] == "64 shadow updates" and found["clears-null"], found
+
+
+def test_shadows_never_train_on_a_scored_non_member():
+    """The split gives the shadows half the non-members and scores the other half. Shadows trained on the scored
+    non-members themselves would lower only their scores, a gap the within-class null cannot see: with "members" the
+    client never held (no membership at all) that alone lifts the AUC beyond its null; the split does not."""
+    from attacks.membership import reference_updates, split_for_references
+
+    obs, _ = textures_update(3, 0.0)
+    strangers = make_textures(1000, 555)  # not the client's: nothing to find
+    candidates = Candidates(strangers, make_textures(2000, 999), "other textures")
+    kept, pool = split_for_references(candidates)
+    both = np.concatenate([pool.images, kept.non_members[0]])
+    assert len(both) == 2000 and len(np.unique(both.reshape(2000, -1), axis=0)) == 2000
+    counts = np.bincount(strangers[1], minlength=10)
+    scored = Auxiliary(*kept.non_members, "the scored non-members")
+    leaky = infer(obs, kept, 0, reference_updates(obs, scored, counts, 0.9, seed=0, count=8))[0]
+    assert leaky["auc"] > leaky["null"]["auc"], leaky  # a membership signal where there is none
+    sound = infer(obs, kept, 0, reference_updates(obs, pool, counts, 0.9, seed=0, count=8))[0]
+    assert sound["auc"] < sound["null"]["auc"] and not sound["clears-null"], sound
+
+
 def test_a_score_that_only_tells_the_class_is_not_membership():
     """Members skewed to some classes, non-members uniform, a score that depends on the class alone (a noised
     model's class bias): its raw AUC is high; calibrated on each class's non-members it is not, and the
