@@ -9,7 +9,12 @@ One client per row, as in benchmarks/label_distribution.py: SGD with momentum 0.
 model's initialisation; each epoch count is a snapshot of one training run (one optimiser, every epoch
 reshuffled); non-members: 2,000 images of the same generator that the client never held.
 
+With ``--references K`` the score is taken against K shadow updates (attacks/membership.py: the client's local
+training simulated on half the non-members, the other half scored) at the client's true class counts and momentum
+(the audit uses its label estimate's), for 1,000-image clients over 1, 3 and 5 local epochs.
+
     uv run python -m benchmarks.membership_onset --workers 2   # writes docs/results/data/membership-onset.csv
+    uv run python -m benchmarks.membership_onset --workers 2 --references 64   # ... membership-references.csv
 """
 
 from __future__ import annotations
@@ -23,15 +28,17 @@ import time
 import numpy as np
 import torch
 
-from attacks.membership import Candidates, infer
+from attacks.membership import Candidates, infer, reference_updates, split_for_references
 from attacks.model_spec import head_bias
 from attacks.observation import ClientRecipe, Observation
 from benchmarks.common import ROOT, write_csv
-from benchmarks.label_distribution import BATCH, DRAWS, LR, PARTITIONS, epochs_of, models
+from benchmarks.label_distribution import BATCH, DRAWS, LR, MOMENTUM, PARTITIONS, epochs_of, models
 from core.model import classify
 
 OUT = ROOT / "docs" / "results" / "data" / "membership-onset.csv"
+OUT_REFERENCES = ROOT / "docs" / "results" / "data" / "membership-references.csv"
 EPOCHS, SIZES, DATA = (1, 3, 5, 10, 30, 100), (1000, 2000), ("app images", "textures")
+REFERENCE_EPOCHS, REFERENCE_SIZES = (1, 3, 5), (1000,)
 ONSET_DRAWS = {"IID": DRAWS["IID"], "Dirichlet(0.5)": DRAWS["Dirichlet(0.5)"][:2]}
 
 
@@ -48,9 +55,10 @@ def accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> 
     return float((predicted == labels).mean())
 
 
-def rows(case: tuple[str, str, str, int, int], threads: int) -> list[dict]:
-    """One client's training; at each of :data:`EPOCHS` its update as the eavesdropper sees it, audited for
-    membership (``threads`` torch threads: a pool's workers run side by side on one each)."""
+def rows(case: tuple[str, str, str, int, int], threads: int, references: int = 0) -> list[dict]:
+    """One client's training; at each of :data:`EPOCHS` (with ``references``: :data:`REFERENCE_EPOCHS`) its update as
+    the eavesdropper sees it, audited for membership (``threads`` torch threads: a pool's workers run side by side on
+    one each)."""
     torch.set_num_threads(threads)
     name, data, partition, size, seed = case
     spec = models()[name]
@@ -58,24 +66,30 @@ def rows(case: tuple[str, str, str, int, int], threads: int) -> list[dict]:
     model = spec.build(10)
     received = {n: p.detach().numpy().copy() for n, p in model.state_dict().items()}
     images, labels = images_of(data, size, 100 + seed, PARTITIONS[partition])
-    others = images_of(data, 2000, 999, 0.0)
+    candidates = Candidates((images, labels), images_of(data, 2000, 999, 0.0), "other images")
+    if references:
+        candidates, pool = split_for_references(candidates)
     skeleton = spec.build(10)
+    snapshots = REFERENCE_EPOCHS if references else EPOCHS
     out = []
     for epoch in epochs_of(model, images, labels, seed):
-        if epoch > max(EPOCHS):
+        if epoch > max(snapshots):
             break
-        if epoch not in EPOCHS:
+        if epoch not in snapshots:
             continue
         sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
         client = ClientRecipe(size, BATCH, epoch, LR, 0.0, 0.0, 0, False, True, momentum_known=False)
         obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,
                           client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
         started = time.perf_counter()
-        member, _, _ = infer(obs, Candidates((images, labels), others, "other images"), seed)
+        shadows = reference_updates(obs, pool, np.bincount(labels, minlength=10), MOMENTUM, seed, references) \
+            if references else None  # fmt: skip
+        member, _, _ = infer(obs, candidates, seed, shadows)
         out.append({
             "model": name, "data": data, "partition": partition, "client seed": seed, "images": size,
             "local epochs": epoch, "train acc": round(accuracy(model, images, labels), 3),
-            "held-out acc": round(accuracy(model, *others), 3),
+            "held-out acc": round(accuracy(model, *candidates.non_members), 3),
+            **({"shadow updates": len(shadows)} if shadows is not None else {}),
             "AUC": round(member["auc"], 3), "null AUC (99.9th pct)": round(member["null"]["auc"], 3),
             "TPR@0.1% FPR": member["tpr@0.001"], "null TPR@0.1%": round(member["null"]["tpr@0.001"], 4),
             "TPR@1% FPR": member["tpr@0.01"], "null TPR@1%": round(member["null"]["tpr@0.01"], 4),
@@ -89,19 +103,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1, help="clients trained side by side, one thread each "
                         "(1: one at a time on 2 threads)")  # fmt: skip
-    workers = parser.parse_args().workers
+    parser.add_argument("--references", type=int, default=0, help="shadow updates per update (0: the received "
+                        "model, the audit's default)")  # fmt: skip
+    args = parser.parse_args()
+    workers, references = args.workers, args.references
+    sizes = REFERENCE_SIZES if references else SIZES
     cases = [(name, data, partition, size, seed) for name in models() for data in DATA for partition in PARTITIONS
-             for size in SIZES for seed in ONSET_DRAWS[partition]]  # fmt: skip
+             for size in sizes for seed in ONSET_DRAWS[partition]]  # fmt: skip
     found: list[dict] = []
     with contextlib.ExitStack() as stack:
         if workers == 1:
-            done = (rows(case, 2) for case in cases)
+            done = (rows(case, 2, references) for case in cases)
         else:
             pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-            done = pool.imap(functools.partial(rows, threads=1), cases)
+            done = pool.imap(functools.partial(rows, threads=1, references=references), cases)
         for client_rows in done:
             found.extend(client_rows)
-    write_csv(found, OUT)
+    write_csv(found, OUT_REFERENCES if references else OUT)
 
 
 if __name__ == "__main__":
