@@ -1,17 +1,19 @@
 """Membership inference on a captured update: was this image in the client's training data?
 
 The score of a candidate image is how much the client's update lowered its loss: ℓ(w_received, x) − ℓ(w_sent, x)
-(the "loss before vs after the update" signal of update-level attacks: Nasr et al., "Comprehensive Privacy
-Analysis of Deep Learning", S&P 2019; FedMIA, arXiv 2402.06289). A gradient reply is turned into the step it
-implies (w_received − η g, η the recipe's lr, else a step of 1% of the weights' norm). Candidates are the
-client's own images (members) and images it never held (non-members). Each score is calibrated on the known
-non-members of its class, as its rank among their scores: how far the update moved this image beyond what it moved
-images of the same class that it never saw (Carlini et al. calibrate per example; with one update per client the
-class is the finest reference an eavesdropper has, and it removes the class skew a FedAvg update always carries).
-The report gives ROC AUC and TPR at 0.1% and 1% FPR as Carlini et al. ask ("Membership Inference Attacks From First
-Principles", S&P 2022, arXiv 2112.03570), each beside its null: the same figures, calibration included, with the
-member/non-member labels shuffled within each class (a control that holds no information about membership beyond
-the two sides' class composition), whose 99.9th percentile is the margin a finding must clear.
+(the "loss before vs after the update" signal of update-level attacks: Nasr et al., "Comprehensive Privacy Analysis
+of Deep Learning", S&P 2019; FedMIA, arXiv 2402.06289). A gradient reply is turned into the step it implies
+(w_received − η g, η the recipe's lr, else a step of 1% of the weights' norm); optionally, against shadow updates in
+place of w_received (:func:`reference_updates`: the offline reference models of Carlini et al., adapted to one
+update). Candidates are the client's own images (members) and images it never held (non-members). Each score is
+calibrated on the known non-members of its class, as its rank among their scores: how far the update moved this
+image beyond what it moved images of the same class that it never saw (Carlini et al. calibrate per example; with
+one update per client the class is the finest reference an eavesdropper has, and it removes the class skew a FedAvg
+update always carries). The report gives ROC AUC and TPR at 0.1% and 1% FPR as Carlini et al. ask ("Membership
+Inference Attacks From First Principles", S&P 2022, arXiv 2112.03570), each beside its null: the same figures,
+calibration included, with the member/non-member labels shuffled within each class (a control that holds no
+information about membership beyond the two sides' class composition), whose 99.9th percentile is the margin a
+finding must clear.
 """
 
 from __future__ import annotations

@@ -38,8 +38,11 @@ def audit_app_captures(captures: Path, out: Path, spec: ModelSpec, budget: Audit
     return audit_captures(captures, out, AuditOptions(spec=spec, budget=budget, **options))
 
 
-def capture_exchange(root: Path, node: int, partition: int, server_round: int = 1, fedsgd: bool = False) -> None:
-    """One train exchange of the test app (FedAvg, 1 local epoch, lr 0.05; or a FedSGD gradient), captured."""
+def capture_exchange(
+    root: Path, node: int, partition: int, server_round: int = 1, fedsgd: bool = False, batch: int = 4
+) -> None:
+    """One train exchange of the test app (FedAvg, 1 local epoch at ``batch``, lr 0.05; or a FedSGD gradient),
+    captured."""
     torch.manual_seed(server_round)
     model = Net()
     received = ArrayRecord(model.state_dict())
@@ -51,12 +54,12 @@ def capture_exchange(root: Path, node: int, partition: int, server_round: int = 
         loss.backward()
         reply_arrays = ArrayRecord({n: p.grad for n, p in model.named_parameters()})
     else:
-        train(model, images, labels, epochs=1, lr=0.05, batch_size=4, seed=server_round)
+        train(model, images, labels, epochs=1, lr=0.05, batch_size=batch, seed=server_round)
         reply_arrays = ArrayRecord(model.state_dict())
     metrics = MetricRecord({"train_loss": 1.0, "num-examples": len(labels)})
     reply = Message(RecordDict({"arrays": reply_arrays, "metrics": metrics}), reply_to=instruction)
     stem = capture_stem(root, 5, server_round, node, "train")
-    run_config = {"batch-size": 4, "partition-sizes": "1,2,3,4", "seed": 7}
+    run_config = {"batch-size": batch, "partition-sizes": "1,2,3,4", "seed": 7}
     head = {"run-id": 5, "round": server_round, "node": node, "run_config": run_config}
     add_direction(stem, "received", instruction, **head)
     add_direction(stem, "sent", reply, **head)
@@ -86,6 +89,17 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
     assert (tmp_path / "out" / "grid.png").stat().st_size > 0
     assert "Verdict" in (tmp_path / "out" / "audit.md").read_text()
     assert json.loads((tmp_path / "out" / "audit.json").read_text())["updates"][0]["update"].startswith("run 5")
+
+
+def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
+    """--membership-references: the label estimate's simulation makes the shadows, on half the non-members."""
+    capture_exchange(tmp_path / "cap", 15, 3, batch=2)  # 4 images, batch 2: two local steps
+    data = UserData(DATA.source, {"15": 3}, DATA.decoy_partitions, DATA.app_dir)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data, references=3)
+    (row,) = report["updates"]
+    member = row["leakage"]["membership"]
+    assert row["steps"] == 2 and member["status"] == "measured" and member["reference"] == "3 shadow updates"
+    assert member["members"] == 4 and member["non-member-source"].startswith("the other half of")
 
 
 def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_path):

@@ -249,18 +249,19 @@ def textures_update(epochs: int, alpha: float) -> tuple[Observation, Candidates]
     return obs, Candidates((images, labels), make_textures(2000, 999), "other textures")
 
 
-def test_shadow_updates_single_out_members_the_loss_drop_does_not():
-    """3 local epochs of an IID photograph-like client: the loss drop against the received model clears nothing;
-    against 64 shadow updates (its local training simulated on half the other images) both AUC and TPR@1% FPR
-    clear their null."""
+def test_shadow_updates_sharpen_the_membership_signal():
+    """3 local epochs of an IID photograph-like client: against 64 shadow updates (its local training simulated on
+    half the other images) the AUC rises well above the loss drop's and its null (benchmarks/membership_onset.py
+    --references: +0.03-0.04 on such clients, TPR@1% FPR still within its null there)."""
     from attacks.membership import reference_updates, split_for_references
 
     obs, candidates = textures_update(3, 0.0)
-    assert not infer(obs, candidates)[0]["clears-null"]
+    drop = infer(obs, candidates)[0]
     kept, pool = split_for_references(candidates)
     references = reference_updates(obs, pool, np.bincount(candidates.members[1], minlength=10), 0.9, seed=0)
     found = infer(obs, kept, 0, references)[0]
-    assert len(references) == 64 and found["reference"] == "64 shadow updates" and found["clears-null"], found
+    assert len(references) == 64 and found["reference"] == "64 shadow updates", found
+    assert found["auc"] > drop["auc"] + 0.02 and found["auc"] > found["null"]["auc"] + 0.03, (found, drop)
 
 
 def test_shadows_never_train_on_a_scored_non_member():
