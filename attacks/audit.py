@@ -320,6 +320,9 @@ def attack_exchange(
             candidates, pool = split_for_references(candidates)
             references = reference_updates(obs, pool, *simulated, attacker_seed(obs), options.references)
         result, inside, outside = infer(obs, candidates, attacker_seed(obs), references)
+        if options.references > 0 and references is None:  # asked for, not possible here: said
+            result["reference"] += (" (shadow updates need a multi-step update whose label counts were estimated "
+                                    "on images that are not the client's)")  # fmt: skip
         member_leak, member_scores = membership_evidence(result, ""), (inside, outside)
     chosen, refused = applicable(obs)
     recs, ranks, scored_by = {}, {}, {}

@@ -100,6 +100,10 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     member = row["leakage"]["membership"]
     assert row["steps"] == 2 and member["status"] == "measured" and member["reference"] == "3 shadow updates"
     assert member["members"] == 4 and member["non-member-source"].startswith("the other half of")
+    capture_exchange(tmp_path / "one", 14, 3)  # batch 4: one local step, nothing to simulate
+    data = UserData(DATA.source, {"14": 3}, DATA.decoy_partitions, DATA.app_dir)
+    (row,) = audit_app_captures(tmp_path / "one", tmp_path / "out1", SPEC, BUDGET, data=data, references=3)["updates"]
+    assert row["leakage"]["membership"]["reference"].startswith("the received model (shadow updates need a multi")
 
 
 def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_path):
