@@ -216,19 +216,7 @@ def test_membership_shows_once_a_realistic_client_memorises():
     momentum 0.9): after 3 local epochs its update shows no membership beyond the null; after 30, when it fits its
     own images far better than others of their class, the calibrated AUC clears its null (the onset
     benchmarks/membership_onset.py measures)."""
-    images, labels = make_textures(1000, 100, 0.5)
-    others = make_textures(2000, 999)
-    found = {}
-    for epochs in (3, 30):
-        torch.manual_seed(0)
-        model = Net()
-        received = {n: t.numpy().copy() for n, t in model.state_dict().items()}
-        train(model, images, labels, epochs, 0.01, 32, seed=1)  # the app's SGD, momentum 0.9 in its code
-        sent = {n: t.numpy().copy() for n, t in model.state_dict().items()}
-        client = ClientRecipe(1000, 32, epochs, 0.01, 0.0, 0.0, 0, False, True, momentum_known=False)
-        obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
-                          client=client, head_bias="fc3.bias")  # fmt: skip
-        found[epochs] = infer(obs, Candidates((images, labels), others, "other textures"))[0]
+    found = {epochs: infer(*textures_update(epochs, 0.5))[0] for epochs in (3, 30)}
     assert not found[3]["clears-null"], found[3]
     memorised = found[30]
     assert memorised["auc"] > memorised["null"]["auc"] + 0.03, memorised
