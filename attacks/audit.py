@@ -36,7 +36,7 @@ from attacks.exchanges import (
 from attacks.frontier import frontier_rows, write_frontier
 from attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
 from attacks.labels import label_accuracy, recover_labels_and_momentum
-from attacks.membership import Candidates, infer, reference_updates, save_roc, split_for_references
+from attacks.membership import REFERENCES, Candidates, infer, reference_updates, save_roc, split_for_references
 from attacks.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, as_batch, reference_rows, reid_setting, score
 from attacks.model_spec import ModelSpec, head_bias, model_settings
 from attacks.observation import Observation, Reconstruction, attacker_seed, dense_update, model_skeleton, recipe
@@ -64,7 +64,7 @@ class AuditOptions:
     sent_as: str = "auto"  # "gradient" | "weights": what another app's replies carry, when the distance misleads
     data: UserData | None = None  # the clients' data for scoring (else the ground truth fedvit's clients recorded)
     decoys: int = DEFAULT_DECOYS  # test-split decoys beside recorded ground truth (0: no re-identification)
-    references: int = 0  # membership of a multi-step update against this many shadow updates (0: the received model)
+    references: int = REFERENCES  # shadow updates behind a multi-step update's membership (0: the loss drop)
     budgets: list[int] | None = None  # Adam steps per restart, one row each (default: the budget's own)
     device: str | None = None  # default: a fedvit run's own ``device``, else "auto"
     title: str | None = None
@@ -315,12 +315,12 @@ def attack_exchange(
     if candidates is None:
         member_leak = membership_evidence(None, "needs the client's images and others: --data or ground truth")
     else:
-        references = None
+        shadows, pool = None, None
         if options.references > 0 and simulated is not None and aux is not None:  # the label estimate's simulation
             candidates, pool = split_for_references(candidates)
-            references = reference_updates(obs, pool, *simulated, attacker_seed(obs), options.references)
-        result, inside, outside = infer(obs, candidates, attacker_seed(obs), references)
-        if options.references > 0 and references is None:  # asked for, not possible here: said
+            shadows = reference_updates(obs, pool, *simulated, attacker_seed(obs), options.references)
+        result, inside, outside = infer(obs, candidates, attacker_seed(obs), shadows, pool)
+        if options.references > 0 and shadows is None:  # asked for, not possible here: said
             result["reference"] += (" (shadow updates need a multi-step update whose label counts were estimated "
                                     "on images that are not the client's)")  # fmt: skip
         member_leak, member_scores = membership_evidence(result, ""), (inside, outside)

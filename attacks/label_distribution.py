@@ -131,6 +131,7 @@ class Simulation:
     system: np.ndarray
     head_change: float
     weights: dict[str, np.ndarray] | None = None  # the simulated client's final state dict (``keep_weights``)
+    epoch_starts: list[dict[str, np.ndarray]] | None = None  # its parameters as each epoch began (``keep_weights``)
 
 
 def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
@@ -175,8 +176,10 @@ def simulate(
     per_epoch = math.ceil(len(labels) / client.batch)
     weights = step_weights(per_epoch * client.epochs, momentum)
     seen, probs_sum, feat_sum, cross_sum = np.zeros(classes), None, None, None
-    step = 0
+    step, epoch_starts = 0, []
     for _ in range(client.epochs):
+        if keep_weights:
+            epoch_starts.append({n: p.detach().numpy().copy() for n, p in model.named_parameters()})
         order = torch.randperm(len(labels), generator=generator)
         for first in range(0, len(labels), client.batch):
             batch = order[first : first + client.batch]
@@ -214,8 +217,11 @@ def simulate(
     weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
     system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
     change = math.sqrt(sum(float((params[n].detach() - start[n]).pow(2).sum()) for n in start))
-    weights = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()} if keep_weights else None
-    return Simulation(system, change, weights)
+    if not keep_weights:
+        return Simulation(system, change)
+    return Simulation(
+        system, change, {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}, epoch_starts
+    )
 
 
 def head_weight(bias: str) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +28,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score, roc_curve
+from torch.func import functional_call, grad, vmap
 
-from attacks.label_distribution import Auxiliary, simulate
+from attacks.label_distribution import Auxiliary, Simulation, simulate
 from attacks.observation import Observation, model_with, received_model, recipe
 from attacks.reidentification import evenly_spaced
-from core.model import classify
+from core.model import classify, normalize
 
 FPRS = (0.001, 0.01)
 NULL_DRAWS = 1000  # within-class label shuffles behind the null
 NULL_QUANTILE = 0.999  # a finding must beat this quantile of the null (per figure and update)
 MAX_CANDIDATES = 5000  # per side; more are subsampled (evenly)
 BATCH = 256  # candidates per forward pass
-REFERENCES = 64  # shadow updates per multi-step update (fewer where REFERENCE_SECONDS runs out)
+REFERENCES = 8  # shadow updates per multi-step update (fewer where REFERENCE_SECONDS runs out)
 REFERENCE_SECONDS = 60.0
+ALIGNMENT_POINTS = 3  # weights along the local training where the candidates' gradients are taken
+PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is cleared of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +55,11 @@ class Candidates:
     source: str
 
 
-def _evenly(images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if len(images) <= MAX_CANDIDATES:
+def evenly(images: np.ndarray, labels: np.ndarray, most: int = MAX_CANDIDATES) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``most`` of the images (evenly spaced) with their labels."""
+    if len(images) <= most:
         return images, labels
-    keep = evenly_spaced(len(images), MAX_CANDIDATES)
+    keep = evenly_spaced(len(images), most)
     return images[keep], labels[keep]
 
 
@@ -80,17 +85,73 @@ def sent_weights(obs: Observation) -> dict[str, np.ndarray]:
     return {n: obs.received[n] - step * g for n, g in obs.update.items()}
 
 
-def scores(
-    obs: Observation, images: np.ndarray, labels: np.ndarray, references: list[dict[str, np.ndarray]] | None = None
-) -> np.ndarray:  # fmt: skip
-    """ℓ(w_received, x) − ℓ(w_sent, x) per candidate; with ``references`` (shadow updates: :func:`reference_updates`)
-    the mean of ℓ(w_k, x) over them in place of ℓ(w_received, x), how much lower the client's model puts x than
-    models trained alike without it (eval mode: BatchNorm on the received running statistics)."""
+def loss_drops(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """ℓ(w_received, x) − ℓ(w_sent, x) per candidate (eval mode: BatchNorm on the received running statistics)."""
     after = losses(model_with(obs, sent_weights(obs)).float().eval(), images, labels)
-    if not references:
-        return losses(received_model(obs).float().eval(), images, labels) - after
-    before = np.mean([losses(model_with(obs, w).float().eval(), images, labels) for w in references], axis=0)
-    return before - after
+    return losses(received_model(obs).float().eval(), images, labels) - after
+
+
+def per_sample_gradients(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> Iterator[torch.Tensor]:
+    """∇_w ℓ(w, x_i) of each image, flattened over ``model``'s parameters, in chunks [b, P] of :data:`BATCH`
+    (``torch.func``: one vectorised backward pass per chunk; eval mode)."""
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, weights, (x[None],))
+        return F.cross_entropy(getattr(out, "logits", out), y[None])
+
+    per_image = vmap(grad(loss), in_dims=(None, 0, 0))
+    for first in range(0, len(images), BATCH):
+        x = normalize(model, torch.as_tensor(images[first : first + BATCH], dtype=torch.float32))
+        y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
+        grads = per_image(params, x, y)
+        yield torch.cat([grads[n].flatten(1) for n in params], 1)
+
+
+def residual_direction(
+    obs: Observation, shadows: list[Simulation], point: dict[str, np.ndarray], pool: Auxiliary
+) -> tuple[torch.nn.Module, torch.Tensor]:  # fmt: skip
+    """The model at ``point`` and what the client's update holds that neither shadows nor pool explain: the residual
+    r = mean_k w_k − w_sent (the shadows' common drift, e.g. the client's class prior, cancels; each member's
+    gradients remain, η/B per visit) with the span of the pool images' gradients at ``point`` projected out
+    (r − Gᵀ(GGᵀ)⁺G r: whatever any non-member's gradient could have put there, shadow noise included)."""
+    model = model_with(obs, point).float().eval()
+    sent = sent_weights(obs)
+    names = [n for n, _ in model.named_parameters()]
+    mean = {n: np.mean([s.weights[n] for s in shadows], axis=0) for n in names}
+    r = torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
+    pool_images, pool_labels = evenly(pool.images, pool.labels, PROJECTION_POOL)
+    g = torch.cat(list(per_sample_gradients(model, pool_images, pool_labels))).double()
+    coefficients = torch.linalg.pinv(g @ g.T, hermitian=True, rtol=1e-10) @ (g @ r)
+    return model, (r - g.T @ coefficients).float()
+
+
+def alignment_points(obs: Observation, shadows: list[Simulation]) -> list[dict[str, np.ndarray]]:
+    """Up to :data:`ALIGNMENT_POINTS` weights along the client's local training, evenly spaced over its epochs: the
+    received weights, then the shadows' mean parameters as later epochs began (a member's gradient enters the
+    update where the client visited it, not at the received weights)."""
+    epochs = len(shadows[0].epoch_starts)
+    chosen = sorted({round(e) for e in np.linspace(0, epochs - 1, min(epochs, ALIGNMENT_POINTS))})
+    points = [{n: np.asarray(v) for n, v in obs.received.items()}]
+    for e in chosen[1:]:
+        points.append({n: np.mean([s.epoch_starts[e][n] for s in shadows], axis=0) for n in shadows[0].epoch_starts[e]})
+    return points
+
+
+def alignment_scores(
+    obs: Observation, shadows: list[Simulation], pool: Auxiliary, sides: list[tuple[np.ndarray, np.ndarray]]
+) -> list[np.ndarray]:  # fmt: skip
+    """Per image of each side, Σ_points ⟨∇ℓ(w_point, x), r_point⟩ / σ_point: how far its own gradient points along
+    the part of the update that nothing but the client's images explains (:func:`residual_direction`); σ is the
+    spread of the last side's (the non-members') alignments at that point, so each point weighs alike."""
+    totals = [np.zeros(len(images)) for images, _ in sides]
+    for point in alignment_points(obs, shadows):
+        model, direction = residual_direction(obs, shadows, point, pool)
+        found = [np.concatenate([(g @ direction).double().numpy() for g in per_sample_gradients(model, *side)])
+                 for side in sides]  # fmt: skip
+        spread = max(float(found[-1].std()), 1e-30)
+        totals = [t + f / spread for t, f in zip(totals, found, strict=True)]
+    return totals
 
 
 def split_for_references(candidates: Candidates) -> tuple[Candidates, Auxiliary]:
@@ -106,13 +167,13 @@ def split_for_references(candidates: Candidates) -> tuple[Candidates, Auxiliary]
 def reference_updates(
     obs: Observation, pool: Auxiliary, counts: np.ndarray, momentum: float, seed: int,
     count: int = REFERENCES, seconds: float = REFERENCE_SECONDS,
-) -> list[dict[str, np.ndarray]]:  # fmt: skip
+) -> list[Simulation]:  # fmt: skip
     """Up to ``count`` shadow updates (the offline reference models of Carlini et al., adapted to one update): the
     client's local training from the received weights (its recipe, ``momentum``) on ``pool`` images drawn to the
     class ``counts`` the label estimate found, each with its own draw and order; stops after ``seconds``."""
     found, started = [], time.perf_counter()
     for k in range(count):
-        found.append(simulate(obs, pool, counts, momentum, seed + 1 + k, keep_weights=True).weights)
+        found.append(simulate(obs, pool, counts, momentum, seed + 1 + k, keep_weights=True))
         if time.perf_counter() - started > seconds:
             break
     return found
@@ -181,13 +242,20 @@ def null_figures(
 
 
 def infer(
-    obs: Observation, candidates: Candidates, seed: int = 0, references: list[dict[str, np.ndarray]] | None = None
+    obs: Observation, candidates: Candidates, seed: int = 0,
+    shadows: list[Simulation] | None = None, pool: Auxiliary | None = None,
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
     """Membership figures of one update (calibrated scores), their null and whether they clear it; and the two
-    calibrated score arrays. ``references``: shadow updates trained on none of the candidates
-    (:func:`split_for_references`, :func:`reference_updates`)."""
-    members, non_members = _evenly(*candidates.members), _evenly(*candidates.non_members)
-    raw_inside, raw_outside = scores(obs, *members, references), scores(obs, *non_members, references)
+    calibrated score arrays. ``shadows`` (:func:`reference_updates`) trained on ``pool``, images that are none of the
+    candidates (:func:`split_for_references`): scored by :func:`alignment_scores`, else by :func:`loss_drops`."""
+    members, non_members = evenly(*candidates.members), evenly(*candidates.non_members)
+    if shadows:
+        raw_inside, raw_outside = alignment_scores(obs, shadows, pool, [members, non_members])
+        reference = (f"the update beyond {len(shadows)} shadow updates, against each image's gradient at "
+                     f"{len(alignment_points(obs, shadows))} point(s) of the local training")  # fmt: skip
+    else:
+        raw_inside, raw_outside = loss_drops(obs, *members), loss_drops(obs, *non_members)
+        reference = "the loss drop from the received model"
     null = null_figures(raw_inside, raw_outside, members[1], non_members[1], seed)
     inside, outside = calibrate(raw_inside, raw_outside, members[1], non_members[1])
     figures = roc_figures(inside, outside)
@@ -196,7 +264,7 @@ def infer(
         "members": len(inside),
         "non-members": len(outside),
         "non-member-source": candidates.source,
-        "reference": f"{len(references)} shadow updates" if references else "the received model",
+        "reference": reference,
         **figures,
         "null": null,
         "clears-null": bool(clears),
