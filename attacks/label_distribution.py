@@ -131,7 +131,7 @@ class Simulation:
     system: np.ndarray
     head_change: float
     weights: dict[str, np.ndarray] | None = None  # the simulated client's final state dict (``keep_weights``)
-    epoch_starts: list[dict[str, np.ndarray]] | None = None  # its parameters as each epoch began (``keep_weights``)
+    snapshots: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)  # parameters (``snapshots``)
 
 
 def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
@@ -141,7 +141,7 @@ def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
 
 def simulate(
     obs: Observation, aux: Auxiliary, counts: np.ndarray, momentum: float, seed: int, weight_decay: float = 0.0,
-    keep_weights: bool = False,
+    keep_weights: bool = False, snapshots: int = 0,
 ) -> Simulation:  # fmt: skip
     """The client's T local steps (its batch size, lr, momentum) from the received weights on auxiliary images:
     ``counts`` images per class, each drawn once from the auxiliary images of its class and revisited every epoch.
@@ -176,12 +176,13 @@ def simulate(
     per_epoch = math.ceil(len(labels) / client.batch)
     weights = step_weights(per_epoch * client.epochs, momentum)
     seen, probs_sum, feat_sum, cross_sum = np.zeros(classes), None, None, None
-    step, epoch_starts = 0, []
+    step, kept = 0, []
+    snapshot_steps = set(np.linspace(0, per_epoch * client.epochs, snapshots, endpoint=False).round().astype(int))
     for _ in range(client.epochs):
-        if keep_weights:
-            epoch_starts.append({n: p.detach().numpy().copy() for n, p in model.named_parameters()})
         order = torch.randperm(len(labels), generator=generator)
         for first in range(0, len(labels), client.batch):
+            if step in snapshot_steps:
+                kept.append({n: p.detach().numpy().copy() for n, p in model.named_parameters()})
             batch = order[first : first + client.batch]
             features.clear()
             logits = classify(model, images[batch])
@@ -217,11 +218,8 @@ def simulate(
     weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
     system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
     change = math.sqrt(sum(float((params[n].detach() - start[n]).pow(2).sum()) for n in start))
-    if not keep_weights:
-        return Simulation(system, change)
-    return Simulation(
-        system, change, {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}, epoch_starts
-    )
+    final = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()} if keep_weights else None
+    return Simulation(system, change, final, kept)
 
 
 def head_weight(bias: str) -> str:

@@ -93,7 +93,11 @@ def loss_drops(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.n
 
 def per_sample_gradients(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> Iterator[torch.Tensor]:
     """∇_w ℓ(w, x_i) of each image, flattened over ``model``'s parameters, in chunks [b, P] of :data:`BATCH`
-    (``torch.func``: one vectorised backward pass per chunk; eval mode)."""
+    (``torch.func``: one vectorised backward pass per chunk; eval mode; ``model`` is switched to timm's explicit
+    attention)."""
+    for module in model.modules():  # timm's fused attention has no batching rule (vmap would loop over images)
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
     params = {n: p.detach() for n, p in model.named_parameters()}
 
     def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -127,14 +131,12 @@ def residual_direction(
 
 
 def alignment_points(obs: Observation, shadows: list[Simulation]) -> list[dict[str, np.ndarray]]:
-    """Up to :data:`ALIGNMENT_POINTS` weights along the client's local training, evenly spaced over its epochs: the
-    received weights, then the shadows' mean parameters as later epochs began (a member's gradient enters the
-    update where the client visited it, not at the received weights)."""
-    epochs = len(shadows[0].epoch_starts)
-    chosen = sorted({round(e) for e in np.linspace(0, epochs - 1, min(epochs, ALIGNMENT_POINTS))})
+    """Weights along the client's local training, evenly spaced over its steps: the received weights, then the
+    shadows' mean parameters at later snapshots (a member's gradient enters the update where the client visited it,
+    not at the received weights)."""
     points = [{n: np.asarray(v) for n, v in obs.received.items()}]
-    for e in chosen[1:]:
-        points.append({n: np.mean([s.epoch_starts[e][n] for s in shadows], axis=0) for n in shadows[0].epoch_starts[e]})
+    for k in range(1, len(shadows[0].snapshots)):
+        points.append({n: np.mean([s.snapshots[k][n] for s in shadows], axis=0) for n in shadows[0].snapshots[k]})
     return points
 
 
@@ -173,7 +175,7 @@ def reference_updates(
     class ``counts`` the label estimate found, each with its own draw and order; stops after ``seconds``."""
     found, started = [], time.perf_counter()
     for k in range(count):
-        found.append(simulate(obs, pool, counts, momentum, seed + 1 + k, keep_weights=True))
+        found.append(simulate(obs, pool, counts, momentum, seed + 1 + k, keep_weights=True, snapshots=ALIGNMENT_POINTS))
         if time.perf_counter() - started > seconds:
             break
     return found
@@ -249,6 +251,8 @@ def infer(
     calibrated score arrays. ``shadows`` (:func:`reference_updates`) trained on ``pool``, images that are none of the
     candidates (:func:`split_for_references`): scored by :func:`alignment_scores`, else by :func:`loss_drops`."""
     members, non_members = evenly(*candidates.members), evenly(*candidates.non_members)
+    if shadows and pool is None:
+        raise ValueError("shadow updates need the pool they were trained on (split_for_references)")
     if shadows:
         raw_inside, raw_outside = alignment_scores(obs, shadows, pool, [members, non_members])
         reference = (f"the update beyond {len(shadows)} shadow updates, against each image's gradient at "

@@ -99,7 +99,7 @@ def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
     return Gallery(stacked, f"{len(decoys)} images of other partitions ({data.source})")
 
 
-OTHERS = 2000  # images of others (partitions not the client's, a test split) the attacker simulates or compares with
+OTHERS = 5000  # images of others (partitions not the client's, a test split) the attacker simulates or compares with
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,10 +1,10 @@
 """The audit on the rounds people train: the third-party app (Flower's CNN and FedAvg, SGD momentum 0.9 in its code and
-on no record) deployed through ``fedvit tap`` with 1,000 and 1,200 images per client, Dirichlet(0.5) classes, batch
-32, 1 and 3 local epochs. The replies must read as weights, the label counts come within the method's benchmarked
-error and beyond the prior, membership is reported against its within-class null (which one to three epochs of this
-CNN do not beat: it memorises nothing measurable that early, benchmarks/membership_onset.py; a client that memorises
-does, tests/test_label_distribution.py), and two controls that hold no information about the mapped client's data
-end in "no evidence": Flower's LocalDpMod at large noise, and each node mapped to the other client's data.
+on no record) deployed through ``fedvit tap`` with 1,000 and 1,200 photograph-like images per client (the app's
+``images="textures"``), Dirichlet(0.5) classes, batch 32, 1 and 3 local epochs. The replies must read as weights,
+the label counts come within the method's benchmarked error and beyond the prior, membership (each image's gradient
+against what the update holds beyond 8 shadow updates) clears its within-class null in AUC and TPR at 1% FPR, and
+two controls that hold no information about the mapped client's data end in "no evidence": Flower's LocalDpMod at
+large noise, and each node mapped to the other client's data.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.test_thirdparty_deployment import APP, PARTITIONS, deploy, fedvit
 
 pytestmark = pytest.mark.deployment
 SIZES = {PARTITIONS[0]: 1000, PARTITIONS[1]: 1200}  # partition-sizes "1000,1200": partition 3 takes the second
-RUN = 'partition-sizes="1000,1200" dirichlet-alpha=0.5 batch-size=32 lr=0.01'
+RUN = 'partition-sizes="1000,1200" dirichlet-alpha=0.5 images="textures" batch-size=32 lr=0.01'
 
 
 def tapped(workdir: Path, extra: str) -> Path:
@@ -60,15 +60,13 @@ def test_realistic_rounds_leak_their_label_distribution_and_the_controls_show_no
             assert "momentum 0.9 estimated from the update" in u["attacks"]["labels (head-bias gradient)"]
             member = u["leakage"]["membership"]
             assert member["status"] == "measured" and member["members"] == u["examples"]
-            assert {"auc", "tpr@0.001", "tpr@0.01"} <= set(member)
-            # the raw loss drops single out the client's frequent classes (AUC 0.7-0.8 uncalibrated); calibrated
-            # per class on the non-members they do not, and one round of this CNN memorises nothing beyond
-            assert member["auc"] < 0.6 and not member["clears"], member
+            assert member["reference"].startswith("the update beyond 8 shadow updates"), member
+            assert member["clears"] and member["tpr@0.01"] > member["null"]["tpr@0.01"], member
             assert u["leakage"]["images"]["status"] == "not measured"  # > 64 images: inversion not attempted
             assert u["attacks"]["gradient matching (optimisation, defence-aware)"].startswith("not applicable: not "
                                                                                                 "attempted")
         assert report["verdict"].startswith("LEAKS: labels beyond the null in 2 of 2 update(s)")
-        assert "membership beyond the null in 0 of 2" in report["verdict"]
+        assert "membership beyond the null in 2 of 2" in report["verdict"]
         assert (tmp_path / f"audit-e{epochs}" / "membership-roc.png").exists()
         if epochs == 1:
             swapped = audit(tmp_path / "e1" / "captures", tmp_path / "audit-swapped", swap=True)

@@ -14,5 +14,6 @@ LARGE_SIZES, ALPHA = "1000,1200", 0.5  # the realistic run: 1,000 and 1,200 imag
 
 
 def large(partition_id: int):
-    """cnnapp's partition as the realistic run makes it (``partition-sizes="1000,1200" dirichlet-alpha=0.5``)."""
-    return load_data(partition_id, partition_size(LARGE_SIZES, partition_id), SEED, ALPHA)
+    """cnnapp's partition as the realistic run makes it (``partition-sizes="1000,1200" dirichlet-alpha=0.5
+    images="textures"``: photograph-like images)."""
+    return load_data(partition_id, partition_size(LARGE_SIZES, partition_id), SEED, ALPHA, "textures")

@@ -12,7 +12,8 @@ app = ClientApp()
 def local_data(context: Context):
     pid = int(context.node_config["partition-id"])
     size = partition_size(str(context.run_config["partition-sizes"]), pid)
-    return load_data(pid, size, int(context.run_config["seed"]), float(context.run_config["dirichlet-alpha"]))
+    return load_data(pid, size, int(context.run_config["seed"]), float(context.run_config["dirichlet-alpha"]),
+                     str(context.run_config["images"]))
 
 
 def local_dp(msg: Message, context: Context, call_next) -> Message:

@@ -83,9 +83,15 @@ def partition_size(sizes: str, partition_id: int) -> int:
     return values[partition_id % len(values)]
 
 
-def load_data(partition_id: int, size: int, seed: int, alpha: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """A client's own images and labels (raw pixels in [0, 1]); ``alpha`` > 0: Dirichlet(alpha) class shares."""
-    return make_images(size, seed * 1000 + partition_id, alpha)
+def load_data(
+    partition_id: int, size: int, seed: int, alpha: float = 0.0, images: str = "blobs"
+) -> tuple[np.ndarray, np.ndarray]:
+    """A client's own images and labels (raw pixels in [0, 1]); ``alpha`` > 0: Dirichlet(alpha) class shares;
+    ``images``: "blobs" (:func:`make_images`) or "textures" (photograph-like: :func:`make_textures`)."""
+    makers = {"blobs": make_images, "textures": make_textures}
+    if images not in makers:
+        raise ValueError(f"images must be one of {sorted(makers)}, not {images!r}")
+    return makers[images](size, seed * 1000 + partition_id, alpha)
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
