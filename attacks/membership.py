@@ -1,19 +1,23 @@
 """Membership inference on a captured update: was this image in the client's training data?
 
-The score of a candidate image is how much the client's update lowered its loss: ℓ(w_received, x) − ℓ(w_sent, x)
-(the "loss before vs after the update" signal of update-level attacks: Nasr et al., "Comprehensive Privacy Analysis
-of Deep Learning", S&P 2019; FedMIA, arXiv 2402.06289). A gradient reply is turned into the step it implies
-(w_received − η g, η the recipe's lr, else a step of 1% of the weights' norm); optionally, against shadow updates in
-place of w_received (:func:`reference_updates`: the offline reference models of Carlini et al., adapted to one
-update). Candidates are the client's own images (members) and images it never held (non-members). Each score is
-calibrated on the known non-members of its class, as its rank among their scores: how far the update moved this
-image beyond what it moved images of the same class that it never saw (Carlini et al. calibrate per example; with
-one update per client the class is the finest reference an eavesdropper has, and it removes the class skew a FedAvg
-update always carries). The report gives ROC AUC and TPR at 0.1% and 1% FPR as Carlini et al. ask ("Membership
-Inference Attacks From First Principles", S&P 2022, arXiv 2112.03570), each beside its null: the same figures,
-calibration included, with the member/non-member labels shuffled within each class (a control that holds no
-information about membership beyond the two sides' class composition), whose 99.9th percentile is the margin a
-finding must clear.
+Two scores per candidate image. A multi-step update whose class counts were estimated (the label estimate's
+simulation) is scored by gradient alignment (:func:`alignment_scores`): the update, minus the mean of K shadow
+updates (:func:`reference_updates`: the client's local training simulated from the received weights on images that
+are none of the candidates: Carlini et al.'s offline reference models, adapted to one update), is a sum of the
+members' gradients, each η/B per visit, and of what the shadows did not reproduce; the span of the shadow images'
+gradients is projected out of it, and each candidate's gradient, taken at points along the simulated local
+training, is dotted with what remains (the inner-product signal of gradient-level membership attacks: Nasr et al.,
+"Comprehensive Privacy Analysis of Deep Learning", S&P 2019; FedMIA, arXiv 2402.06289). Otherwise (one step, a
+gradient reply, no estimate) the score is how much the update lowered the image's loss: ℓ(w_received, x) −
+ℓ(w_sent, x), a gradient reply turned into the step it implies (w_received − η g, η the recipe's lr, else a step of
+1% of the weights' norm). Candidates are the client's own images (members) and images it never held
+(non-members). Each score is calibrated on the known non-members of its class, as its rank among their scores (Carlini
+et al. calibrate per example; with one update per client the class is the finest reference an eavesdropper has,
+and it removes the class skew a FedAvg update always carries). The report gives ROC AUC and TPR at 0.1% and 1% FPR
+as Carlini et al. ask ("Membership Inference Attacks From First Principles", S&P 2022, arXiv 2112.03570), each
+beside its null: the same figures, calibration included, with the member/non-member labels shuffled within each
+class (a control that holds no information about membership beyond the two sides' class composition), whose 99.9th
+percentile is the margin a finding must clear.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ REFERENCES = 8  # shadow updates per multi-step update (fewer where REFERENCE_SE
 REFERENCE_SECONDS = 60.0
 ALIGNMENT_POINTS = 3  # weights along the local training where the candidates' gradients are taken
 PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is cleared of
+GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the pool and the chunks on large models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +97,9 @@ def loss_drops(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.n
 
 
 def per_sample_gradients(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> Iterator[torch.Tensor]:
-    """∇_w ℓ(w, x_i) of each image, flattened over ``model``'s parameters, in chunks [b, P] of :data:`BATCH`
-    (``torch.func``: one vectorised backward pass per chunk; eval mode; ``model`` is switched to timm's explicit
-    attention)."""
+    """∇_w ℓ(w, x_i) of each image, flattened over ``model``'s parameters, in chunks [b, P] of up to :data:`BATCH`
+    (a quarter of :data:`GRADIENT_BYTES` each; ``torch.func``: one vectorised backward pass per chunk; eval mode;
+    ``model`` is switched to timm's explicit attention)."""
     for module in model.modules():  # timm's fused attention has no batching rule (vmap would loop over images)
         if hasattr(module, "fused_attn"):
             module.fused_attn = False
@@ -105,11 +110,22 @@ def per_sample_gradients(model: torch.nn.Module, images: np.ndarray, labels: np.
         return F.cross_entropy(getattr(out, "logits", out), y[None])
 
     per_image = vmap(grad(loss), in_dims=(None, 0, 0))
-    for first in range(0, len(images), BATCH):
-        x = normalize(model, torch.as_tensor(images[first : first + BATCH], dtype=torch.float32))
-        y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
+    chunk = max(1, min(BATCH, GRADIENT_BYTES // 4 // (4 * parameter_count(model))))
+    for first in range(0, len(images), chunk):
+        x = normalize(model, torch.as_tensor(images[first : first + chunk], dtype=torch.float32))
+        y = torch.as_tensor(labels[first : first + chunk], dtype=torch.int64)
         grads = per_image(params, x, y)
         yield torch.cat([grads[n].flatten(1) for n in params], 1)
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def projection_pool(model: torch.nn.Module) -> int:
+    """How many pool images' gradients span the projection: :data:`PROJECTION_POOL`, fewer where their float32
+    gradients would exceed half of :data:`GRADIENT_BYTES` (large models: reported with the result)."""
+    return max(1, min(PROJECTION_POOL, GRADIENT_BYTES // 2 // (4 * parameter_count(model))))
 
 
 def residual_direction(
@@ -124,10 +140,10 @@ def residual_direction(
     names = [n for n, _ in model.named_parameters()]
     mean = {n: np.mean([s.weights[n] for s in shadows], axis=0) for n in names}
     r = torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
-    pool_images, pool_labels = evenly(pool.images, pool.labels, PROJECTION_POOL)
-    g = torch.cat(list(per_sample_gradients(model, pool_images, pool_labels))).double()
-    coefficients = torch.linalg.pinv(g @ g.T, hermitian=True, rtol=1e-10) @ (g @ r)
-    return model, (r - g.T @ coefficients).float()
+    g = torch.cat(list(per_sample_gradients(model, *evenly(pool.images, pool.labels, projection_pool(model)))))
+    gram = (g @ g.T).double()
+    coefficients = torch.linalg.pinv(gram, hermitian=True, rtol=1e-10) @ (g.double() @ r)
+    return model, (r - g.T.double() @ coefficients).float()
 
 
 def alignment_points(obs: Observation, shadows: list[Simulation]) -> list[dict[str, np.ndarray]]:
@@ -255,8 +271,10 @@ def infer(
         raise ValueError("shadow updates need the pool they were trained on (split_for_references)")
     if shadows:
         raw_inside, raw_outside = alignment_scores(obs, shadows, pool, [members, non_members])
+        spanned = min(len(pool.images), projection_pool(received_model(obs)))
         reference = (f"the update beyond {len(shadows)} shadow updates, against each image's gradient at "
-                     f"{len(alignment_points(obs, shadows))} point(s) of the local training")  # fmt: skip
+                     f"{len(alignment_points(obs, shadows))} point(s) of the local training ({spanned} shadow "
+                     "images' gradients projected out)")  # fmt: skip
     else:
         raw_inside, raw_outside = loss_drops(obs, *members), loss_drops(obs, *non_members)
         reference = "the loss drop from the received model"

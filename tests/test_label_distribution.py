@@ -330,3 +330,23 @@ def test_calibrated_auc_is_the_within_class_auc_however_skewed_the_classes():
     null_outside[outsider_labels == 1] = rng.normal(0, 1, 900)
     null = roc_figures(*calibrate(null_inside, null_outside, member_labels, outsider_labels))["auc"]
     assert abs(null - 0.5) < 0.03, null
+
+
+def test_the_projection_and_gradient_chunks_shrink_to_fit_a_large_model(monkeypatch):
+    """Per-image gradients of a large model would not fit: the pool whose gradients are projected out and the chunks
+    they are taken in shrink to GRADIENT_BYTES (the report states the pool's size), and the gradients stay exact."""
+    import attacks.membership as membership
+    from core.model import classify
+
+    model = Net().eval()
+    params = membership.parameter_count(model)
+    assert membership.projection_pool(model) == membership.PROJECTION_POOL
+    monkeypatch.setattr(membership, "GRADIENT_BYTES", 2 * 4 * params * 10)  # room for 10 gradients in the pool
+    assert membership.projection_pool(model) == 10
+    images, labels = make_textures(7, 3)
+    chunks = list(membership.per_sample_gradients(model, images, labels))
+    assert [len(c) for c in chunks] == [5, 2]  # a quarter of the budget: 5 gradients per chunk
+    logits = classify(model, torch.as_tensor(images[6:7]))
+    loss = torch.nn.functional.cross_entropy(logits, torch.as_tensor(labels[6:7]))
+    expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
+    assert torch.allclose(chunks[1][1], expected, atol=1e-6)
