@@ -12,7 +12,7 @@ reshuffled); non-members: 2,000 images of the same generator that the client nev
 With ``--references K`` the score is the audit's default for multi-step updates (attacks/membership.py: each
 image's gradient against what the update holds beyond K shadow updates, the client's local training simulated on
 half of 4,000 non-members, the other half scored) at the client's true class counts and momentum (the audit uses
-its label estimate's), for 1,000-image clients over 1, 3 and 5 local epochs.
+its label estimate's), for 1,000- and 2,000-image clients over 1, 3 and 5 local epochs.
 
     uv run python -m benchmarks.membership_onset --workers 2   # writes docs/results/data/membership-onset.csv
     uv run python -m benchmarks.membership_onset --workers 2 --references 8   # ... membership-references.csv
@@ -39,7 +39,7 @@ from core.model import classify
 OUT = ROOT / "docs" / "results" / "data" / "membership-onset.csv"
 OUT_REFERENCES = ROOT / "docs" / "results" / "data" / "membership-references.csv"
 EPOCHS, SIZES, DATA = (1, 3, 5, 10, 30, 100), (1000, 2000), ("app images", "textures")
-REFERENCE_EPOCHS, REFERENCE_SIZES, REFERENCE_OTHERS = (1, 3, 5), (1000,), 4000
+REFERENCE_EPOCHS, REFERENCE_SIZES, REFERENCE_OTHERS = (1, 3, 5), (1000, 2000), 4000
 ONSET_DRAWS = {"IID": DRAWS["IID"], "Dirichlet(0.5)": DRAWS["Dirichlet(0.5)"][:2]}
 
 
