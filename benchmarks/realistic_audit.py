@@ -1,7 +1,7 @@
-"""Wall-clock of the audit of one realistic update, scoring included: the third-party app's CNN, 1,200 images of
-Dirichlet(0.5) classes, batch 32, 3 local epochs, SGD momentum 0.9 on no record, captured through fedvit's capture
-path and audited with ``--data`` (labels, membership over 1,200 members and 2,000 non-members, image inversion
-refused) at the default budget.
+"""Wall-clock of the audit of one realistic update, scoring included: the third-party app's CNN, 1,200
+photograph-like images of Dirichlet(0.5) classes, batch 32, 3 local epochs, SGD momentum 0.9 on no record, captured
+through fedvit's capture path and audited with ``--data`` (labels; membership against 8 shadow updates over 1,200
+members and half the 2,400 decoy images; image inversion refused) at the default budget.
 
     uv run python -m benchmarks.realistic_audit
 """
