@@ -128,18 +128,22 @@ def projection_pool(model: torch.nn.Module) -> int:
     return max(1, min(PROJECTION_POOL, GRADIENT_BYTES // 2 // (4 * parameter_count(model))))
 
 
-def residual_direction(
-    obs: Observation, shadows: list[Simulation], point: dict[str, np.ndarray], pool: Auxiliary
-) -> tuple[torch.nn.Module, torch.Tensor]:  # fmt: skip
-    """The model at ``point`` and what the client's update holds that neither shadows nor pool explain: the residual
-    r = mean_k w_k − w_sent (the shadows' common drift, e.g. the client's class prior, cancels; each member's
-    gradients remain, η/B per visit) with the span of the pool images' gradients at ``point`` projected out
-    (r − Gᵀ(GGᵀ)⁺G r: whatever any non-member's gradient could have put there, shadow noise included)."""
-    model = model_with(obs, point).float().eval()
+def residual(obs: Observation, shadows: list[Simulation]) -> torch.Tensor:
+    """r = mean_k w_k − w_sent over the model's parameters, flattened in their order: the shadows' common drift (e.g.
+    the client's class prior) cancels; each member's gradients remain, η/B per visit."""
     sent = sent_weights(obs)
-    names = [n for n, _ in model.named_parameters()]
+    names = [n for n, _ in received_model(obs).named_parameters()]
     mean = {n: np.mean([s.weights[n] for s in shadows], axis=0) for n in names}
-    r = torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
+    return torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
+
+
+def residual_direction(
+    obs: Observation, r: torch.Tensor, point: dict[str, np.ndarray], pool: Auxiliary
+) -> tuple[torch.nn.Module, torch.Tensor]:  # fmt: skip
+    """The model at ``point`` and what the client's update holds that neither shadows nor pool explain: the
+    :func:`residual` ``r`` with the span of the pool images' gradients at ``point`` projected out (r − Gᵀ(GGᵀ)⁺G r:
+    whatever any non-member's gradient could have put there, shadow noise included)."""
+    model = model_with(obs, point).float().eval()
     g = torch.cat(list(per_sample_gradients(model, *evenly(pool.images, pool.labels, projection_pool(model)))))
     gram = (g @ g.T).double()
     coefficients = torch.linalg.pinv(gram, hermitian=True, rtol=1e-10) @ (g.double() @ r)
@@ -160,11 +164,13 @@ def alignment_scores(
     obs: Observation, shadows: list[Simulation], pool: Auxiliary, sides: list[tuple[np.ndarray, np.ndarray]]
 ) -> list[np.ndarray]:  # fmt: skip
     """Per image of each side, Σ_points ⟨∇ℓ(w_point, x), r_point⟩ / σ_point: how far its own gradient points along
-    the part of the update that nothing but the client's images explains (:func:`residual_direction`); σ is the
-    spread of the last side's (the non-members') alignments at that point, so each point weighs alike."""
+    the part of the update that nothing but the client's images explains (:func:`residual_direction`, one point per
+    shadow snapshot: :func:`alignment_points`); σ is the spread of the last side's (the non-members') alignments at
+    that point, so each point weighs alike."""
     totals = [np.zeros(len(images)) for images, _ in sides]
+    r = residual(obs, shadows)
     for point in alignment_points(obs, shadows):
-        model, direction = residual_direction(obs, shadows, point, pool)
+        model, direction = residual_direction(obs, r, point, pool)
         found = [np.concatenate([(g @ direction).double().numpy() for g in per_sample_gradients(model, *side)])
                  for side in sides]  # fmt: skip
         spread = max(float(found[-1].std()), 1e-30)
@@ -273,7 +279,7 @@ def infer(
         raw_inside, raw_outside = alignment_scores(obs, shadows, pool, [members, non_members])
         spanned = min(len(pool.images), projection_pool(received_model(obs)))
         reference = (f"the update beyond {len(shadows)} shadow updates, against each image's gradient at "
-                     f"{len(alignment_points(obs, shadows))} point(s) of the local training ({spanned} shadow "
+                     f"{max(1, len(shadows[0].snapshots))} point(s) of the local training ({spanned} shadow "
                      "images' gradients projected out)")  # fmt: skip
     else:
         raw_inside, raw_outside = loss_drops(obs, *members), loss_drops(obs, *non_members)
