@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from common import TINY, VIT_S16, median_time
 
-from clients.adversarial import PGD, madry_adversary
-from clients.training import local_epochs
-from core.data import ImageSet
-from core.model import build_model, get_weights
-from strategies import FedAvg, FedWAvg
+from fedvit.clients.adversarial import PGD, madry_adversary
+from fedvit.clients.training import local_epochs
+from fedvit.core.data import ImageSet
+from fedvit.core.model import build_model, get_weights
+from fedvit.strategies import FedAvg, FedWAvg
 from tests.helpers import FakeGrid, reply
 
 BATCH = 24

@@ -15,13 +15,13 @@ import numpy as np
 import torch
 from common import TINY, VIT_S16, median_time  # first: puts the checkout on sys.path
 
-from attacks import april
-from attacks.metrics import psnr
-from attacks.observation import Observation
-from clients.training import fedsgd_gradient
-from core.config import Config
-from core.data import synthetic
-from core.model import build_model, get_weights
+from fedvit.attacks import april
+from fedvit.attacks.observation import Observation
+from fedvit.audit.metrics import psnr
+from fedvit.clients.training import fedsgd_gradient
+from fedvit.core.config import Config
+from fedvit.core.data import synthetic
+from fedvit.core.model import build_model, get_weights
 
 MODELS = {
     "tiny (default, 32 px)": TINY,

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attacks.benchmark import Setting  # noqa: E402
-from attacks.inversion import invert  # noqa: E402
 from benchmarks.common import ROOT
 from benchmarks.peer_breaching import plain_updates, scored_row
-from core.config import AuditConfig, parse_config  # noqa: E402
-from core.results import trained_model  # noqa: E402
+from fedvit.attacks.inversion import invert  # noqa: E402
+from fedvit.audit.benchmark import Setting  # noqa: E402
+from fedvit.core.config import AuditConfig, parse_config  # noqa: E402
+from fedvit.core.results import trained_model  # noqa: E402
 
 
 def _value(text: str) -> object:

@@ -1,4 +1,4 @@
-"""How much of an undefended FedSGD batch the patch-embedding ICA attack (attacks/cocktail.py) recovers.
+"""How much of an undefended FedSGD batch the patch-embedding ICA attack (fedvit.attacks.cocktail) recovers.
 
 Per batch size: images whose matched PSNR beats their best flat image, and patches recovered (correlation > 0.9
 with a true patch of the same position, after the attack placed and rescaled it), over a few client updates
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attacks.april import image_to_patches
-from attacks.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
-from attacks.cocktail import batch_bound, cocktail_party, unmix_patches
-from attacks.metrics import best_flat_image, match_batch, psnr
-from core.config import parse_config
-from fedvit_app.run_config import merge_overrides
+from fedvit.app.run_config import merge_overrides
+from fedvit.attacks.april import image_to_patches
+from fedvit.attacks.cocktail import batch_bound, cocktail_party, unmix_patches
+from fedvit.audit.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
+from fedvit.audit.metrics import best_flat_image, match_batch, psnr
+from fedvit.core.config import parse_config
 
 
 def measure(base_overrides: list[str], batch: int, updates: int) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's code, also when it is not the installed copy
 
-from core.config import ModelConfig  # noqa: E402
+from fedvit.core.config import ModelConfig  # noqa: E402
 
 # The documented numbers were measured with the class-token readout (the papers'; the default job now uses "vis").
 TINY = ModelConfig(head="cls")  # the default job's shape: 32 px, patch 8, D = 64, 2 blocks

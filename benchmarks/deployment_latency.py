@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from round_overhead import flwr_run, snapshot  # noqa: E402
 
-from fedvit_app.client_app import REPORT_LAUNCH_ENV  # noqa: E402
-from fedvit_app.deployment.loopback import LoopbackDeployment  # noqa: E402
-from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink  # noqa: E402
+from fedvit.app.client_app import REPORT_LAUNCH_ENV  # noqa: E402
+from fedvit.app.deployment.loopback import LoopbackDeployment  # noqa: E402
+from fedvit.app.flower_processes import private_superlink_env, stop_local_superlink  # noqa: E402
 
 
 def round_times(run_dir: Path) -> dict:
@@ -53,7 +53,7 @@ def import_s(statement: str, repeats: int = 3) -> float:
 
 
 LOAD_APP = (
-    "from flwr.supercore.object_ref import load_app; load_app('fedvit_app.client_app:app', RuntimeError, {app!r})"
+    "from flwr.supercore.object_ref import load_app; load_app('fedvit.app.client_app:app', RuntimeError, {app!r})"
 )
 
 
@@ -67,7 +67,7 @@ def warm_load_s(app: Path, repeats: int = 3) -> float:
     from the app dir. Median seconds from the fork to the loaded app (excludes Flower's message transfer)."""
     program = f"""
 import os, sys, time
-from fedvit_app.deployment.warm_superexec import DEFAULT_PRELOAD, PROJECT_PACKAGES, preload
+from fedvit.app.deployment.warm_superexec import DEFAULT_PRELOAD, PROJECT_PACKAGES, preload
 preload(list(DEFAULT_PRELOAD))
 times = []
 for _ in range({repeats}):
@@ -100,9 +100,9 @@ def deployment_run(app: Path, work: Path, clients: int, overrides: list[str], wa
 def floor_app(dest: Path, overrides: list[str], packed: bool) -> Path:
     """A copy of the app whose ServerApp and ClientApp are benchmarks/floor_app.py, with the run's model shapes
     (``packed``: its ServerApp packs ArrayRecords as fedvit's does, else Flower's own message layout)."""
-    from core.config import parse_config
-    from core.model import build_model, get_weights
-    from fedvit_app.run_config import resolved_run_config
+    from fedvit.app.run_config import resolved_run_config
+    from fedvit.core.config import parse_config
+    from fedvit.core.model import build_model, get_weights
 
     app = snapshot(dest)
     config = parse_config(resolved_run_config(app, overrides))
@@ -111,8 +111,8 @@ def floor_app(dest: Path, overrides: list[str], packed: bool) -> Path:
     (app / "benchmarks" / "floor_settings.json").write_text(json.dumps(settings))
     pyproject = app / "pyproject.toml"
     text = pyproject.read_text()
-    text = text.replace('serverapp = "fedvit_app.server_app:app"', 'serverapp = "benchmarks.floor_app:server"')
-    text = text.replace('clientapp = "fedvit_app.client_app:app"', 'clientapp = "benchmarks.floor_app:client"')
+    text = text.replace('serverapp = "fedvit.app.server_app:app"', 'serverapp = "benchmarks.floor_app:server"')
+    text = text.replace('clientapp = "fedvit.app.client_app:app"', 'clientapp = "benchmarks.floor_app:client"')
     pyproject.write_text(text)
     return app
 

@@ -23,8 +23,8 @@ from safetensors.numpy import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from clients.encryption import KEY_ENV, EncryptionKey  # noqa: E402
-from core.config import Config  # noqa: E402
+from fedvit.clients.encryption import KEY_ENV, EncryptionKey  # noqa: E402
+from fedvit.core.config import Config  # noqa: E402
 from tests.helpers import run_in_process  # noqa: E402
 
 

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from common import TINY, VIT_S16, median_time  # first: puts the checkout on sys.path
 
-from clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
-from clients.training import fedsgd_gradient
-from core.data import synthetic
-from core.model import build_model, get_weights
+from fedvit.clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
+from fedvit.clients.training import fedsgd_gradient
+from fedvit.core.data import synthetic
+from fedvit.core.model import build_model, get_weights
 
 MODELS = {"tiny (default, 32 px)": TINY, "ViT-S/16 224 px": VIT_S16}
 SLOTS = 4096  # CKKS slots at N = 8192

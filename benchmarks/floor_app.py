@@ -22,8 +22,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from core.wire import wire_mod
-from fedvit_app.polling_grid import PollingGrid, poll_interval
+from fedvit.app.polling_grid import PollingGrid, poll_interval
+from fedvit.core.wire import wire_mod
 
 SETTINGS_FILE = Path(__file__).with_name("floor_settings.json")  # {"shapes": {name: shape}, "packed": bool}
 

@@ -1,5 +1,5 @@
 """The label distribution a multi-step FedAvg update leaks at realistic scale: label-count error (RLU-class
-simulation, attacks/label_distribution.py) against the prior's, over local epochs (1, 3, 5), client dataset size,
+simulation, fedvit.attacks.label_distribution) against the prior's, over local epochs (1, 3, 5), client dataset size,
 IID and Dirichlet(0.5) classes, for the third-party app's CNN and fedvit's tiny ViT (membership at the same scale:
 benchmarks/membership_onset.py).
 
@@ -30,12 +30,13 @@ from benchmarks.common import ROOT, TINY, write_csv
 
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 
-from attacks.label_distribution import Auxiliary, estimate, prior_accuracy  # noqa: E402
-from attacks.labels import label_accuracy  # noqa: E402
-from attacks.model_spec import ModelSpec, fedvit_model_spec, head_bias  # noqa: E402
-from attacks.observation import ClientRecipe, Observation  # noqa: E402
-from core.config import Config  # noqa: E402
-from core.model import classify  # noqa: E402
+from fedvit.attacks.label_distribution import Auxiliary, estimate, prior_accuracy  # noqa: E402
+from fedvit.attacks.labels import label_accuracy  # noqa: E402
+from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec, head_bias  # noqa: E402
+from fedvit.attacks.observation import Observation  # noqa: E402
+from fedvit.attacks.recipe import ClientRecipe
+from fedvit.core.config import Config  # noqa: E402
+from fedvit.core.model import classify  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "data" / "label-distribution.csv"
 EPOCHS, SIZES, PARTITIONS = (1, 3, 5), (500, 1000, 2000), {"IID": 0.0, "Dirichlet(0.5)": 0.5}

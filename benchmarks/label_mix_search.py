@@ -1,6 +1,6 @@
 """Why the label-distribution estimate searches the class mix, and from where.
 
-The audit's RLU-class estimate (attacks/label_distribution.py) simulates the client's local training on auxiliary
+The audit's RLU-class estimate (fedvit.attacks.label_distribution) simulates the client's local training on auxiliary
 images drawn with a class mix and solves the head's least squares for the counts n. Passes alone (each estimate
 setting the next simulation's mix, from the uniform mix) stall near the prior on skewed clients beyond one epoch;
 the audit therefore follows them with a Gauss–Newton search on the self-consistency residual, from two starts (the
@@ -23,7 +23,9 @@ import time
 import numpy as np
 import torch
 
-from attacks.label_distribution import (
+from benchmarks.common import ROOT, write_csv
+from benchmarks.label_distribution import client_update, models
+from fedvit.attacks.label_distribution import (
     PASSES,
     SEARCH_STEPS,
     Auxiliary,
@@ -38,9 +40,7 @@ from attacks.label_distribution import (
     simulate,
     solve_counts,
 )
-from attacks.labels import label_accuracy
-from benchmarks.common import ROOT, write_csv
-from benchmarks.label_distribution import client_update, models
+from fedvit.attacks.labels import label_accuracy
 
 OUT = ROOT / "docs" / "results" / "data" / "label-mix-search.csv"
 CASES = [(size, epochs, seed) for epochs in (1, 3, 5) for size in (1000,) for seed in (0, 1, 2, 3, 4)]

@@ -1,5 +1,6 @@
-"""Label recovery accuracy of the audit's label attack (``attacks.labels.recover_labels``) on plain FedSGD updates
-of natural photographs, random and trained weights, per batch size (a multiset match, duplicates included):
+"""Label recovery accuracy of the audit's label attack (``fedvit.attacks.labels.recover_labels``) on
+plain FedSGD updates of natural photographs, random and trained weights, per batch size (a multiset match,
+duplicates included):
 
     uv run --frozen python -m benchmarks.label_recovery --data outputs/natural-32 --trained outputs/natural-trained
 """
@@ -11,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attacks.benchmark import Setting  # noqa: E402
-from attacks.labels import label_accuracy, recover_labels  # noqa: E402
 from benchmarks.common import ROOT  # noqa: F401, E402  (puts the checkout first on sys.path)
 from benchmarks.peer_breaching import plain_updates  # noqa: E402
-from core.config import parse_config  # noqa: E402
-from core.results import trained_model  # noqa: E402
+from fedvit.attacks.labels import label_accuracy, recover_labels  # noqa: E402
+from fedvit.audit.benchmark import Setting  # noqa: E402
+from fedvit.core.config import parse_config  # noqa: E402
+from fedvit.core.results import trained_model  # noqa: E402
 
 
 def main() -> None:

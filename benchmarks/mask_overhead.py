@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from common import TINY, VIT_S16, median_time  # first: puts the checkout on sys.path
 
-from clients.masking import draw_masks
-from clients.training import fedsgd_gradient
-from core.config import MaskConfig
-from core.data import synthetic
-from core.masks import encode, mask_rates
-from core.model import build_model
+from fedvit.clients.masking import draw_masks
+from fedvit.clients.training import fedsgd_gradient
+from fedvit.core.config import MaskConfig
+from fedvit.core.data import synthetic
+from fedvit.core.masks import encode, mask_rates
+from fedvit.core.model import build_model
 
 MODELS = {"tiny (default, 32 px)": TINY, "ViT-S/16 224 px": VIT_S16}
 

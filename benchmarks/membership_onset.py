@@ -1,4 +1,4 @@
-"""When does one FedAvg update show membership? The audit's membership figures (attacks/membership.py: loss drop,
+"""When does one FedAvg update show membership? The audit's membership figures (fedvit.attacks.membership: loss drop,
 ranked among each class's non-members, against the within-class shuffle null) on one client's update over local
 epochs 1, 3, 5, 10, 30 and 100, for 1,000 and 2,000 images per client, IID and Dirichlet(0.5) classes, the
 third-party app's CNN and fedvit's tiny ViT, on two kinds of offline images: the test app's colour blobs (every
@@ -9,7 +9,7 @@ One client per row, as in benchmarks/label_distribution.py: SGD with momentum 0.
 model's initialisation; each epoch count is a snapshot of one training run (one optimiser, every epoch
 reshuffled); non-members: 2,000 images of the same generator that the client never held.
 
-With ``--references K`` the score is the audit's default for multi-step updates (attacks/membership.py: each
+With ``--references K`` the score is the audit's default for multi-step updates (fedvit.attacks.membership: each
 image's gradient against what the update holds beyond K shadow updates, the client's local training simulated on
 half of 4,000 non-members, the other half scored) at the client's true class counts and momentum (the audit uses
 its label estimate's), for 1,000- and 2,000-image clients over 1, 3 and 5 local epochs.
@@ -29,12 +29,13 @@ import time
 import numpy as np
 import torch
 
-from attacks.membership import Candidates, infer, reference_updates, split_for_references
-from attacks.model_spec import head_bias
-from attacks.observation import ClientRecipe, Observation
 from benchmarks.common import ROOT, write_csv
 from benchmarks.label_distribution import BATCH, DRAWS, LR, MOMENTUM, PARTITIONS, epochs_of, models
-from core.model import classify
+from fedvit.attacks.membership import Candidates, infer, reference_updates, split_for_references
+from fedvit.attacks.model_spec import head_bias
+from fedvit.attacks.observation import Observation
+from fedvit.attacks.recipe import ClientRecipe
+from fedvit.core.model import classify
 
 OUT = ROOT / "docs" / "results" / "data" / "membership-onset.csv"
 OUT_REFERENCES = ROOT / "docs" / "results" / "data" / "membership-references.csv"

@@ -2,7 +2,7 @@
 
 One FedSGD update of B random images per model (random init), each tool attacking it for --steps steps after a
 3-step warm-up, in this process one after the other (nothing else should run beside it: the 2 cores are shared).
-fedvit runs as ``fedvit audit --model`` runs it (labels, then ``attacks.inversion.optimise``, the loop the ViT
+fedvit runs as ``fedvit audit --model`` runs it (labels, then ``fedvit.attacks.inversion.optimise``, the loop the ViT
 audit uses too), breaching with its defaults, both as ``benchmarks/peer_models.py`` calls them (the same model
 copy; the reconstructions themselves are compared there).
 
@@ -19,11 +19,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attacks.model_spec import ModelSpec, fedvit_model_spec
 from benchmarks.common import ROOT
 from benchmarks.peer_models import attack_copy, breaching_invert, fedvit_invert
-from core.config import parse_config
-from core.model import normalize
+from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec
+from fedvit.core.config import parse_config
+from fedvit.core.model import normalize
 
 VIT_S16_32PX = {
     "model.name": "vit_small_patch16_224",

@@ -1,9 +1,9 @@
 """Peer benchmark: fedvit's optimisation attack against breaching's Inverting Gradients on identical updates.
 
-Both attack the same FedSGD updates (made by fedvit's real client code, ``attacks.benchmark``), each recovers the
-labels itself (fedvit: ``attacks.labels``; breaching: its default "bias-corrected" strategy), both start from
+Both attack the same FedSGD updates (made by fedvit's real client code, ``fedvit.audit.benchmark``), each recovers the
+labels itself (fedvit: ``fedvit.attacks.labels``; breaching: its default "bias-corrected" strategy), both start from
 random images and take the same number of optimiser steps with one restart, and both are scored by the same code
-(``attacks.audit.score``: matched PSNR/SSIM and re-identification among test-split decoys). breaching 0.1.2 runs
+(``fedvit.audit.pipeline.score``: matched PSNR/SSIM and re-identification among test-split decoys). breaching 0.1.2 runs
 with its own Inverting Gradients defaults (cosine objective, signed Adam step 0.1 on normalised pixels with its
 step decay, TV 0.2, box constraint, best total objective kept); only ``max_iterations`` is set. Nothing here
 downloads weights: breaching's LPIPS metric is never called. breaching lives in the ``peer`` dependency group:
@@ -29,20 +29,20 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from attacks.benchmark import (  # noqa: E402
+from benchmarks.common import ROOT  # noqa: F401  (puts the checkout first on sys.path)
+from fedvit.attacks.inversion import attack_model, invert  # noqa: E402
+from fedvit.attacks.observation import Observation, Reconstruction, as_gradient, image_geometry  # noqa: E402
+from fedvit.attacks.reidentification import Gallery, gallery_from_test_split  # noqa: E402
+from fedvit.audit.benchmark import (  # noqa: E402
     DEFENCES,
     Setting,
     client_update_and_labels,
     defence_config,
     partitions,
 )
-from attacks.inversion import attack_model, invert  # noqa: E402
-from attacks.metrics import score  # noqa: E402
-from attacks.observation import Observation, Reconstruction, as_gradient, image_geometry  # noqa: E402
-from attacks.reidentification import Gallery, gallery_from_test_split  # noqa: E402
-from benchmarks.common import ROOT  # noqa: F401  (puts the checkout first on sys.path)
-from core.config import Config, parse_config  # noqa: E402
-from core.results import trained_model  # noqa: E402
+from fedvit.audit.metrics import score  # noqa: E402
+from fedvit.core.config import Config, parse_config  # noqa: E402
+from fedvit.core.results import trained_model  # noqa: E402
 
 
 def breaching_invert(obs: Observation, steps: int, seed: int) -> Reconstruction:
@@ -142,7 +142,7 @@ def cell(base: Config, setting: Setting, updates: int, steps: int, out: Path) ->
 
 def baseline_psnr(made: list[tuple[Observation, np.ndarray, np.ndarray]]) -> float:
     """Mean PSNR of the best flat image over the true images of ``made``."""
-    from attacks.metrics import best_flat_image, psnr
+    from fedvit.audit.metrics import best_flat_image, psnr
 
     return float(np.mean([psnr(best_flat_image(t), t) for _, truths, _ in made for t in np.asarray(truths, float)]))
 

@@ -5,7 +5,7 @@ Gradients through the user's model) against breaching 0.1.2's Inverting Gradient
 ``max_iterations`` set), on
 identical FedSGD updates of B natural photographs (``benchmarks/natural_images.py``; train split), each tool
 recovering its own labels, one random start and the same number of steps each, scored by the same code
-(``attacks.metrics.score``: matched PSNR/SSIM; re-identification among the true image and 99 test-split decoys).
+(``fedvit.audit.metrics.score``: matched PSNR/SSIM; re-identification among the true image and 99 test-split decoys).
 "trained" weights: the model trained centrally on the train split (SGD; its test accuracy is reported), since the
 question is what a trained model leaks, not how it was trained. The client's forward is the model in training
 mode (BatchNorm on batch statistics); both attackers get the same copy, which computes that same function.
@@ -36,17 +36,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attacks.inversion import invert
-from attacks.labels import recover_labels
-from attacks.metrics import best_flat_image, psnr, score
-from attacks.model_spec import ModelSpec, head_bias, model_settings
-from attacks.observation import ClientRecipe, Observation, Reconstruction, attack_model
-from attacks.reidentification import gallery_from_test_split
 from benchmarks.common import ROOT
 from benchmarks.peer_breaching import breaching_reconstruct
-from core.config import AuditConfig, parse_config
-from core.data import load_dataset
-from core.model import normalize
+from fedvit.attacks.inversion import invert
+from fedvit.attacks.labels import recover_labels
+from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
+from fedvit.attacks.observation import Observation, Reconstruction, attack_model
+from fedvit.attacks.recipe import ClientRecipe
+from fedvit.attacks.reidentification import gallery_from_test_split
+from fedvit.audit.metrics import best_flat_image, psnr, score
+from fedvit.core.config import AuditConfig, parse_config
+from fedvit.core.data import load_dataset
+from fedvit.core.model import normalize
 
 MODELS = {
     "cnn": ModelSpec("cnnapp.task:Net", app_dir=str(ROOT / "tests" / "thirdparty_app")),
@@ -115,7 +116,7 @@ def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, ba
 
 def variant_options(text: str) -> dict[str, float | str]:
     """``"tv=0.4,init=gaussian"`` -> AuditConfig overrides (numbers as floats); ``""`` -> what ``fedvit audit
-    --model`` uses (its settings for the model, :func:`attacks.model_spec.model_settings`)."""
+    --model`` uses (its settings for the model, :func:`fedvit.attacks.model_spec.model_settings`)."""
     options: dict[str, float | str] = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")

@@ -21,10 +21,10 @@ from benchmarks.common import ROOT
 APP = ROOT / "tests" / "thirdparty_app"
 sys.path.insert(0, str(APP))
 
-from attacks.audit import AuditOptions, audit_captures  # noqa: E402
-from attacks.capture import add_direction, capture_stem  # noqa: E402
-from attacks.model_spec import ModelSpec  # noqa: E402
-from attacks.user_data import UserData  # noqa: E402
+from fedvit.attacks.model_spec import ModelSpec  # noqa: E402
+from fedvit.audit.pipeline import AuditOptions, audit_captures  # noqa: E402
+from fedvit.audit.user_data import UserData  # noqa: E402
+from fedvit.capture.writer import add_direction, capture_stem  # noqa: E402
 
 SIZE, EPOCHS, LR = 1200, 3, 0.01
 

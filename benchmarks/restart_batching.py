@@ -1,4 +1,4 @@
-"""Seconds per Adam step per restart of the optimisation attack (``attacks.inversion.invert``) with 1, 2 and 4
+"""Seconds per Adam step per restart of the optimisation attack (``fedvit.attacks.inversion.invert``) with 1, 2 and 4
 restarts: the restarts run batched (one vmapped pass for all), so the time per restart-step should fall as
 restarts are added. One captured update per setting (default tiny model, synthetic data, random init).
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from common import TINY, VIT_S16  # first: puts the checkout on sys.path
 
-from attacks.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
-from attacks.inversion import invert
-from core.config import parse_config
+from fedvit.attacks.inversion import invert
+from fedvit.audit.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
+from fedvit.core.config import parse_config
 
 MODELS = {"tiny": TINY, "vit-s16": VIT_S16}
 SETTINGS = (Setting(4), Setting(2, steps=2))

@@ -1,5 +1,5 @@
 """Cost of robust evaluation per image: the run's PGD (``robust.*``: 10 steps, 1 restart) vs AutoAttack
-(``clients/autoattack.py``: ``apgd`` and ``standard``), at ε = 8/255 on the same test images.
+(``fedvit.clients.autoattack``: ``apgd`` and ``standard``), at ε = 8/255 on the same test images.
 
 AutoAttack attacks only what is still classified correctly, so its cost depends on the model: measured on the
 tiny ViT (32 px) after a few epochs of natural training on fedvit's synthetic data (clean accuracy well above
@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from common import TINY  # first: puts the checkout on sys.path
 
-from clients.adversarial import PGD, robust_correct, torch_generator
-from clients.autoattack import autoattack_correct
-from clients.training import local_epochs
-from core.config import DataConfig
-from core.data import load_dataset
-from core.model import build_model, classify
+from fedvit.clients.adversarial import PGD, robust_correct, torch_generator
+from fedvit.clients.autoattack import autoattack_correct
+from fedvit.clients.training import local_epochs
+from fedvit.core.config import DataConfig
+from fedvit.core.data import load_dataset
+from fedvit.core.model import build_model, classify
 
 
 def main() -> None:

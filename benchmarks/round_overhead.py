@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink  # noqa: E402
+from fedvit.app.flower_processes import private_superlink_env, stop_local_superlink  # noqa: E402
 
 TINY: list[str] = []
 VIT_S_32 = [
@@ -42,7 +42,7 @@ def snapshot(dest: Path, stock: bool = False) -> Path:
     if stock:
         pyproject = dest / "pyproject.toml"
         text = pyproject.read_text().replace(
-            'serverapp = "fedvit_app.server_app:app"', 'serverapp = "benchmarks.stock_fedavg_app:app"'
+            'serverapp = "fedvit.app.server_app:app"', 'serverapp = "benchmarks.stock_fedavg_app:app"'
         )
         pyproject.write_text(text)
     return dest
@@ -52,7 +52,7 @@ def flwr_run(app: Path, env: dict, clients: int, overrides: list[str]) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "fedvit_app.cli",
+        "fedvit.app.cli",
         "run",
         str(app),
         "--federation-config",

@@ -10,8 +10,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from core.config import parse_config
-from core.model import build_model, get_weights
+from fedvit.core.config import parse_config
+from fedvit.core.model import build_model, get_weights
 
 app = ServerApp()
 

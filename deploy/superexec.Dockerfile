@@ -1,5 +1,6 @@
 # The SuperExec image for both executors (ServerApp and ClientApp): Flower's image plus fedvit's dependencies.
-# The app code itself arrives as the FAB with `flwr run`; installing the package here also provides `fedvit`.
+# `flwr run` ships the FAB (the run config); the code the apps import is the `fedvit` package installed here, so
+# rebuild the image after changing fedvit's code.
 #
 # Base: Flower's SuperExec image with an explicit Python tag. Flower's plain `flwr/superexec:<version>` tag is
 # built on the newest Python Flower supports (3.13 for 1.41), which fedvit's `requires-python` (<3.13) refuses;
@@ -25,11 +26,8 @@ RUN if python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1]
     fi
 
 COPY --chown=app:app pyproject.toml README.md ./
-COPY --chown=app:app core ./core
-COPY --chown=app:app fedvit_app ./fedvit_app
-COPY --chown=app:app clients ./clients
-COPY --chown=app:app strategies ./strategies
-COPY --chown=app:app attacks ./attacks
+COPY --chown=app:app LICENSE ./
+COPY --chown=app:app src ./src
 # flwr 1.41.0 is in the base image: install the app without the simulation extra (Ray is not needed here).
 RUN sed -i 's/"flwr\[simulation\]==/"flwr==/' pyproject.toml \
     && python -m pip install --no-cache-dir . \

@@ -99,7 +99,7 @@ class LocalGrid:
     def send_and_receive(self, messages, *, timeout=None):
         import traceback
 
-        from fedvit_app import client_app
+        from fedvit.app import client_app
 
         handlers = {"query": client_app.query, "train": client_app.train, "evaluate": client_app.evaluate}
         replies = []
@@ -142,8 +142,8 @@ def run_in_process(
     when ``polling``: packed records on the wire); returns (run dir, grid)."""
     from flwr.app import Context
 
-    from fedvit_app.polling_grid import PollingGrid
-    from fedvit_app.server_app import run
+    from fedvit.app.polling_grid import PollingGrid
+    from fedvit.app.server_app import run
 
     grid = LocalGrid(run_config, num_nodes, node_config)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.adversarial import PGD, madry_batch, pgd, robust_correct, torch_generator
-from clients.training import local_epochs
-from core.config import DataConfig, ModelConfig
-from core.data import load_dataset
-from core.model import build_model, classify
+from fedvit.clients.adversarial import PGD, madry_batch, pgd, robust_correct, torch_generator
+from fedvit.clients.training import local_epochs
+from fedvit.core.config import DataConfig, ModelConfig
+from fedvit.core.data import load_dataset
+from fedvit.core.model import build_model, classify
 
 CPU = torch.device("cpu")
 
@@ -102,7 +102,7 @@ def test_invalid_settings_are_refused():
 
 
 def test_autoattack_is_no_weaker_than_pgd_and_breaks_everything_at_a_large_eps():
-    from clients.autoattack import autoattack_correct
+    from fedvit.clients.autoattack import autoattack_correct
 
     model, x, y = trained_tiny()
     x, y = x[:16], y[:16]
@@ -123,7 +123,7 @@ def test_a_naturally_trained_model_is_not_robust_under_autoattack_on_photographs
     colour blocks) 8/255 cannot flip many images (37.5% survive, measured), so this uses photographs: crops of
     scikit-image's bundled photos, one class per photo."""
     from benchmarks.natural_images import write_natural_images
-    from clients.autoattack import autoattack_correct
+    from fedvit.clients.autoattack import autoattack_correct
 
     data = DataConfig(name=f"imagefolder:{write_natural_images(tmp_path / 'photos', per_class=60)}")
     train, test = load_dataset(data, 0, "train"), load_dataset(data, 0, "test")
@@ -140,7 +140,7 @@ def test_a_naturally_trained_model_is_not_robust_under_autoattack_on_photographs
 
 
 def test_autoattack_standard_is_the_reference_ensemble_and_targets_every_other_class_when_fewer():
-    from clients.autoattack import build_autoattack
+    from fedvit.clients.autoattack import build_autoattack
 
     model, _, _ = trained_tiny()
     standard = build_autoattack(model, 10, 8 / 255, "standard", seed=0)

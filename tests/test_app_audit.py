@@ -1,4 +1,4 @@
-"""The one audit pipeline on a third-party app's captures with the user's own model (attacks/audit.py,
+"""The one audit pipeline on a third-party app's captures with the user's own model (fedvit.audit.pipeline,
 model_spec.py).
 
 Exchanges are made here as the test app's ClientApp makes them (its own train loop) and recorded by fedvit's
@@ -15,13 +15,14 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from attacks.audit import AuditOptions, audit_captures
-from attacks.capture import add_direction, capture_stem
-from attacks.exchanges import NOTHING_ON_THE_WIRE, AuditInputError, map_state, sent_kind
-from attacks.model_spec import ModelSpec, SpecError, model_settings
-from attacks.user_data import UserData
-from core.config import AuditConfig
-from fedvit_app.audit_cli import find_spec_file, read_spec_file, spec_from
+from fedvit.app.audit_cli import find_spec_file, read_spec_file, spec_from
+from fedvit.attacks.model_spec import ModelSpec, SpecError, model_settings
+from fedvit.attacks.recipe import map_state, sent_kind
+from fedvit.audit.pipeline import AuditOptions, audit_captures
+from fedvit.audit.user_data import UserData
+from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
+from fedvit.capture.writer import add_direction, capture_stem
+from fedvit.core.config import AuditConfig
 
 APP = Path(__file__).parent / "thirdparty_app"
 sys.path.insert(0, str(APP))
@@ -198,9 +199,10 @@ class HuggingFaceStyle(torch.nn.Module):
 
 
 def test_a_model_that_returns_an_output_object_is_attacked_through_its_logits():
-    from attacks.inversion import invert
-    from attacks.labels import mean_softmax
-    from attacks.observation import ClientRecipe, Observation, attack_model
+    from fedvit.attacks.inversion import invert
+    from fedvit.attacks.labels import mean_softmax
+    from fedvit.attacks.observation import Observation, attack_model
+    from fedvit.attacks.recipe import ClientRecipe
 
     model = HuggingFaceStyle()
     spec = ModelSpec("x:y", builder=HuggingFaceStyle)
@@ -223,7 +225,7 @@ def test_a_model_that_returns_an_output_object_is_attacked_through_its_logits():
 
 
 def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_path, capsys):
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     capture_exchange(tmp_path / "cap", 41, 2)
     (tmp_path / "cap" / "fedvit-audit.toml").write_text(
@@ -254,9 +256,9 @@ def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_p
 def test_a_dataset_name_scores_against_fedvits_partition_and_its_test_split(tmp_path, capsys):
     """``--data synthetic``: the partition is fedvit's (as its own app splits the data, node config's
     num-partitions from the capture), decoys the test split; bad settings and a missing count are refused."""
-    from core.config import parse_config
-    from core.data import client_data
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
+    from fedvit.core.config import parse_config
+    from fedvit.core.data import client_data
 
     settings = {"synthetic-train-size": 40}
     config = parse_config({"data.name": "synthetic", "data.synthetic-train-size": 40})
@@ -297,11 +299,12 @@ def test_a_dataset_name_scores_against_fedvits_partition_and_its_test_split(tmp_
 def test_april_runs_on_a_users_vit_and_is_refused_for_a_model_without_its_embeddings(tmp_path):
     """A timm ViT given by name: APRIL-E's closed form recovers one image from its gradient (exact here: N = 4
     patches ≤ D − 1), and the registry says why it does not apply to the test app's CNN."""
-    from attacks import april
-    from attacks.metrics import psnr
-    from attacks.observation import ClientRecipe, Observation
-    from attacks.registry import applicable
-    from core.model import normalize
+    from fedvit.attacks import april
+    from fedvit.attacks.observation import Observation
+    from fedvit.attacks.recipe import ClientRecipe
+    from fedvit.audit.metrics import psnr
+    from fedvit.audit.registry import applicable
+    from fedvit.core.model import normalize
 
     spec = ModelSpec("vit_tiny_patch16_224", input_shape=(3, 32, 32), num_classes=10)
     torch.manual_seed(0)
@@ -331,9 +334,9 @@ def test_april_runs_on_a_users_vit_and_is_refused_for_a_model_without_its_embedd
 def test_a_fedvit_run_and_another_apps_capture_share_one_report_schema(tmp_path):
     """One pipeline: a fedvit run captured with capture.enabled and the test app's capture give audit.json files
     with the same top-level keys; another app's capture without --model fails in one line saying what to give."""
-    from attacks.report import TOP_LEVEL_KEYS
-    from core.config import Config
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
+    from fedvit.audit.report import TOP_LEVEL_KEYS
+    from fedvit.core.config import Config
     from tests.helpers import run_in_process
 
     run = Config().to_dict() | {"num-server-rounds": 1, "batch-size": 1, "centralized-evaluation": False,
@@ -354,8 +357,9 @@ def test_a_fedvit_run_and_another_apps_capture_share_one_report_schema(tmp_path)
 def test_image_inversion_is_not_attempted_beyond_what_it_can_recover():
     """An update of 1,864 images over 466 local steps (a Flower example's round) gets no optimisation run that would
     spend its budget on a few steps: the registry says why, and label recovery still applies."""
-    from attacks.observation import ClientRecipe, Observation
-    from attacks.registry import MAX_IMAGES, OPTIMISATION, applicable, labels_apply
+    from fedvit.attacks.observation import Observation
+    from fedvit.attacks.recipe import ClientRecipe
+    from fedvit.audit.registry import MAX_IMAGES, OPTIMISATION, applicable, labels_apply
 
     model = Net()
     state = {n: t.numpy() for n, t in model.state_dict().items()}

@@ -9,15 +9,15 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from attacks import april
-from attacks.benchmark import DEFENCES, client_update_and_labels, defence_config
-from attacks.metrics import minimum_norm_limit, psnr, ssim
-from attacks.observation import Observation
-from attacks.registry import IMAGE_ATTACKS
-from clients.training import fedsgd_gradient
-from core.config import Config, ModelConfig, parse_config
-from core.data import synthetic
-from core.model import build_model, get_weights
+from fedvit.attacks import april
+from fedvit.attacks.observation import Observation
+from fedvit.audit.benchmark import DEFENCES, client_update_and_labels, defence_config
+from fedvit.audit.metrics import minimum_norm_limit, psnr, ssim
+from fedvit.audit.registry import IMAGE_ATTACKS
+from fedvit.clients.training import fedsgd_gradient
+from fedvit.core.config import Config, ModelConfig, parse_config
+from fedvit.core.data import synthetic
+from fedvit.core.model import build_model, get_weights
 from tests.helpers import run_in_process
 
 VIT_S = ModelConfig(name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0)
@@ -145,7 +145,7 @@ CAPTURE = Config().to_dict() | {
 def test_capture_is_exact_and_does_not_change_training(tmp_path):
     """fedvit's run records through the one capture_mod and CapturingStrategy, in the one layout (run-<id>/captures/
     round-N/node-<id>), with the node's partition; what they stored is byte for byte what crossed the wire."""
-    from attacks.capture import plain_content
+    from fedvit.capture.writer import plain_content
 
     base = CAPTURE | {"out-dir": str(tmp_path)}
     with_capture, grid = run_in_process(base | {"run-name": "on"}, polling=True)  # Flower's message ids
@@ -186,7 +186,7 @@ SMALL_BUDGET = ["-c", "audit.iterations=20", "-c", "audit.restarts=1"]  # the op
 
 
 def test_audit_cli_end_to_end_on_a_captured_run(tmp_path, capsys):
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     run_dir, _ = run_in_process(CAPTURE | {"out-dir": str(tmp_path), "run-name": "audited"})
     assert main(["audit", str(run_dir), "--out", str(tmp_path / "audit"), *SMALL_BUDGET]) == 0
@@ -208,7 +208,7 @@ def test_audit_cli_end_to_end_on_a_captured_run(tmp_path, capsys):
 
 
 def test_captures_in_the_old_layout_get_one_clear_error(tmp_path, capsys):
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     old = tmp_path / "run" / "captures" / "round-0001"
     old.mkdir(parents=True)
@@ -219,7 +219,7 @@ def test_captures_in_the_old_layout_get_one_clear_error(tmp_path, capsys):
 
 
 def test_audit_refuses_a_capture_from_another_model(tmp_path):
-    from attacks.audit import audit_captures
+    from fedvit.audit.pipeline import audit_captures
 
     run_dir, _ = run_in_process(CAPTURE | {"out-dir": str(tmp_path), "run-name": "x", "capture.rounds": "1"})
     manifest_path = run_dir / "run-1" / "captures" / "round-0001" / "node-100.json"
@@ -231,7 +231,7 @@ def test_audit_refuses_a_capture_from_another_model(tmp_path):
 
 
 def test_audit_benchmark_writes_the_table_and_the_figure4_grid(tmp_path):
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     out = tmp_path / "bench"
     assert (
@@ -259,7 +259,7 @@ def test_audit_benchmark_writes_the_table_and_the_figure4_grid(tmp_path):
 
 def test_collusion_known_images_break_both_encryption_modes(tmp_path):
     """13 known images (208 patches >= L = 192) and their updates: E_b from the patch Gram matrices, E_a exactly."""
-    from attacks.benchmark import run_benchmark
+    from fedvit.audit.benchmark import run_benchmark
 
     budget = {"audit.iterations": 5, "audit.restarts": 1}
     rows = run_benchmark(parse_config(budget), 14, tmp_path / "bench", ["encryption-private-init"])

@@ -10,13 +10,13 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from safetensors.numpy import load_file
 
-from clients.scaffold import control_path, load_control, updated_control
-from clients.training import crop_flip, local_epochs
-from core.config import Config, ConfigError, DataConfig, ModelConfig, parse_config
-from core.data import load_dataset
-from core.model import build_model
-from core.params import VIS_HEAD
-from strategies import FedAvg, FedProx, Scaffold
+from fedvit.clients.scaffold import control_path, load_control, updated_control
+from fedvit.clients.training import crop_flip, local_epochs
+from fedvit.core.config import Config, ConfigError, DataConfig, ModelConfig, parse_config
+from fedvit.core.data import load_dataset
+from fedvit.core.model import build_model
+from fedvit.core.params import VIS_HEAD
+from fedvit.strategies import FedAvg, FedProx, Scaffold
 from tests.helpers import FakeGrid, reply, run_in_process
 
 SHAPES = {"w": (2,), "b": (1,)}

@@ -1,5 +1,5 @@
-"""Batch-audit building blocks: label recovery from the head-bias gradient (attacks/labels.py), one-to-one batch
-matching and no-information baselines (attacks/metrics.py)."""
+"""Batch-audit building blocks: label recovery from the head-bias gradient (fedvit.attacks.labels), one-to-one batch
+matching and no-information baselines (fedvit.audit.metrics)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attacks.labels import label_accuracy, label_counts, mean_softmax
-from core.config import ModelConfig
-from core.model import build_model, classify
-from core.params import HEAD_BIAS
+from fedvit.attacks.labels import label_accuracy, label_counts, mean_softmax
+from fedvit.core.config import ModelConfig
+from fedvit.core.model import build_model, classify
+from fedvit.core.params import HEAD_BIAS
 
 
 def head_bias_gradient(model, x, y) -> np.ndarray:
@@ -51,7 +51,7 @@ def test_rounding_keeps_the_batch_size():
 
 
 def test_batch_matching_is_one_to_one_and_finds_the_permutation():
-    from attacks.metrics import match_batch
+    from fedvit.audit.metrics import match_batch
 
     rng = np.random.default_rng(0)
     truths = [rng.random((3, 8, 8)) for _ in range(4)]
@@ -65,7 +65,7 @@ def test_batch_matching_is_one_to_one_and_finds_the_permutation():
 
 
 def test_no_flat_image_beats_the_flat_baseline():
-    from attacks.metrics import no_information_baselines, psnr
+    from fedvit.audit.metrics import no_information_baselines, psnr
 
     rng = np.random.default_rng(1)
     truth = rng.random((3, 8, 8))
@@ -76,11 +76,11 @@ def test_no_flat_image_beats_the_flat_baseline():
 
 
 def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
-    from attacks.audit import audit_captures
-    from attacks.benchmark import client_update_and_labels, observed_update
-    from attacks.labels import recover_labels
-    from attacks.registry import LABELS
-    from core.config import parse_config
+    from fedvit.attacks.labels import recover_labels
+    from fedvit.audit.benchmark import client_update_and_labels, observed_update
+    from fedvit.audit.pipeline import audit_captures
+    from fedvit.audit.registry import LABELS
+    from fedvit.core.config import parse_config
 
     base = {"out-dir": str(tmp_path), "run-name": "labels", "capture.enabled": True, "capture.ground-truth": True,
             "audit.iterations": 10, "audit.restarts": 1}  # fmt: skip
@@ -101,10 +101,10 @@ def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
 
 
 def test_every_scored_update_has_the_no_information_baseline_beside_it(tmp_path):
-    from attacks.audit import audit_captures
-    from attacks.benchmark import DEFENCES, defence_config, observed_update
-    from attacks.metrics import BASELINE, best_flat_image, psnr
-    from core.config import parse_config
+    from fedvit.audit.benchmark import DEFENCES, defence_config, observed_update
+    from fedvit.audit.metrics import BASELINE, best_flat_image, psnr
+    from fedvit.audit.pipeline import audit_captures
+    from fedvit.core.config import parse_config
 
     budget = parse_config({"audit.iterations": 10, "audit.restarts": 1})
     _, images, _ = observed_update(defence_config(budget, DEFENCES["plain"], 2, tmp_path), 0, 2, 1, tmp_path / "cap")
@@ -119,7 +119,7 @@ def test_every_scored_update_has_the_no_information_baseline_beside_it(tmp_path)
 def test_labels_on_a_trained_model_whose_softmax_on_noise_misleads():
     """Measured on fedvit's trained tiny model (benchmarks/natural_images.py photographs, B = 4): its softmax on
     noise is far from its softmax on the batch; the equal-share estimate fits the gradient and is right."""
-    from attacks.labels import best_counts
+    from fedvit.attacks.labels import best_counts
 
     def labels_of(counts):
         return np.repeat(np.arange(len(counts)), counts).tolist()

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clients.encryption import EncryptionKey
-from fedvit_app.deployment.bundle import BundleError, check_bundles, write_bundles
-from fedvit_app.deployment.compose import SUPERVISOR_TARGET
-from fedvit_app.deployment.credentials import write_credentials
+from fedvit.app.deployment.bundle import BundleError, check_bundles, write_bundles
+from fedvit.app.deployment.compose import SUPERVISOR_TARGET
+from fedvit.app.deployment.credentials import write_credentials
+from fedvit.clients.encryption import EncryptionKey
 from tests.test_deployment_files import validate
 
 NODES = 3

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from fedvit_app.deployment.compose import compose_layout
-from fedvit_app.deployment.credentials import write_credentials
-from fedvit_app.deployment.topology import SUPERLINK_PORT, processes
+from fedvit.app.deployment.compose import compose_layout
+from fedvit.app.deployment.credentials import write_credentials
+from fedvit.app.deployment.topology import SUPERLINK_PORT, processes
 from tests.docker_engine import compose_env, docker_engine, install_missing
 
 pytestmark = pytest.mark.compose
@@ -37,12 +37,13 @@ APP_UID = 49999  # the user Flower's images run as
 APP_FILES = [
     "pyproject.toml",
     "README.md",
+    "LICENSE",
     ".gitignore",
     ".dockerignore",
     "docker-compose.yml",
     "docker-compose.gpu.yml",
 ]
-APP_DIRS = ["core", "fedvit_app", "clients", "strategies", "attacks", "deploy"]
+APP_DIRS = ["src", "deploy"]
 WRITABLE = ["outputs", "data", "deploy/state/superlink", "deploy/keys"]
 CONTAINER_KEYS = {".auth", ".key"}  # superlink.key, supernode-i.{key,auth}; the CA's ca.key is left alone
 PHASES_FILE = ROOT / "benchmarks" / "results" / "compose-phases.json"
@@ -66,7 +67,7 @@ class Stack:
         return done
 
     def fedvit(self, *args: str, **kw) -> subprocess.CompletedProcess:
-        return self.sh(sys.executable, "-m", "fedvit_app.cli", *args, **kw)
+        return self.sh(sys.executable, "-m", "fedvit.app.cli", *args, **kw)
 
     def timed(self, phase: str, *cmd: str, **kw) -> subprocess.CompletedProcess:
         start = time.perf_counter()
@@ -125,7 +126,7 @@ def stack(tmp_path_factory):
             assert port_free(SUPERLINK_PORT), f"port {SUPERLINK_PORT} is taken; the compose file publishes it"
             copy_app(app)
             # README "Deployment with Docker Compose", step by step.
-            s.timed("base images", sys.executable, "-m", "fedvit_app.cli", "deploy", "base-images")
+            s.timed("base images", sys.executable, "-m", "fedvit.app.cli", "deploy", "base-images")
             s.fedvit("deploy", "credentials", "deploy/credentials", "--supernodes", str(NODES))
             for name in WRITABLE:
                 (app / name).mkdir(parents=True, exist_ok=True)
@@ -138,7 +139,7 @@ def stack(tmp_path_factory):
                     os.chown(path, APP_UID, APP_UID)
             s.timed("build superexec image", "docker", "compose", "build")
             s.timed("up -d", "docker", "compose", "up", "-d")
-            s.timed("register", sys.executable, "-m", "fedvit_app.cli", "deploy", "register",
+            s.timed("register", sys.executable, "-m", "fedvit.app.cli", "deploy", "register",
                     "--connection", "fedvit-docker", "--address", f"127.0.0.1:{SUPERLINK_PORT}")  # fmt: skip
         except Exception:
             print(s.logs("superlink")[-3000:])  # why the stack did not come up
@@ -169,7 +170,7 @@ def test_two_rounds_finish_on_the_host_with_a_crashed_supernode(stack):
     """README step 5 with 2 rounds; SuperNode 5's process is SIGKILLed (a crash, as the OOM killer would) once
     round 1 is recorded: Docker's `restart: unless-stopped` brings the container back and the run completes."""
     run_dir = stack.app / "outputs" / "docker-1"
-    cmd = [sys.executable, "-m", "fedvit_app.cli", "run", ".", "fedvit-docker",
+    cmd = [sys.executable, "-m", "fedvit.app.cli", "run", ".", "fedvit-docker",
            "-c", "run-name='docker-1' num-server-rounds=2 round-timeout=240.0"]  # fmt: skip
     start = time.perf_counter()
     run = subprocess.Popen(

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import Config, ConfigError, check_against_federation, parse_config
-from fedvit_app.run_config import check_config
+from fedvit.app.run_config import check_config
+from fedvit.core.config import Config, ConfigError, check_against_federation, parse_config
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,7 @@ def test_cli_refuses_a_local_superlink_that_would_reinstall_dependencies(tmp_pat
     import sys
     import time
 
-    from fedvit_app import cli, flower_processes
+    from fedvit.app import cli, flower_processes
 
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"}
@@ -130,7 +130,7 @@ def test_ray_address_refuses_a_superlink_that_would_not_join_and_a_deployment(tm
     import sys
     import time
 
-    from fedvit_app import cli
+    from fedvit.app import cli
 
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)", "flower-superlink"]
@@ -151,7 +151,7 @@ def test_flower_env_finds_this_environments_flower_commands_without_activation()
     import sys
     from pathlib import Path
 
-    from fedvit_app.flower_processes import flower_env
+    from fedvit.app.flower_processes import flower_env
 
     env = flower_env({"PATH": "/usr/bin"})
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
@@ -171,7 +171,7 @@ def test_check_config_keeps_every_key_of_several_overrides(capsys):
 
 
 def test_merge_is_key_by_key_later_wins_and_files_mix_with_pairs(tmp_path):
-    from fedvit_app.run_config import merge_overrides, resolved_run_config
+    from fedvit.app.run_config import merge_overrides, resolved_run_config
 
     preset = tmp_path / "preset.toml"
     preset.write_text('lr = 0.5\n[data]\nname = "cifar10"\nclasses-per-client = 3\n')
@@ -196,7 +196,7 @@ def test_fedvit_run_hands_flwr_one_merged_file(tmp_path):
 
     from flwr.common.config import parse_config_args
 
-    from fedvit_app.cli import DEFAULT_FEDERATION, flwr_run_command
+    from fedvit.app.cli import DEFAULT_FEDERATION, flwr_run_command
 
     args = argparse.Namespace(app=".", superlink=None, run_config=BOTH_DATA, federation_config=DEFAULT_FEDERATION)
     cmd = flwr_run_command(args, tmp_path / "run-config.toml")
@@ -208,8 +208,8 @@ def test_fedvit_run_hands_flwr_one_merged_file(tmp_path):
 def test_experiment_method_keeps_the_users_table_keys(tmp_path):
     import tomllib
 
-    from fedvit_app.experiments import load_experiment, method_config
-    from fedvit_app.run_config import flatten
+    from fedvit.app.experiments import load_experiment, method_config
+    from fedvit.app.run_config import flatten
 
     root = Path(__file__).parents[1]
     exp = load_experiment(root / "conf/experiments/fat-cpu-quick.toml")
@@ -221,7 +221,7 @@ def test_experiment_method_keeps_the_users_table_keys(tmp_path):
 
 
 def test_audit_and_deploy_commands_merge_overrides_key_by_key(tmp_path, capsys):
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     pairs = [arg for override in BOTH_DATA for arg in ("-c", override)]
     assert main(["audit", "--benchmark", "--out", str(tmp_path / "audit"), *pairs]) == 2

@@ -3,8 +3,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from core.config import DataConfig
-from core.data import client_data, load_dataset, partition_indices, synthetic
+from fedvit.core.config import DataConfig
+from fedvit.core.data import client_data, load_dataset, partition_indices, synthetic
 
 LABELS = np.repeat(np.arange(10), 50)  # 500 samples, 10 balanced classes
 
@@ -96,7 +96,7 @@ def class_sorted_folder(root, classes=10, train_per_class=4, test_per_class=6):
 
 
 def test_stratified_subset_spans_every_class_of_a_sorted_set_and_is_stable():
-    from core.data import stratified_subset
+    from fedvit.core.data import stratified_subset
 
     labels = np.repeat(np.arange(10), 30)  # sorted by class, like an image folder's test split
     indices = np.arange(len(labels))
@@ -114,10 +114,10 @@ def test_stratified_subset_spans_every_class_of_a_sorted_set_and_is_stable():
 def test_robust_accuracy_measures_a_stratified_sample_of_a_class_sorted_folder(tmp_path):
     import torch
 
-    from clients.adversarial import robust_accuracy
-    from core.config import ModelConfig, RobustConfig
-    from core.data import ImageSet
-    from core.model import build_model
+    from fedvit.clients.adversarial import robust_accuracy
+    from fedvit.core.config import ModelConfig, RobustConfig
+    from fedvit.core.data import ImageSet
+    from fedvit.core.model import build_model
 
     cfg = DataConfig(name=f"imagefolder:{class_sorted_folder(tmp_path)}")
     test = load_dataset(cfg, 0, "test")
@@ -150,7 +150,7 @@ def test_test_shards_of_a_class_sorted_folder_are_stratified(tmp_path):
 
 
 def test_stratified_shards_hold_every_class_even_for_periodic_orders():
-    from core.data import stratified_shards
+    from fedvit.core.data import stratified_shards
 
     periodic = np.tile(np.arange(10), 6)  # every 10th image is one class: "every n-th" shards would be single-class
     assert {len(set(periodic[np.arange(p, 60, 10)].tolist())) for p in range(10)} == {1}
@@ -164,7 +164,7 @@ def test_stratified_shards_hold_every_class_even_for_periodic_orders():
 def test_check_config_refuses_an_imagefolder_without_images(tmp_path, capsys):
     from pathlib import Path
 
-    from fedvit_app.run_config import check_config
+    from fedvit.app.run_config import check_config
 
     root = Path(__file__).parents[1]
     (tmp_path / "empty" / "class-a").mkdir(parents=True)

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from fedvit_app.deployment.credentials import write_credentials
-from fedvit_app.deployment.loopback import LoopbackDeployment
-from fedvit_app.deployment.topology import processes
-from fedvit_app.flower_processes import executable, free_ports
+from fedvit.app.deployment.credentials import write_credentials
+from fedvit.app.deployment.loopback import LoopbackDeployment
+from fedvit.app.deployment.topology import processes
+from fedvit.app.flower_processes import executable, free_ports
 
 pytestmark = pytest.mark.deployment
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def test_killed_supernode_round_aggregates_the_survivors_and_the_run_finishes(de
         f"out-dir='{out}'", f"run-name='{name}'", "num-server-rounds=2", "strategy='fedavg'", "lr=0.05",
         "min-nodes=2", "round-timeout=150.0", "fraction-evaluate=0.0", "capture.enabled=true",
     ]  # fmt: skip
-    argv = [executable("python"), "-m", "fedvit_app.cli", "run", str(ROOT), "fedvit-loopback"]
+    argv = [executable("python"), "-m", "fedvit.app.cli", "run", str(ROOT), "fedvit-loopback"]
     argv += [a for o in overrides for a in ("-c", o)]
     pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     run = subprocess.Popen(argv, env=deployment.cli_env(), cwd=ROOT, **pipe)

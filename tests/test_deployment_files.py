@@ -20,12 +20,12 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from fedvit_app.deployment import compose
-from fedvit_app.deployment.connection import add_connection
-from fedvit_app.deployment.credentials import CredentialsError, write_credentials
-from fedvit_app.deployment.images import flower_image_python, superexec_base_image
-from fedvit_app.deployment.loopback import LoopbackDeployment
-from fedvit_app.deployment.topology import FLWR_VERSION, credential_names
+from fedvit.app.deployment import compose
+from fedvit.app.deployment.connection import add_connection
+from fedvit.app.deployment.credentials import CredentialsError, write_credentials
+from fedvit.app.deployment.images import flower_image_python, superexec_base_image
+from fedvit.app.deployment.loopback import LoopbackDeployment
+from fedvit.app.deployment.topology import FLWR_VERSION, credential_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_every_service_runs_the_loopback_process_of_the_same_name_with_the_same_
 
 
 def _loopback_processes(tmp_path: Path, n: int):
-    from fedvit_app.deployment.topology import processes
+    from fedvit.app.deployment.topology import processes
 
     return processes(LoopbackDeployment(tmp_path, n).layout)
 

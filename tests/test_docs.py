@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from core.config import Config
-from fedvit_app.cli import build_parser
+from fedvit.app.cli import build_parser
+from fedvit.core.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
-REPO_DIRS = ("attacks", "benchmarks", "clients", "conf", "core", "deploy", "docs", "fedvit_app", "strategies", "tests")
+REPO_DIRS = ("benchmarks", "conf", "deploy", "docs", "src", "tests")
 README_MAX_LINES = 200
 
 
@@ -215,14 +215,15 @@ def test_cli_drift_is_caught():
 def test_outside_references_are_caught():
     page = DOCS / "_probe-outside.md"
     page.write_text(
-        "See `../shared/papers/x.md`, `core/no_such_module.py`, `benchmarks/results/x.json` and [a](missing.md).\n"
+        "See `../shared/papers/x.md`, `src/fedvit/core/no_such_module.py`, `benchmarks/results/x.json`"
+        " and [a](missing.md).\n"
     )
     try:
         problems = outside_references(page)
     finally:
         page.unlink()
     assert any("shared/papers" in p for p in problems)
-    assert any("core/no_such_module.py" in p for p in problems)
+    assert any("src/fedvit/core/no_such_module.py" in p for p in problems)
     assert any("missing.md" in p for p in problems)
     if ignored_by_git(["benchmarks/results/x.json"]):
         assert any("git ignores" in p for p in problems)

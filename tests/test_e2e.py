@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink
+from fedvit.app.flower_processes import private_superlink_env, stop_local_superlink
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[1]
@@ -32,7 +32,7 @@ def flower(tmp_path_factory):
         cmd = [
             sys.executable,
             "-m",
-            "fedvit_app.cli",
+            "fedvit.app.cli",
             "run",
             str(ROOT),
             "--federation-config",
@@ -139,7 +139,7 @@ def test_cli_refuses_bad_value_before_starting_flower(flower):
 def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
     """Real flwr run, key in the clients' default location: federated accuracy every round, no key material
     in the outputs, the logs or anything under FLWR_HOME (the SuperLink's state included)."""
-    from clients.encryption import ENCRYPTED, EncryptionKey
+    from fedvit.clients.encryption import ENCRYPTED, EncryptionKey
     from tests.helpers import find_key_material
 
     run, out = flower
@@ -162,7 +162,7 @@ def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
     blobs["stdout"], blobs["stderr"] = proc.stdout.encode(), proc.stderr.encode()
     assert find_key_material(key, blobs) == []
     # the captures (in the scan above) hold the handshake and 2 clients x 3 rounds; the keyless attack sees noise
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     captured = sorted((out / "encrypted").glob("run-*/captures/round-*/node-*.json"))
     assert len(captured) == 3 + 6, [p.name for p in captured]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from clients import runner
-from clients.encryption import (
+from fedvit.clients import runner
+from fedvit.clients.encryption import (
     ENCRYPTED,
     KEY_ENV,
     EncryptionKey,
@@ -17,10 +17,10 @@ from clients.encryption import (
     default_key_path,
     model_embedding_dims,
 )
-from core.config import Config, ConfigError, parse_config
-from core.model import build_model, get_weights
-from core.params import PATCH_EMBED_WEIGHT, POS_EMBED
-from strategies.encrypted import KeyHandshakeError, group_by_agreement
+from fedvit.core.config import Config, ConfigError, parse_config
+from fedvit.core.model import build_model, get_weights
+from fedvit.core.params import PATCH_EMBED_WEIGHT, POS_EMBED
+from fedvit.strategies.encrypted import KeyHandshakeError, group_by_agreement
 from tests.helpers import find_key_material, run_in_process
 
 CONFIG = Config()
@@ -222,7 +222,7 @@ def test_handshake_names_the_client_with_another_key(tmp_path, key_file):
 
 
 def test_a_client_without_a_key_stops_the_run_before_training(tmp_path, monkeypatch):
-    from strategies.base import ClientSetupError
+    from fedvit.strategies.base import ClientSetupError
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     path = tmp_path / "k.safetensors"
@@ -284,7 +284,7 @@ def test_resume_rechecks_the_keys(tmp_path, key_file, monkeypatch):
 
 def test_keygen_and_decrypt_commands(tmp_path, monkeypatch, capsys):
     """`fedvit keygen` writes the default client key (found without any setting); `fedvit decrypt` opens the result."""
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     root = str(__import__("pathlib").Path(__file__).parents[1])
@@ -306,7 +306,7 @@ def test_keygen_and_decrypt_commands(tmp_path, monkeypatch, capsys):
 
 
 def test_paper_mode_states_its_known_plaintext_exposure():
-    from strategies.encrypted import known_plaintext_exposure
+    from fedvit.strategies.encrypted import known_plaintext_exposure
 
     assert "minimum-norm estimate (L=768 > D=384)" in known_plaintext_exposure((384, 3, 16, 16))  # ViT-S/16
     assert "E_a exactly by least squares (L=768 <= D=768)" in known_plaintext_exposure((768, 3, 16, 16))  # ViT-B/16
@@ -315,7 +315,7 @@ def test_paper_mode_states_its_known_plaintext_exposure():
 def test_a_node_joining_later_is_checked_before_it_is_sampled(tmp_path, key_file):
     from flwr.app import Array, ArrayRecord
 
-    from fedvit_app.server_app import make_strategy
+    from fedvit.app.server_app import make_strategy
     from tests.helpers import LocalGrid
 
     other = tmp_path / "other.safetensors"

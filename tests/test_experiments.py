@@ -2,8 +2,8 @@ import json
 import tomllib
 from pathlib import Path
 
-from fedvit_app.experiments import load_experiment, method_config, plot_accuracy, summarize
-from fedvit_app.run_config import check_config
+from fedvit.app.experiments import load_experiment, method_config, plot_accuracy, summarize
+from fedvit.app.run_config import check_config
 
 ROOT = Path(__file__).parents[1]
 SPECS = sorted((ROOT / "conf" / "experiments").glob("*.toml"))
@@ -45,8 +45,8 @@ def test_grid_spans_every_combination_and_the_fat_report_follows_the_paper(tmp_p
 
     import pytest
 
-    from fedvit_app.experiments import grid_methods
-    from fedvit_app.fat_report import write_fat_report
+    from fedvit.app.experiments import grid_methods
+    from fedvit.app.fat_report import write_fat_report
 
     grid = {
         "partition": {"iid": "data.partitioner='iid'", "noniid2": "data.partitioner='noniid-k'"},

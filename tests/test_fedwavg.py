@@ -8,9 +8,9 @@ import pytest
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from core.config import Config, ConfigError, parse_config
-from strategies import FedWAvg
-from strategies.fedwavg import fedwavg_weights
+from fedvit.core.config import Config, ConfigError, parse_config
+from fedvit.strategies import FedWAvg
+from fedvit.strategies.fedwavg import fedwavg_weights
 from tests.helpers import FakeGrid, reply, run_in_process
 
 NAMES = ("head.weight", "head.bias")

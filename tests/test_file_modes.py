@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.masking import client_seed, locked_masks
-from clients.state import state_dir
-from core.results import atomic_save_safetensors, atomic_write
+from fedvit.clients.masking import client_seed, locked_masks
+from fedvit.clients.state import state_dir
+from fedvit.core.results import atomic_save_safetensors, atomic_write
 
 
 def mode_of(path: Path) -> int:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
-from attacks.observation import Reconstruction, recipe
-from core.config import parse_config
+from fedvit.attacks.observation import Reconstruction, recipe
+from fedvit.audit.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
+from fedvit.core.config import parse_config
 
 SMALL_BUDGET = {"audit.iterations": 30, "audit.restarts": 1}
 
@@ -26,7 +26,7 @@ def benchmark_update(tmp_path, defence="plain", setting=None, **overrides):
 
 def simulated_match(obs, images, labels):
     """1 − cos between the attacker's simulation of the client on the TRUE batch and the observed update."""
-    from attacks.inversion import attack_model, kept_entries, match_loss, observed_target, simulate
+    from fedvit.attacks.inversion import attack_model, kept_entries, match_loss, observed_target, simulate
 
     rec = recipe(obs)
     model = attack_model(obs)
@@ -73,8 +73,8 @@ def test_pgd_training_changes_the_update_and_the_attacker_re_runs_the_recipe(tmp
 
 
 def test_optimisation_keeps_an_exact_closed_form_start(tmp_path):
-    from attacks.inversion import invert
-    from attacks.metrics import psnr
+    from fedvit.attacks.inversion import invert
+    from fedvit.audit.metrics import psnr
 
     obs, images, _ = benchmark_update(tmp_path)
     rec = invert(obs)
@@ -83,7 +83,7 @@ def test_optimisation_keeps_an_exact_closed_form_start(tmp_path):
 
 
 def test_optimisation_reconstructs_every_image_of_a_batch_with_progress(tmp_path):
-    from attacks.inversion import invert
+    from fedvit.attacks.inversion import invert
 
     obs, images, _ = benchmark_update(tmp_path, setting=Setting(4))
     calls = []
@@ -94,9 +94,9 @@ def test_optimisation_reconstructs_every_image_of_a_batch_with_progress(tmp_path
 
 
 def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
-    from attacks.label_distribution import Auxiliary
-    from attacks.labels import label_accuracy, recover_labels
-    from attacks.user_data import test_split_sample
+    from fedvit.attacks.label_distribution import Auxiliary
+    from fedvit.attacks.labels import label_accuracy, recover_labels
+    from fedvit.audit.user_data import test_split_sample
 
     obs, _, labels = benchmark_update(tmp_path, setting=Setting(4, steps=2))
     aux = Auxiliary(*test_split_sample(obs.config, 32), "the test split")  # what the audit simulates with
@@ -106,8 +106,8 @@ def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
 
 
 def test_batch_scores_count_unmatched_images_as_the_flat_guess():
-    from attacks.audit import score
-    from attacks.metrics import best_flat_image, psnr
+    from fedvit.audit.metrics import best_flat_image, psnr
+    from fedvit.audit.pipeline import score
 
     rng = np.random.default_rng(0)
     truths = rng.random((3, 3, 8, 8))
@@ -122,10 +122,10 @@ def test_batch_scores_count_unmatched_images_as_the_flat_guess():
 
 def independent_patch_observation(tmp_path, batch: int):
     """An update whose patch-embedding gradient mixes independent (Laplacian) patches: ICA's own assumption."""
-    from attacks.april import image_to_patches, patches_to_image
-    from attacks.observation import Observation
-    from core.model import build_model, get_weights
-    from core.params import PATCH_EMBED_WEIGHT, POS_EMBED
+    from fedvit.attacks.april import image_to_patches, patches_to_image
+    from fedvit.attacks.observation import Observation
+    from fedvit.core.model import build_model, get_weights
+    from fedvit.core.params import PATCH_EMBED_WEIGHT, POS_EMBED
 
     config = parse_config({"model.name": "vit_small_patch16_224", "model.patch-size": 16, "model.embed-dim": 96,
                            "model.num-heads": 2, "batch-size": batch})  # fmt: skip
@@ -146,8 +146,8 @@ def independent_patch_observation(tmp_path, batch: int):
 
 
 def test_cocktail_party_unmixes_and_places_independent_patches(tmp_path):
-    from attacks.cocktail import cocktail_party, unmix_patches
-    from attacks.metrics import psnr
+    from fedvit.attacks.cocktail import cocktail_party, unmix_patches
+    from fedvit.audit.metrics import psnr
 
     obs, _, truths = independent_patch_observation(tmp_path, batch=1)
     rec = cocktail_party(obs)
@@ -163,7 +163,7 @@ def test_cocktail_party_unmixes_and_places_independent_patches(tmp_path):
 
 
 def test_cocktail_party_states_the_rank_bound(tmp_path):
-    from attacks.cocktail import batch_bound, cocktail_party
+    from fedvit.attacks.cocktail import batch_bound, cocktail_party
 
     assert batch_bound(64, 192, 16, pre_ln=True) == 3  # tiny 32 px / patch 8 / D=64: G·1 = 0 costs one
     assert batch_bound(384, 768, 4, pre_ln=True) == 95  # ViT-S/16 at 32 px
@@ -174,7 +174,7 @@ def test_cocktail_party_states_the_rank_bound(tmp_path):
 
 
 def test_frontier_rows_pick_the_best_attack_and_the_accuracy_cost(tmp_path):
-    from attacks.frontier import write_frontier
+    from fedvit.audit.frontier import write_frontier
 
     rows = [
         {"defence-name": "plain", "defence": "none", "setting": "B=1, FedSGD", "batch-size": 1, "local-steps": 1,
@@ -200,7 +200,7 @@ def test_frontier_rows_pick_the_best_attack_and_the_accuracy_cost(tmp_path):
 
 
 def test_benchmark_cli_rejects_bad_lists(tmp_path, capsys):
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     assert main(["audit", "--benchmark", "--out", str(tmp_path), "--batch-sizes", "1,x"]) == 2
     assert "--batch-sizes takes comma-separated integers" in capsys.readouterr().err
@@ -211,8 +211,8 @@ def test_benchmark_cli_rejects_bad_lists(tmp_path, capsys):
 def test_the_frontier_experiment_trains_every_benchmark_defence_as_the_benchmark_configures_it():
     from pathlib import Path
 
-    from fedvit_app.experiments import load_experiment
-    from fedvit_app.run_config import merge_overrides
+    from fedvit.app.experiments import load_experiment
+    from fedvit.app.run_config import merge_overrides
 
     root = Path(__file__).resolve().parents[1]
     experiment = load_experiment(root / "conf" / "experiments" / "frontier-cpu.toml")
@@ -224,10 +224,10 @@ def test_the_frontier_experiment_trains_every_benchmark_defence_as_the_benchmark
 
 
 def test_collusion_key_decrypts_an_encrypted_batch_update_for_the_optimisation_attack(tmp_path):
-    from attacks.april import collusion_key, decrypt_observation
-    from attacks.audit import AuditOptions, Reader
-    from attacks.benchmark import _write_colluders
-    from attacks.exchanges import load_exchanges
+    from fedvit.attacks.april import collusion_key, decrypt_observation
+    from fedvit.audit.benchmark import _write_colluders
+    from fedvit.audit.pipeline import AuditOptions, Reader
+    from fedvit.capture.reader import load_exchanges
 
     base = parse_config(SMALL_BUDGET)
     obs, images, labels = benchmark_update(tmp_path, "encryption-private-init", setting=Setting(4))
@@ -242,7 +242,7 @@ def test_collusion_key_decrypts_an_encrypted_batch_update_for_the_optimisation_a
 
 
 def test_frontier_can_be_rewritten_with_accuracies_that_arrived_later(tmp_path, capsys):
-    from attacks.frontier import main
+    from fedvit.audit.frontier import main
 
     rows = [
         {"defence-name": d, "defence": d, "setting": "B=1, FedSGD", "attack": "A", "psnr": p, "ssim": 0.1,
@@ -263,8 +263,8 @@ def test_frontier_can_be_rewritten_with_accuracies_that_arrived_later(tmp_path, 
 
 
 def test_benchmark_audits_an_image_folder_of_natural_photographs(tmp_path):
-    from attacks.benchmark import run_benchmark
     from benchmarks.natural_images import PHOTOS, write_natural_images
+    from fedvit.audit.benchmark import run_benchmark
 
     folder = write_natural_images(tmp_path / "photos", per_class=3, size=32)
     assert sorted(p.name for p in folder.iterdir()) == sorted(PHOTOS)
@@ -280,8 +280,8 @@ def test_benchmark_audits_an_image_folder_of_natural_photographs(tmp_path):
 
 def test_scaffold_updates_are_simulated_with_the_control_variates_seen_on_the_wire(tmp_path):
 
-    from attacks.audit import AuditOptions, Reader
-    from attacks.exchanges import load_exchanges
+    from fedvit.audit.pipeline import AuditOptions, Reader
+    from fedvit.capture.reader import load_exchanges
     from tests.helpers import run_in_process
 
     config = {"out-dir": str(tmp_path), "run-name": "scaffold", "strategy": "scaffold", "num-server-rounds": 2,
@@ -306,7 +306,7 @@ def test_scaffold_updates_are_simulated_with_the_control_variates_seen_on_the_wi
 
 
 def test_group_consensus_registers_the_restarts_before_averaging():
-    from attacks.inversion import group_consensus
+    from fedvit.attacks.inversion import group_consensus
 
     a, b = torch.zeros(1, 3, 4, 4), torch.ones(1, 3, 4, 4)
     first = torch.cat([a, b])
@@ -317,8 +317,8 @@ def test_group_consensus_registers_the_restarts_before_averaging():
 
 
 def test_priors_and_test_split_starts_run_and_say_so(tmp_path):
-    from attacks.inversion import attack_model, initial_images, invert, patch_border_variation
-    from core.data import load_dataset
+    from fedvit.attacks.inversion import attack_model, initial_images, invert, patch_border_variation
+    from fedvit.core.data import load_dataset
 
     flat_patches = torch.arange(16.0).repeat_interleave(8).view(1, 1, 1, 128)[..., :32].expand(1, 3, 32, 32)
     assert patch_border_variation(torch.full((1, 3, 32, 32), 0.3), 8) == 0
@@ -342,7 +342,7 @@ def test_priors_and_test_split_starts_run_and_say_so(tmp_path):
 def test_batched_restarts_simulate_each_restart_exactly_as_alone(tmp_path, setting):
     """Restarts share one vmapped pass, each with its own copy of the weights: restart r's simulated update and
     its gradient in x must be what simulating it alone gives (no mixing through the shared weights)."""
-    from attacks.inversion import attack_model, match_loss, observed_target, simulate
+    from fedvit.attacks.inversion import attack_model, match_loss, observed_target, simulate
 
     obs, _, labels = benchmark_update(tmp_path, setting=setting)
     rec, model = recipe(obs), attack_model(obs)
@@ -368,7 +368,7 @@ def test_batched_restarts_simulate_each_restart_exactly_as_alone(tmp_path, setti
 
 
 def test_the_cosine_prior_schedule_fades_the_priors_out():
-    from attacks.inversion import prior_weight
+    from fedvit.attacks.inversion import prior_weight
 
     assert [prior_weight("cosine", t, 8) for t in (0, 4, 8)] == pytest.approx([1.0, 0.5, 0.0])
     assert prior_weight("constant", 8, 8) == 1.0
@@ -378,7 +378,7 @@ def test_the_gaussian_start_is_standard_normal_on_the_models_normalised_scale():
     """``audit.init = "gaussian"`` (breaching's start): N(0, 1) after the model's normalisation, clamped to the
     pixel box, so each channel saturates at 0 and 1 as often as N(0, 1) falls beyond its box (two quantiles per
     channel: they pin both its mean and its std)."""
-    from attacks.inversion import noise_start
+    from fedvit.attacks.inversion import noise_start
 
     model = torch.nn.Identity()
     model.pretrained_cfg = {"mean": (0.4, 0.5, 0.6), "std": (0.2, 0.5, 0.3)}

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.evidence import image_evidence, label_evidence, membership_evidence, verdict
-from attacks.label_distribution import (
+from fedvit.attacks.label_distribution import (
     BENCHMARKED_ERROR,
     Auxiliary,
     estimate,
@@ -19,12 +18,14 @@ from attacks.label_distribution import (
     prior_accuracy,
     step_weights,
 )
-from attacks.labels import label_accuracy
-from attacks.membership import Candidates, infer, roc_figures
-from attacks.metrics import psnr, psnr_table, score
-from attacks.model_spec import ModelSpec
-from attacks.observation import ClientRecipe, Observation, Reconstruction
-from attacks.reidentification import Gallery
+from fedvit.attacks.labels import label_accuracy
+from fedvit.attacks.membership import Candidates, infer, roc_figures
+from fedvit.attacks.model_spec import ModelSpec
+from fedvit.attacks.observation import Observation, Reconstruction
+from fedvit.attacks.recipe import ClientRecipe
+from fedvit.attacks.reidentification import Gallery
+from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, verdict
+from fedvit.audit.metrics import psnr, psnr_table, score
 
 APP = Path(__file__).parent / "thirdparty_app"
 sys.path.insert(0, str(APP))
@@ -140,8 +141,8 @@ def test_the_verdict_says_leaks_only_beyond_a_null():
 def test_per_epoch_image_sets_fit_a_client_that_reshuffles_and_one_fixed_set_does_not():
     """Why the FedAvg-aware attack keeps one candidate set per epoch: a client that reshuffles every epoch is
     reproduced exactly from its per-epoch orders, not from one set in one order."""
-    from attacks.inversion import epoch_consensus, match_loss, observed_target, simulate
-    from attacks.observation import attack_model
+    from fedvit.attacks.inversion import epoch_consensus, match_loss, observed_target, simulate
+    from fedvit.attacks.observation import attack_model
 
     images, labels = make_images(4, 5)
     torch.manual_seed(0)
@@ -172,7 +173,7 @@ def test_per_epoch_image_sets_fit_a_client_that_reshuffles_and_one_fixed_set_doe
 
 
 def test_the_fedavg_aware_attack_applies_to_several_epochs_of_a_small_dataset():
-    from attacks.registry import FEDAVG_AWARE, applicable
+    from fedvit.audit.registry import FEDAVG_AWARE, applicable
 
     state = {n: t.numpy() for n, t in Net().state_dict().items()}
 
@@ -242,7 +243,7 @@ def test_shadow_residuals_single_out_the_members_of_a_realistic_client():
     finds no member at 1% FPR; each image's gradient against what the update holds beyond 8 shadow updates (the
     pool's gradients projected out) clears its null in AUC and TPR at 1% FPR. With "members" the client never held
     (the same class counts) the same update clears nothing."""
-    from attacks.membership import reference_updates, split_for_references
+    from fedvit.attacks.membership import reference_updates, split_for_references
 
     obs, candidates = textures_update(3, 0.5, others=4000)
     drop = infer(obs, candidates)[0]
@@ -269,7 +270,7 @@ def test_shadows_never_train_on_a_scored_non_member():
     Built from the scored non-members themselves, the residual is orthogonal to their gradients only, a gap the
     within-class null cannot see: with "members" the client never held (no membership at all) that alone clears
     the null; the split does not."""
-    from attacks.membership import reference_updates, split_for_references
+    from fedvit.attacks.membership import reference_updates, split_for_references
 
     obs, _ = textures_update(3, 0.0)
     strangers = make_textures(1000, 555)  # not the client's: nothing to find
@@ -289,7 +290,7 @@ def test_a_score_that_only_tells_the_class_is_not_membership():
     """Members skewed to some classes, non-members uniform, a score that depends on the class alone (a noised
     model's class bias): its raw AUC is high; calibrated on each class's non-members it is not, and the
     within-class null reaches it either way."""
-    from attacks.membership import calibrate, null_figures
+    from fedvit.attacks.membership import calibrate, null_figures
 
     rng = np.random.default_rng(0)
     member_labels = rng.choice(10, 500, p=np.r_[np.full(3, 0.3), np.full(7, 0.1 / 7)])
@@ -304,7 +305,7 @@ def test_a_score_that_only_tells_the_class_is_not_membership():
 
 
 def test_calibration_ranks_each_class_among_its_non_members():
-    from attacks.membership import calibrate
+    from fedvit.attacks.membership import calibrate
 
     inside, outside = calibrate(np.array([5.0, 1.0, 7.0]), np.array([1.0, 3.0, 10.0, 10.0, 4.0]),
                                 np.array([0, 1, 2]), np.array([0, 0, 1, 1, 2]))  # fmt: skip
@@ -316,7 +317,7 @@ def test_calibrated_auc_is_the_within_class_auc_however_skewed_the_classes():
     """A class holding most members with a long-tailed score, another holding most non-members: the pooled
     calibrated AUC is the member-weighted within-class AUC, and a null split centres on 0.5 (a mean/std
     standardisation gives 0.50 for a within-class 0.63 here, and 0.46 for the null)."""
-    from attacks.membership import calibrate
+    from fedvit.attacks.membership import calibrate
 
     rng = np.random.default_rng(0)
     member_labels, outsider_labels = np.repeat([0, 1], [900, 100]), np.repeat([0, 1], [100, 900])
@@ -336,8 +337,8 @@ def test_calibrated_auc_is_the_within_class_auc_however_skewed_the_classes():
 def test_the_projection_and_gradient_chunks_shrink_to_fit_a_large_model(monkeypatch):
     """Per-image gradients of a large model would not fit: the pool whose gradients are projected out and the chunks
     they are taken in shrink to GRADIENT_BYTES (the report states the pool's size), and the gradients stay exact."""
-    import attacks.membership as membership
-    from core.model import classify
+    import fedvit.attacks.membership as membership
+    from fedvit.core.model import classify
 
     model = Net().eval()
     params = membership.parameter_count(model)

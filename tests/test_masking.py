@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from clients import runner
-from clients.masking import client_seed, draw_masks, fixed_position_masks, locked_masks
-from core.config import Config, ConfigError, MaskConfig, parse_config
-from core.masks import decode, encode, mask_rates
-from core.model import build_model, get_weights
-from strategies import FedSGD, MaskedFedSGD
-from strategies.masked_fedsgd import masked_update
-from strategies.update_counts import chi_square_pvalue, histogram, update_count_pmf
+from fedvit.clients import runner
+from fedvit.clients.masking import client_seed, draw_masks, fixed_position_masks, locked_masks
+from fedvit.core.config import Config, ConfigError, MaskConfig, parse_config
+from fedvit.core.masks import decode, encode, mask_rates
+from fedvit.core.model import build_model, get_weights
+from fedvit.strategies import FedSGD, MaskedFedSGD
+from fedvit.strategies.masked_fedsgd import masked_update
+from fedvit.strategies.update_counts import chi_square_pvalue, histogram, update_count_pmf
 from tests.helpers import FakeGrid, reply
 
 
@@ -284,7 +284,7 @@ def test_client_app_handler_replies_with_the_right_records(strategy, mode):
     """The ClientApp's train handler itself (Flower records in and out), without a runtime."""
     from flwr.app import Context, Message, RecordDict
 
-    from fedvit_app import client_app
+    from fedvit.app import client_app
 
     cfg = dataclasses.replace(CONFIG, strategy=strategy, mask=MaskConfig(mode=mode))
     weights = get_weights(build_model(cfg.model, 10, cfg.seed))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 from safetensors.numpy import load_file
 
-from strategies.base import FedVitStrategy
+from fedvit.strategies.base import FedVitStrategy
 from tests.helpers import run_in_process
 
 CONFIG = {"num-server-rounds": 3, "min-nodes": 3, "robust.enabled": True, "robust.steps": 1, "robust.max-samples": 8}
@@ -46,8 +46,8 @@ def test_a_run_without_central_evaluation_still_says_what_its_autoattack_numbers
     """Federated-only evaluation: the round entry of an AutoAttack round describes the clients' numbers."""
     from types import SimpleNamespace
 
-    from core.config import parse_config
-    from fedvit_app.server_app import RoundEnd
+    from fedvit.app.server_app import RoundEnd
+    from fedvit.core.config import parse_config
 
     robust = {"robust.enabled": True, "robust.attack": "autoattack", "robust.version": "apgd", "robust.max-samples": 12}
     config = parse_config({"centralized-evaluation": False, "num-server-rounds": 2} | robust)

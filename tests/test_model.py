@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from core.config import ModelConfig
-from core.model import PretrainedWeightsError, build_model, get_weights, role_params, set_weights
-from core.params import PARAM_ROLES
+from fedvit.core.config import ModelConfig
+from fedvit.core.model import PretrainedWeightsError, build_model, get_weights, role_params, set_weights
+from fedvit.core.params import PARAM_ROLES
 
 TINY = ModelConfig()
 

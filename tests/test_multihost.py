@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from fedvit_app.deployment.bundle import check_bundles
-from fedvit_app.deployment.topology import SUPERLINK_PORT
+from fedvit.app.deployment.bundle import check_bundles
+from fedvit.app.deployment.topology import SUPERLINK_PORT
 from tests.docker_engine import compose_env, docker_engine, install_missing
 from tests.test_compose import APP_UID, copy_app, metrics, port_free
 
@@ -87,7 +87,7 @@ class Federation:
         """Start a run, call ``fault`` once round ``after_round`` is recorded, wait for the end; (exit, output).
         The CLI's output goes to a file: a fault may take minutes, and a full pipe would stall the run."""
         config = f"run-name='{name}' num-server-rounds={rounds} round-timeout=240.0 {extra}".strip()
-        cmd = [sys.executable, "-m", "fedvit_app.cli", "run", ".", CONNECTION, "-c", config]
+        cmd = [sys.executable, "-m", "fedvit.app.cli", "run", ".", CONNECTION, "-c", config]
         log = self.work / f"{name}-{time.monotonic_ns()}.log"
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, cwd=self.app, env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -135,19 +135,19 @@ def federation(tmp_path_factory):
         started = time.perf_counter()
         try:
             assert port_free(SUPERLINK_PORT), f"port {SUPERLINK_PORT} is taken; the server bundle publishes it"
-            fed.sh(sys.executable, "-m", "fedvit_app.cli", "deploy", "base-images")
+            fed.sh(sys.executable, "-m", "fedvit.app.cli", "deploy", "base-images")
             address = bridge_address()
             creds = root / "admin-credentials"  # stays with the admin: the CA key is in no bundle
-            fed.sh(sys.executable, "-m", "fedvit_app.cli", "deploy", "credentials", str(creds),
+            fed.sh(sys.executable, "-m", "fedvit.app.cli", "deploy", "credentials", str(creds),
                    "--supernodes", str(CLIENTS), "--superlink-name", address)  # fmt: skip
-            fed.sh(sys.executable, "-m", "fedvit_app.cli", "deploy", "bundle", str(bundles), "--credentials",
+            fed.sh(sys.executable, "-m", "fedvit.app.cli", "deploy", "bundle", str(bundles), "--credentials",
                    str(creds), "--supernodes", str(CLIENTS), "--superlink-address", f"{address}:{SUPERLINK_PORT}",
                    "--source", str(app))  # fmt: skip
             for path in [bundles, *bundles.rglob("*")]:  # each bundle README's one root step
                 os.chown(path, APP_UID, APP_UID)
             fed.compose("server", "build")
             fed.compose("server", "up", "-d")
-            fed.sh(sys.executable, "-m", "fedvit_app.cli", "deploy", "register", "--connection", CONNECTION,
+            fed.sh(sys.executable, "-m", "fedvit.app.cli", "deploy", "register", "--connection", CONNECTION,
                    "--credentials", str(bundles / "server" / "credentials"), "--supernodes", str(CLIENTS),
                    "--address", f"127.0.0.1:{SUPERLINK_PORT}")  # fmt: skip
             for i in range(1, CLIENTS + 1):

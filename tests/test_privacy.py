@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
-from clients.privacy import dp_mod, local_epsilon
-from core.config import ConfigError, parse_config
+from fedvit.clients.privacy import dp_mod, local_epsilon
+from fedvit.core.config import ConfigError, parse_config
 from tests.helpers import run_in_process
 
 
@@ -83,9 +83,9 @@ def test_other_messages_and_dp_off_pass_unchanged():
 
 
 def test_a_failed_client_makes_flowers_wrapper_skip_the_round_and_fedvit_records_why():
-    from strategies import FedSGD
-    from strategies.base import ClientsFailedError
-    from strategies.privacy import CentralDP
+    from fedvit.strategies import FedSGD
+    from fedvit.strategies.base import ClientsFailedError
+    from fedvit.strategies.privacy import CentralDP
     from tests.helpers import FakeGrid, reply
     from tests.test_strategies import global_record
 
@@ -138,8 +138,8 @@ def test_central_dp_run_clips_on_clients_and_noises_the_aggregate(tmp_path):
 
 
 def test_label_attack_estimates_the_clip_scale(tmp_path):
-    from attacks.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
-    from attacks.labels import label_accuracy, recover_labels
+    from fedvit.attacks.labels import label_accuracy, recover_labels
+    from fedvit.audit.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
 
     base = parse_config({"audit.iterations": 5, "audit.restarts": 1})
     config = defence_config(base, DEFENCES["dp-central"], 2, tmp_path, Setting(8))
@@ -152,7 +152,7 @@ def test_label_attack_estimates_the_clip_scale(tmp_path):
 def test_the_offline_path_lends_flowers_task_identity_only_while_it_needs_one():
     from flwr.supercore.task_identity import TaskIdentity
 
-    from clients.privacy import privatize_offline
+    from fedvit.clients.privacy import privatize_offline
 
     config = parse_config({"dp.mode": "central", "dp.clipping-norm": 0.01})
     received, grad = random_arrays(0, 1.0), random_arrays(1, 0.1)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fedvit_app.flower_processes import private_superlink_env, stop_local_superlink
+from fedvit.app.flower_processes import private_superlink_env, stop_local_superlink
 
 pytestmark = pytest.mark.deployment
 ROOT = Path(__file__).parents[1]
@@ -42,7 +42,7 @@ def test_simulation_places_clients_on_both_nodes_of_a_ray_cluster(ray_cluster, t
     address, nodes = ray_cluster
     home = tmp_path / "flwr-home"
     env = private_superlink_env(home) | {"FEDVIT_CLIENT_STATE": str(tmp_path / "state")}
-    cmd = [sys.executable, "-m", "fedvit_app.cli", "run", str(ROOT), "--ray-address", address,
+    cmd = [sys.executable, "-m", "fedvit.app.cli", "run", str(ROOT), "--ray-address", address,
            "--federation-config", "num-supernodes=4 client-resources-num-cpus=1",
            "-c", f"out-dir='{tmp_path / 'out'}' run-name='ray' num-server-rounds=2"]  # fmt: skip
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from attacks.label_distribution import BENCHMARKED_ERROR
+from fedvit.attacks.label_distribution import BENCHMARKED_ERROR
 from tests.test_thirdparty_deployment import APP, PARTITIONS, deploy, fedvit
 
 pytestmark = pytest.mark.deployment

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.metrics import best_flat_image
-from attacks.reidentification import Gallery, gallery_from_test_split, rank, score_batch, similarity
-from core.config import parse_config
+from fedvit.attacks.reidentification import Gallery, gallery_from_test_split, rank, score_batch, similarity
+from fedvit.audit.metrics import best_flat_image
+from fedvit.core.config import parse_config
 
 SYNTHETIC = {"data.name": "synthetic", "data.synthetic-train-size": 64, "data.synthetic-test-size": 60}
 
@@ -61,7 +61,7 @@ def test_the_gallery_comes_from_the_test_split_of_the_runs_dataset():
     config = parse_config(SYNTHETIC)
     gallery = gallery_from_test_split(config, 32, 20)
     assert gallery.decoys.shape == (20, 3, 32, 32) and "synthetic test split" in gallery.source
-    from core.data import load_dataset
+    from fedvit.core.data import load_dataset
 
     test, _ = load_dataset(config.data, config.seed, "test").batch(np.arange(60), 32)
     for decoy in gallery.decoys[:3]:  # each decoy is one of the test images
@@ -83,7 +83,7 @@ def budget_rows(psnrs: list[float], baseline: float, reid: list[float] | None = 
 
 
 def test_a_baseline_result_still_rising_with_budget_is_budget_limited_not_no_leakage():
-    from attacks.frontier import best_attacks, frontier_rows
+    from fedvit.audit.frontier import best_attacks, frontier_rows
 
     def verdicts(rows):
         return [r["verdict"] for r in best_attacks(frontier_rows(rows, {}))]
@@ -106,7 +106,7 @@ def test_a_baseline_result_still_rising_with_budget_is_budget_limited_not_no_lea
 
 
 def test_budgets_run_the_optimisation_attack_once_per_budget_and_reach_the_frontier(tmp_path, capsys):
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
 
     out = tmp_path / "bench"
     args = ["audit", "--benchmark", "--images", "1", "--defences", "plain", "--batch-sizes", "2", "--out", str(out)]
@@ -125,11 +125,11 @@ def test_budgets_run_the_optimisation_attack_once_per_budget_and_reach_the_front
 def test_the_benchmark_attacks_a_finished_runs_model(tmp_path, capsys):
     from safetensors.torch import save_file
 
-    from attacks.benchmark import DEFENCES, client_update_and_labels, defence_config
-    from core.config import Config
-    from core.model import build_model, get_weights
-    from core.results import trained_model
-    from fedvit_app.cli import main
+    from fedvit.app.cli import main
+    from fedvit.audit.benchmark import DEFENCES, client_update_and_labels, defence_config
+    from fedvit.core.config import Config
+    from fedvit.core.model import build_model, get_weights
+    from fedvit.core.results import trained_model
 
     run = tmp_path / "run"
     run.mkdir()

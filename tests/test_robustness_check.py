@@ -11,10 +11,10 @@ import json
 import pytest
 from safetensors.numpy import save_file
 
-from core.config import parse_config
-from core.model import get_weights
-from fedvit_app.cli import main
-from fedvit_app.robustness_check import EPS_SWEEP_255, run_checks
+from fedvit.app.cli import main
+from fedvit.app.robustness_check import EPS_SWEEP_255, run_checks
+from fedvit.core.config import parse_config
+from fedvit.core.model import get_weights
 from tests.test_adversarial import trained_tiny
 
 pytestmark = pytest.mark.robustness

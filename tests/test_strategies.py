@@ -3,8 +3,8 @@ import pytest
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
-from strategies import FedAvg, FedSGD
-from strategies.fedsgd import fedsgd_update
+from fedvit.strategies import FedAvg, FedSGD
+from fedvit.strategies.fedsgd import fedsgd_update
 from tests.helpers import FakeGrid, reply
 
 SHAPES = {"w": (2, 2), "b": (3,)}
@@ -98,7 +98,7 @@ def test_superlink_generated_error_is_attributed_to_the_node_that_failed():
 
 
 def test_a_round_where_every_client_failed_stops_the_run():
-    from strategies.base import ClientsFailedError
+    from fedvit.strategies.base import ClientsFailedError
 
     s = FedSGD(lr=0.1, min_nodes=1)
     prepared(s, {11: 0, 12: 1})
@@ -109,7 +109,7 @@ def test_a_round_where_every_client_failed_stops_the_run():
 def test_accept_failures_false_stops_a_round_short_of_any_client():
     """accept-failures=false: one failed reply (or one missing at the timeout) stops the run before aggregating;
     the default aggregates the others."""
-    from strategies.base import ClientsFailedError
+    from fedvit.strategies.base import ClientsFailedError
 
     ok = reply(11, {k: np.ones(v, np.float32) for k, v in SHAPES.items()}, **{"num-examples": 2})
     failed = reply(12, error="x\nTypeError: bad")
@@ -168,7 +168,7 @@ def test_discovery_queries_each_node_once():
 
 
 def test_waiting_for_nodes_times_out_with_clear_error():
-    from strategies.base import NodesUnavailableError
+    from fedvit.strategies.base import NodesUnavailableError
 
     s = FedSGD(lr=0.1, min_nodes=3, wait_timeout=0.01)
     with pytest.raises(NodesUnavailableError, match="min-nodes=3"):

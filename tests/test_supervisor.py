@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fedvit_app.deployment import supernode_supervisor
+from fedvit.app.deployment import supernode_supervisor
 
 # Each start of the stand-in takes the next behaviour from the script's argument list (a counter file tracks it).
 STANDIN = """#!/bin/sh
@@ -45,7 +45,7 @@ def standin(tmp_path: Path):
             "BEHAVIOURS": behaviours,
         }
         code = (
-            "from fedvit_app.deployment import supernode_supervisor as s; import sys; "
+            "from fedvit.app.deployment import supernode_supervisor as s; import sys; "
             "sys.exit(s.supervise(['flower-supernode', '--superlink', 'x:8000'], retry_s=0.05))"
         )
         return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)

@@ -34,8 +34,8 @@ from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
 
-from attacks.wire_tap import WireRecorder
-from fedvit_app.tap import running_tap, sniff, split_address
+from fedvit.app.tap import running_tap, sniff, split_address
+from fedvit.capture.wire_tap import WireRecorder
 from tests.helpers import reply_metadata
 
 NODE = 7
@@ -154,7 +154,7 @@ def test_malformed_and_truncated_objects_are_counted_and_recording_goes_on(tmp_p
 
 
 def test_full_disk_is_counted_not_raised(tmp_path, monkeypatch):
-    import attacks.wire_tap as wire_tap
+    import fedvit.capture.wire_tap as wire_tap
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

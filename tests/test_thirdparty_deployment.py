@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedvit_app.deployment.connection import add_connection
-from fedvit_app.deployment.credentials import write_credentials
-from fedvit_app.deployment.loopback import wait_for_port
-from fedvit_app.flower_processes import executable, flower_env, free_ports
+from fedvit.app.deployment.connection import add_connection
+from fedvit.app.deployment.credentials import write_credentials
+from fedvit.app.deployment.loopback import wait_for_port
+from fedvit.app.flower_processes import executable, flower_env, free_ports
 
 pytestmark = pytest.mark.deployment
 APP = Path(__file__).parent / "thirdparty_app"
@@ -97,12 +97,12 @@ class Federation:
 
 
 def fedvit(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedvit_app.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fedvit.app.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=flower_env())  # fmt: skip
 
 
 def start_tap(fed: Federation, out: Path) -> subprocess.Popen:
-    argv = ["fedvit_app.cli", "tap", "--listen", f"127.0.0.1:{fed.tap_port}", "--upstream",
+    argv = ["fedvit.app.cli", "tap", "--listen", f"127.0.0.1:{fed.tap_port}", "--upstream",
             f"127.0.0.1:{fed.link_port}", "--out", str(out)]  # fmt: skip
     with open(fed.workdir / "logs" / "tap.log", "ab") as log:
         tap = subprocess.Popen([sys.executable, "-m", *argv], stdout=log, stderr=subprocess.STDOUT,
@@ -191,7 +191,7 @@ def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_th
     assert report["verdict"].startswith("LEAKS: labels beyond the null in 4 of 4 update(s)")
     assert "4 of 4 exactly right" in report["verdict"]
     assert (out / "grid.png").exists() and "Verdict" in (out / "audit.md").read_text()
-    from attacks.report import TOP_LEVEL_KEYS
+    from fedvit.audit.report import TOP_LEVEL_KEYS
 
     assert tuple(report) == TOP_LEVEL_KEYS  # the one report schema, as for fedvit's own runs
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedvit_app.flower_processes import executable, flower_env, private_superlink_env, stop_local_superlink
+from fedvit.app.flower_processes import executable, flower_env, private_superlink_env, stop_local_superlink
 
 pytestmark = pytest.mark.deployment
 APP = Path(__file__).parent / "thirdparty_app"
@@ -27,14 +27,14 @@ def with_capture(app: Path) -> None:
     """The edits the audit docs ask of a user: the mod on the ClientApp, the wrapper around the strategy."""
     client = app / "cnnapp" / "client_app.py"
     text = client.read_text().replace("app = ClientApp()", "app = ClientApp(mods=[capture_mod])")
-    client.write_text("from attacks.capture import capture_mod\n" + text)
+    client.write_text("from fedvit.capture.writer import capture_mod\n" + text)
     server = app / "cnnapp" / "server_app.py"
     text = server.read_text().replace(
         "strategy = FedAvg(",
         "strategy = CapturingStrategy(out_dir=config['fedvit-capture-dir'], run_config=dict(config), strategy=FedAvg(",
     )
     text = text.replace("min_available_nodes=2)", "min_available_nodes=2))")
-    server.write_text("from attacks.capture import CapturingStrategy\n" + text)
+    server.write_text("from fedvit.capture.writer import CapturingStrategy\n" + text)
     pyproject = app / "pyproject.toml"  # Flower refuses overrides of keys the app does not declare
     pyproject.write_text(pyproject.read_text().replace('final-model = ""', 'final-model = ""\nfedvit-capture-dir = ""'))
     assert "ClientApp(mods=[capture_mod])" in client.read_text() and "CapturingStrategy(" in server.read_text()
@@ -72,7 +72,7 @@ def test_capture_mod_and_server_wrapper_record_a_simulation_that_the_audit_reads
                 head = json.loads(manifest.read_text())
                 partitions.append(f"--partition={head['node']}={head['partition']}")
         audit = subprocess.run(
-            [sys.executable, "-m", "fedvit_app.cli", "audit", str(root), "--out", str(out), "--model",
+            [sys.executable, "-m", "fedvit.app.cli", "audit", str(root), "--out", str(out), "--model",
              "cnnapp.task:Net", "--app-dir", str(APP), "--data", "cnnapp_partitions:partition", *partitions,
              "--decoy-partitions", "4-40", "--iterations", "20", "--restarts", "1"],
             capture_output=True, text=True, timeout=600, env=flower_env(),

@@ -7,8 +7,8 @@ import time
 from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
 
-from fedvit_app.deployment import warm_superexec
-from fedvit_app.deployment.warm_superexec import ForkExecutor
+from fedvit.app.deployment import warm_superexec
+from fedvit.app.deployment.warm_superexec import ForkExecutor
 
 
 class Fallback:

@@ -1,4 +1,5 @@
-"""Packed ArrayRecords on the wire (core/wire.py): lossless, fewer objects, and a run computes the same through it."""
+"""Packed ArrayRecords on the wire (fedvit.core.wire): lossless, fewer
+objects, and a run computes the same through it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from flwr.supercore.inflatable.inflatable_object import get_object_tree
 from flwr.supercore.inflatable.inflatable_utils import iterate_object_tree
 from safetensors.numpy import load_file
 
-from core.wire import LAYOUT_RECORD, is_packed, pack, unpack, wire_mod
+from fedvit.core.wire import LAYOUT_RECORD, is_packed, pack, unpack, wire_mod
 from tests.helpers import run_in_process
 
 

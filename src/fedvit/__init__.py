@@ -1,0 +1,45 @@
+"""fedvit: privacy-preserving and adversarially robust federated learning of Vision Transformers with Flower, and an
+attack audit for any Flower app.
+
+The public API (stable within a minor version; docs/reference/api.md) is what ``__all__`` names:
+
+- :func:`capture_mod` and :class:`CapturingStrategy` record a Flower app's exchanges for the audit
+  (light: importing them loads Flower and NumPy, never torch);
+- :func:`audit_captures` and :class:`AuditOptions` run the audit from Python (they load torch when first used).
+
+Everything else under ``fedvit`` is internal and may change between releases.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
+
+__version__ = version("fedvit")  # the one version source is pyproject.toml's [project] version
+
+__all__ = ["AuditOptions", "CapturingStrategy", "__version__", "audit_captures", "capture_mod"]
+
+# name -> module that defines it; imported on first use, so `import fedvit` stays cheap
+_PUBLIC = {
+    "capture_mod": "fedvit.capture.writer",
+    "CapturingStrategy": "fedvit.capture.writer",
+    "audit_captures": "fedvit.audit.pipeline",
+    "AuditOptions": "fedvit.audit.pipeline",
+}
+
+if TYPE_CHECKING:
+    from fedvit.audit.pipeline import AuditOptions, audit_captures
+    from fedvit.capture.writer import CapturingStrategy, capture_mod
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fedvit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

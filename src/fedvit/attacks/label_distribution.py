@@ -1,0 +1,402 @@
+"""Label distribution of a multi-step FedAvg update: how many images of each class the client trained on.
+
+An RLU-class method (Chen & Vikalo, "Recovering Labels from Local Updates in Federated Learning", ICML 2024,
+arXiv 2405.00955): least squares on the output layer's update, with the softmax the model put on every class
+during the client's local training estimated by simulating that training on auxiliary data.
+
+With softmax cross-entropy averaged over each batch and SGD with momentum β (PyTorch's form, no dampening), the
+head bias moves by  w_received − w_sent = lr Σ_t w_t g_t,  g_t = (1/B_t) Σ_{i∈t} (p_i − y_i),
+w_t = (1 − β^{T−t+1}) / (1 − β). Grouping the images of step t by their class k and taking expectations over
+the client's shuffling (a class-k image is in any batch with probability B_t/N) gives
+
+    (I − P̄) n = N (b_sent − b_received) / (lr W),   W = Σ_t w_t,
+
+where n are the per-class counts of the client's N images and P̄[c, k] the w_t/B_t-weighted mean softmax of class
+c over the class-k images seen during training. P̄ is what the eavesdropper does not see: it is taken from a
+simulation of the same T steps (batch size, lr, momentum) on auxiliary images drawn with the current estimate of
+n, in :data:`PASSES` passes (each estimate sets the next pass's class mix). The head's weight rows add the same
+relation with the class-mean head inputs (see :func:`simulate`). n ≥ 0 and Σn = N (the reply's num-examples)
+close the system (I − P̄ is singular: its columns sum to zero).
+
+Passes alone (each estimate setting the next simulation's class mix) are a fixed-point iteration that stalls beyond
+one epoch on skewed classes: the simulated model learns whatever class prior it is given, so every mix looks
+nearly self-consistent and the estimate stays near its uniform start (error near the prior's). So the passes only
+start a Gauss–Newton search on the self-consistency residual r(n) = (S(n) n − rhs) / ‖rhs‖, S(n) the system of a
+simulation at mix n, its Jacobian by finite differences (one simulation per class, the same shuffling seed
+throughout); see :func:`residual_search`. The residual is not convex in n, so a second search starts from the
+class shares the sent model predicts on the auxiliary images (:func:`learned_mix`), and the lower residual wins.
+Where no record carries the momentum, the passes run under each plausible value and the one whose simulated head
+change is closest in norm to the observed one is searched; the counts under the other values (one search step
+from their own passes) are reported beside it.
+
+The null is the prior: the counts a guess without the update makes (the auxiliary data's class shares times N);
+under IID partitions the truth is close to it and matching it shows nothing. Measured accuracy: see
+:data:`BENCHMARKED_ERROR` and the docs' audit results (benchmarks/label_distribution.py; the search alone against
+the passes and the true mix in benchmarks/label_mix_search.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import nnls
+
+from fedvit.attacks.observation import Observation, input_shape, model_with, received_model, recipe
+from fedvit.core.model import classify
+
+MOMENTA = (0.0, 0.9)  # the values tried when no record carries the momentum (plain SGD; the common default)
+PASSES = 3  # simulations per momentum: a uniform class mix, then each estimate sets the next one's
+SEARCH_STEPS = 5  # Gauss–Newton steps at most (each: one simulation per class, then up to 3 for the step length)
+SIDE_SEARCH_STEPS = 1  # for the counts under the other momentum and under weight decay (their sensitivity)
+FD_SHARE = 0.05  # finite-difference step of the Jacobian: this share of the client's images moved into one class
+CONVERGED = 0.005  # a step that moves fewer than this share of the images ends the search
+WEIGHT_DECAY = 5e-4  # the common value, tried beside 0 for another app's update (no record carries it)
+SUM_WEIGHT = 10.0  # weight of the Σn = N row against the C rows of the least squares
+# Label-count error (1 − label accuracy) of this method in fedvit's own benchmark, by model family and local
+# epochs: the worst over IID and five Dirichlet(0.5) draws and 1,000 or 2,000 images per client, B = 32, lr 0.01,
+# momentum 0.9 on no record. Measured 2026-11-26 (commit f82b26f) with
+# `uv run python -m benchmarks.label_distribution --workers 2` (docs/results/data/label-distribution.csv);
+# tests/test_label_distribution.py checks that the two agree. The prior misplaces 27-47% on those skewed clients.
+BENCHMARKED_ERROR = {"cnn": {1: 0.04, 3: 0.14, 5: 0.3}, "vit": {1: 0.13, 3: 0.16, 5: 0.17}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Auxiliary:
+    """Images [n, C, H, W] in [0, 1] with labels, none of them the client's: what the attacker simulates with."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    source: str
+
+    def prior(self, num_classes: int) -> np.ndarray:
+        """Class shares of the auxiliary data (the population's, as far as the attacker knows it)."""
+        counts = np.bincount(self.labels, minlength=num_classes)[:num_classes].astype(np.float64)
+        return counts / counts.sum() if counts.sum() else np.full(num_classes, 1 / num_classes)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelEstimate:
+    """The counts, the momentum the simulation used and the counts under every other momentum tried."""
+
+    counts: np.ndarray
+    momentum: float
+    note: str
+    alternatives: dict[float, np.ndarray]
+
+
+def step_weights(steps: int, momentum: float) -> np.ndarray:
+    """w_t = (1 − β^{T−t+1}) / (1 − β): how much of step t's gradient the T momentum steps applied in total."""
+    if momentum == 0:
+        return np.ones(steps)
+    remaining = np.arange(steps, 0, -1)
+    return (1 - momentum**remaining) / (1 - momentum)
+
+
+def noise_auxiliary(shape: tuple[int, int, int], num_classes: int, seed: int, per_class: int = 16) -> Auxiliary:
+    """Uniform-noise images with every class's label: a simulation without any data of the task (weak)."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(num_classes), per_class)
+    return Auxiliary(rng.random((len(labels), *shape)), labels, "uniform-noise images (no auxiliary data)")
+
+
+def integer_counts(raw: np.ndarray, total: int) -> np.ndarray:
+    """Non-negative integers summing to ``total``, by largest remainders of ``raw`` (rescaled to ``total``)."""
+    raw = np.clip(np.asarray(raw, np.float64), 0, None)
+    raw = raw * (total / raw.sum()) if raw.sum() > 0 else np.full(len(raw), total / len(raw))
+    counts = np.floor(raw).astype(np.int64)
+    counts[np.argsort(-(raw - counts), kind="stable")[: total - int(counts.sum())]] += 1
+    return counts
+
+
+def solve_counts(system: np.ndarray, rhs: np.ndarray, total: int) -> np.ndarray:
+    """Least squares ``system`` n ≈ rhs with n ≥ 0 and Σn = N (a row weighted like the system's largest), as real
+    counts."""
+    c = system.shape[1]
+    weight = SUM_WEIGHT * max(float(np.abs(system).max()), 1e-12)
+    a = np.vstack([system, weight * np.ones((1, c))])
+    b = np.concatenate([rhs, [weight * total]])
+    return nnls(a, b, maxiter=50 * c)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+    """One simulated local training, as the rows of the linear system in the counts n: ``system`` [R, C] such that
+    ``system @ n ≈ N (w_sent − w_received) / (lr W)`` (:func:`scaled_rhs`) stacked over the head's bias and weight
+    rows; and the norm of the head's simulated change."""
+
+    system: np.ndarray
+    head_change: float
+    weights: dict[str, np.ndarray] | None = None  # the simulated client's final state dict (``keep_weights``)
+    snapshots: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)  # parameters (``snapshots``)
+
+
+def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
+    """The module that owns the head's bias (``fc3.bias`` → ``fc3``)."""
+    return model.get_submodule(bias.removesuffix(".bias"))
+
+
+def simulate(
+    obs: Observation, aux: Auxiliary, counts: np.ndarray, momentum: float, seed: int, weight_decay: float = 0.0,
+    keep_weights: bool = False, snapshots: int = 0,
+) -> Simulation:  # fmt: skip
+    """The client's T local steps (its batch size, lr, momentum) from the received weights on auxiliary images:
+    ``counts`` images per class, each drawn once from the auxiliary images of its class and revisited every epoch.
+
+    Per class k it averages, weighted by w_t / B_t over the class-k images it trains on: their softmax (P̄[:, k]),
+    their head inputs h (F_k) and p_c·h (M[c, k]). With n_k/N of every batch from class k, row c of the head
+    moves by  w_sent − w_received ≈ lr W/N · Σ_k n_k (δ_ck [1, F_k] − [P̄[c, k], M[c, k]]):  the system returned
+    holds those coefficients (bias row first, then the weight rows, per class).
+    """
+    client = recipe(obs)
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model = received_model(obs).float().train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    features: list[torch.Tensor] = []
+    hook = head_module(model, obs.head_bias).register_forward_hook(lambda m, i, o: features.append(i[0].detach()))
+    classes = len(counts)
+    labels = np.repeat(np.arange(classes), counts)
+    by_class = {k: np.flatnonzero(aux.labels == k) for k in range(classes)}
+    shape = input_shape(obs)
+    pool = [
+        aux.images[rng.choice(by_class[k])] if len(by_class[k]) else rng.random(shape)  # a class aux lacks: noise
+        for k in labels
+    ]
+    images = torch.as_tensor(np.stack(pool), dtype=torch.float32)
+    targets = torch.as_tensor(labels)
+    bias, weight = obs.head_bias, head_weight(obs.head_bias)
+    params = dict(model.named_parameters())
+    start = {n: params[n].detach().clone() for n in (bias, weight) if n in params}
+    optimiser = torch.optim.SGD(model.parameters(), lr=client.lr, momentum=momentum, weight_decay=weight_decay)
+    per_epoch = math.ceil(len(labels) / client.batch)
+    weights = step_weights(per_epoch * client.epochs, momentum)
+    seen, probs_sum, feat_sum, cross_sum = np.zeros(classes), None, None, None
+    step, kept = 0, []
+    snapshot_steps = set(np.linspace(0, per_epoch * client.epochs, snapshots, endpoint=False).round().astype(int))
+    for _ in range(client.epochs):
+        order = torch.randperm(len(labels), generator=generator)
+        for first in range(0, len(labels), client.batch):
+            if step in snapshot_steps:
+                kept.append({n: p.detach().numpy().copy() for n, p in model.named_parameters()})
+            batch = order[first : first + client.batch]
+            features.clear()
+            logits = classify(model, images[batch])
+            loss = F.cross_entropy(logits, targets[batch])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            scale = weights[step] / len(batch)
+            probs = torch.softmax(logits.detach().double(), 1).numpy()
+            h = features[-1].double().flatten(1).numpy()
+            y = targets[batch].numpy()
+            if probs_sum is None:
+                probs_sum = np.zeros((classes, classes))
+                feat_sum = np.zeros((classes, h.shape[1]))
+                cross_sum = np.zeros((classes, classes, h.shape[1]))
+            np.add.at(seen, y, scale)
+            np.add.at(probs_sum.T, y, scale * probs)  # column k: the softmax of class-k images
+            np.add.at(feat_sum, y, scale * h)
+            np.add.at(cross_sum.transpose(1, 0, 2), y, scale * probs[:, :, None] * h[:, None, :])
+            step += 1
+    hook.remove()
+    # per class k, the mean over its occurrences (classes never drawn: the mean over every image seen)
+    norm = np.maximum(seen, 1e-12)
+    fallback = seen == 0
+    p_mean = probs_sum / norm
+    f_mean = feat_sum / norm[:, None]
+    m_mean = cross_sum / norm[None, :, None]
+    p_mean[:, fallback] = (probs_sum.sum(1) / max(seen.sum(), 1e-12))[:, None]
+    f_mean[fallback] = feat_sum.sum(0) / max(seen.sum(), 1e-12)
+    m_mean[:, fallback] = (cross_sum.sum(1) / max(seen.sum(), 1e-12))[:, None]
+    eye = np.eye(classes)
+    bias_rows = eye - p_mean  # [c, k]
+    weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
+    system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
+    change = math.sqrt(sum(float((params[n].detach() - start[n]).pow(2).sum()) for n in start))
+    final = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()} if keep_weights else None
+    return Simulation(system, change, final, kept)
+
+
+def head_weight(bias: str) -> str:
+    """The head's weight beside its bias (``fc3.bias`` → ``fc3.weight``)."""
+    return bias.removesuffix("bias") + "weight"
+
+
+def head_rows(obs: Observation) -> np.ndarray:
+    """w_sent − w_received of the head, per class its bias then its weight row, flattened (the system's
+    right-hand side before scaling)."""
+    client = recipe(obs)
+    names = [obs.head_bias, head_weight(obs.head_bias)]
+    moved = {}
+    for name in names:
+        change = np.asarray(obs.update[name], np.float64) - np.asarray(obs.received[name], np.float64)
+        if obs.correction is not None:  # SCAFFOLD moved every step by −lr (c − c_i) as well
+            change = change + client.lr * client.steps * obs.correction[name]
+        moved[name] = change.reshape(len(change), -1)
+    rows = np.concatenate([moved[names[0]], moved[names[1]]], axis=1).reshape(-1)
+    if not np.isfinite(rows).all():
+        raise ValueError("the head's update holds non-finite values")
+    return rows
+
+
+def scaled_rhs(obs: Observation, rows: np.ndarray, momentum: float) -> np.ndarray:
+    """N (w_sent − w_received) / (lr W): the right-hand side the system in the counts must meet."""
+    client = recipe(obs)
+    return client.examples * rows / (client.lr * float(step_weights(client.steps, momentum).sum()))
+
+
+def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
+    """Per-class counts of a multi-step FedAvg update (see the module docstring). ``obs.update`` holds the sent
+    weights; the recipe's lr must be known (the scale of the right-hand side)."""
+    client = recipe(obs)
+    total = client.examples
+    rows = head_rows(obs)
+    momenta = (client.momentum,) if client.momentum_known else MOMENTA
+    results = {beta: found for beta in momenta if (found := passes(obs, aux, rows, beta, 0.0, seed)) is not None}
+    if not results:
+        raise ValueError("the simulated local training diverged under every momentum tried")
+    observed = float(np.linalg.norm(rows))  # the head's change, SCAFFOLD's correction taken out as in rows
+    mismatch = {b: abs(math.log(max(change, 1e-12) / max(observed, 1e-12))) for b, (_, change) in results.items()}
+    chosen = min(mismatch, key=mismatch.get)
+    note = f"local training simulated on {aux.source} ({client.steps} steps of {client.batch}, lr {client.lr:g}"
+    if client.momentum_known:
+        note += f", momentum {chosen:g})"
+    else:
+        ratios = ", ".join(f"β {b:g}: {results[b][1] / max(observed, 1e-12):.2f}" for b in results)
+        note += f"); momentum {chosen:g} estimated from the update (simulated/observed head change: {ratios})"
+    starts = {"the passes' estimate": results[chosen][0], "the sent model's class shares": learned_mix(obs, aux)}
+    searched = {name: residual_search(obs, aux, rows, start, chosen, 0.0, seed, SEARCH_STEPS)
+                for name, start in starts.items()}  # fmt: skip
+    best = lowest_residual(searched)
+    counts = searched[best].counts
+    note += (f"; class-mix search: residual {searched[best].residual:.2f} from {best} (" + ", ".join(
+        f"{f.residual:.2f} from {name}" for name, f in searched.items() if name != best) + "), " +
+        f"{sum(f.simulations for f in searched.values())} simulations")  # fmt: skip
+    changed = lambda other: int(np.abs(other - counts).sum() // 2)  # noqa: E731 — images that change class
+    alternatives = {
+        b: residual_search(obs, aux, rows, start, b, 0.0, seed, SIDE_SEARCH_STEPS).counts
+        for b, (start, _) in results.items()
+        if b != chosen
+    }
+    for b, other in alternatives.items():
+        note += f"; under momentum {b:g} {changed(other)} of {total} images change class"
+    if obs.config is None:
+        decayed = residual_search(obs, aux, rows, counts, chosen, WEIGHT_DECAY, seed, SIDE_SEARCH_STEPS)
+        note += f"; under weight decay {WEIGHT_DECAY:g} {changed(decayed.counts)} change class"
+    return LabelEstimate(counts, chosen, note, alternatives)
+
+
+@torch.no_grad()
+def learned_mix(obs: Observation, aux: Auxiliary) -> np.ndarray:
+    """N × the sent model's mean softmax on the auxiliary images, over their class shares: the class prior the
+    client's training taught the model, a start for the search that the passes, stalled near the uniform mix, do
+    not give. ``obs.update`` holds the sent weights (a multi-step reply)."""
+    model = model_with(obs, obs.update).float().eval()
+    classes = len(obs.update[obs.head_bias])
+    shares = np.zeros(classes)
+    for first in range(0, len(aux.images), 256):
+        x = torch.as_tensor(aux.images[first : first + 256], dtype=torch.float32)
+        shares += torch.softmax(classify(model, x).double(), 1).sum(0).numpy()[:classes]
+    shares = shares / max(shares.sum(), 1e-12) / np.maximum(aux.prior(classes), 1e-3)
+    return recipe(obs).examples * shares / shares.sum()
+
+
+def passes(obs: Observation, aux: Auxiliary, rows: np.ndarray, momentum: float, weight_decay: float,
+           seed: int) -> tuple[np.ndarray, float] | None:  # fmt: skip
+    """The counts after :data:`PASSES` simulations under one momentum and weight decay (the first from a uniform
+    class mix, each later one from the previous estimate) and the last simulation's head change; None where the
+    simulated training diverged."""
+    client = recipe(obs)
+    total = client.examples
+    classes = len(obs.update[obs.head_bias])
+    rhs = scaled_rhs(obs, rows, momentum)
+    counts = np.full(classes, total // classes) + (np.arange(classes) < total % classes)
+    for k in range(PASSES):
+        sim = simulate(obs, aux, counts, momentum, seed + k, weight_decay)
+        if not np.isfinite(sim.system).all():
+            return None
+        counts = integer_counts(solve_counts(sim.system, rhs, total), total)
+    return counts, sim.head_change
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """The counts a class-mix search ended at, their relative residual ‖S(n) n − rhs‖ / ‖rhs‖ and the simulations
+    it ran."""
+
+    counts: np.ndarray
+    residual: float
+    simulations: int
+
+
+def lowest_residual(searched: dict[str, SearchResult]) -> str:
+    """The name of the search that ended at the lowest residual (a diverged one, NaN, never)."""
+    return min(searched, key=lambda name: np.nan_to_num(searched[name].residual, nan=np.inf))
+
+
+def residual_search(obs: Observation, aux: Auxiliary, rows: np.ndarray, start: np.ndarray, momentum: float,
+                    weight_decay: float, seed: int, steps: int) -> SearchResult:  # fmt: skip
+    """Gauss–Newton from ``start`` on r(n) = (S(n) n − rhs) / ‖rhs‖: the Jacobian by finite differences (move
+    :data:`FD_SHARE` of the images into one class, keeping Σn = N), the linearised least squares solved with n ≥ 0
+    and Σn = N, and 1, 2 or 4 times that step kept where r falls; it ends when no step lowers r, a step moves
+    fewer than :data:`CONVERGED` of the images, or after ``steps`` steps. A simulation that diverges ends it at
+    the best counts so far."""
+    total = int(recipe(obs).examples)
+    rhs = scaled_rhs(obs, rows, momentum)
+    scale = max(float(np.linalg.norm(rhs)), 1e-12)
+    simulations = 0
+
+    def residual(n: np.ndarray) -> np.ndarray | None:
+        nonlocal simulations
+        simulations += 1
+        system = simulate(obs, aux, integer_counts(n, total), momentum, seed, weight_decay).system
+        return (system @ n - rhs) / scale if np.isfinite(system).all() else None
+
+    n = np.asarray(start, np.float64)
+    r = residual(n)
+    if r is None:
+        return SearchResult(integer_counts(n, total), math.nan, simulations)
+    classes, h = len(n), FD_SHARE * total
+    for _ in range(steps):
+        jacobian = np.empty((len(r), classes))
+        for k in range(classes):
+            d = -n / total * h
+            d[k] += h
+            moved = residual(n + d)
+            if moved is None:
+                return SearchResult(integer_counts(n, total), float(np.linalg.norm(r)), simulations)
+            jacobian[:, k] = (moved - r) / h
+        step = solve_counts(jacobian, jacobian @ n - r, total) - n
+        best = (float(np.linalg.norm(r)), n, r)
+        for length in (1.0, 2.0, 4.0):
+            m = n + length * step
+            if (m < 0).any():
+                break
+            if (r_new := residual(m)) is not None and np.linalg.norm(r_new) < best[0]:
+                best = (float(np.linalg.norm(r_new)), m, r_new)
+        if best[1] is n:
+            break
+        moved_images = float(np.abs(best[1] - n).sum()) / 2
+        n, r = best[1], best[2]
+        if moved_images < CONVERGED * total:
+            break
+    return SearchResult(integer_counts(n, total), float(np.linalg.norm(r)), simulations)
+
+
+def prior_accuracy(prior: np.ndarray, true_labels: np.ndarray) -> float:
+    """The label accuracy of the null: N × the prior's class shares (real counts), against the truth."""
+    true_counts = np.bincount(np.asarray(true_labels, np.int64), minlength=len(prior))[: len(prior)]
+    return float(np.minimum(len(true_labels) * prior, true_counts).sum() / max(len(true_labels), 1))
+
+
+def benchmarked_error(obs: Observation) -> str:
+    """The error this method had in fedvit's benchmark for this model family at the nearest number of epochs."""
+    family = "vit" if hasattr(received_model(obs), "patch_embed") else "cnn"
+    table = BENCHMARKED_ERROR[family]
+    epochs = min(table, key=lambda e: abs(e - recipe(obs).epochs))
+    return f"{table[epochs]:.0%} of images misplaced in fedvit's benchmark ({family}, {epochs} local epoch(s))"

@@ -1,0 +1,321 @@
+"""Membership inference on a captured update: was this image in the client's training data?
+
+Two scores per candidate image. A multi-step update whose class counts were estimated (the label estimate's
+simulation) is scored by gradient alignment (:func:`alignment_scores`): the update, minus the mean of K shadow
+updates (:func:`reference_updates`: the client's local training simulated from the received weights on images that
+are none of the candidates: Carlini et al.'s offline reference models, adapted to one update), is a sum of the
+members' gradients, each η/B per visit, and of what the shadows did not reproduce; the span of the shadow images'
+gradients is projected out of it, and each candidate's gradient, taken at points along the simulated local
+training, is dotted with what remains (the inner-product signal of gradient-level membership attacks: Nasr et al.,
+"Comprehensive Privacy Analysis of Deep Learning", S&P 2019; FedMIA, arXiv 2402.06289). Otherwise (one step, a
+gradient reply, no estimate) the score is how much the update lowered the image's loss: ℓ(w_received, x) −
+ℓ(w_sent, x), a gradient reply turned into the step it implies (w_received − η g, η the recipe's lr, else a step of
+1% of the weights' norm). Candidates are the client's own images (members) and images it never held
+(non-members). Each score is calibrated on the known non-members of its class, as its rank among their scores (Carlini
+et al. calibrate per example; with one update per client the class is the finest reference an eavesdropper has,
+and it removes the class skew a FedAvg update always carries). The report gives ROC AUC and TPR at 0.1% and 1% FPR
+as Carlini et al. ask ("Membership Inference Attacks From First Principles", S&P 2022, arXiv 2112.03570), each
+beside its null: the same figures, calibration included, with the member/non-member labels shuffled within each
+class (a control that holds no information about membership beyond the two sides' class composition), whose 99.9th
+percentile is the margin a finding must clear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score, roc_curve
+from torch.func import functional_call, grad, vmap
+
+from fedvit.attacks.label_distribution import Auxiliary, Simulation, simulate
+from fedvit.attacks.observation import Observation, model_with, received_model, recipe
+from fedvit.attacks.reidentification import evenly_spaced
+from fedvit.core.model import classify, normalize
+
+FPRS = (0.001, 0.01)
+NULL_DRAWS = 1000  # within-class label shuffles behind the null
+NULL_QUANTILE = 0.999  # a finding must beat this quantile of the null (per figure and update)
+MAX_CANDIDATES = 5000  # per side; more are subsampled (evenly)
+BATCH = 256  # candidates per forward pass
+REFERENCES = 8  # shadow updates per multi-step update (fewer where REFERENCE_SECONDS runs out)
+REFERENCE_SECONDS = 60.0
+ALIGNMENT_POINTS = 3  # weights along the local training where the candidates' gradients are taken
+PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is cleared of
+GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the pool and the chunks on large models
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """Member and non-member images [n, C, H, W] in [0, 1] with their labels, and where the non-members came from."""
+
+    members: tuple[np.ndarray, np.ndarray]
+    non_members: tuple[np.ndarray, np.ndarray]
+    source: str
+
+
+def evenly(images: np.ndarray, labels: np.ndarray, most: int = MAX_CANDIDATES) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``most`` of the images (evenly spaced) with their labels."""
+    if len(images) <= most:
+        return images, labels
+    keep = evenly_spaced(len(images), most)
+    return images[keep], labels[keep]
+
+
+@torch.no_grad()
+def losses(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-image cross-entropy, in batches of :data:`BATCH`."""
+    out = []
+    for first in range(0, len(images), BATCH):
+        x = torch.as_tensor(images[first : first + BATCH], dtype=torch.float32)
+        y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
+        out.append(F.cross_entropy(classify(model, x), y, reduction="none").double().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def sent_weights(obs: Observation) -> dict[str, np.ndarray]:
+    """The weights the reply implies: the sent weights, or the received ones moved one step against a gradient."""
+    client = recipe(obs)
+    if not client.sends_gradient:
+        return obs.update
+    norm = np.sqrt(sum(float((obs.received[n] ** 2).sum()) for n in obs.update))
+    grad_norm = np.sqrt(sum(float((g**2).sum()) for g in obs.update.values()))
+    step = client.lr if client.lr > 0 else 0.01 * norm / max(grad_norm, 1e-12)
+    return {n: obs.received[n] - step * g for n, g in obs.update.items()}
+
+
+def loss_drops(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """ℓ(w_received, x) − ℓ(w_sent, x) per candidate (eval mode: BatchNorm on the received running statistics)."""
+    after = losses(model_with(obs, sent_weights(obs)).float().eval(), images, labels)
+    return losses(received_model(obs).float().eval(), images, labels) - after
+
+
+def per_sample_gradients(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> Iterator[torch.Tensor]:
+    """∇_w ℓ(w, x_i) of each image, flattened over ``model``'s parameters, in chunks [b, P] of up to :data:`BATCH`
+    (a quarter of :data:`GRADIENT_BYTES` each; ``torch.func``: one vectorised backward pass per chunk; eval mode;
+    ``model`` is switched to timm's explicit attention)."""
+    for module in model.modules():  # timm's fused attention has no batching rule (vmap would loop over images)
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, weights, (x[None],))
+        return F.cross_entropy(getattr(out, "logits", out), y[None])
+
+    per_image = vmap(grad(loss), in_dims=(None, 0, 0))
+    chunk = max(1, min(BATCH, GRADIENT_BYTES // 4 // (4 * parameter_count(model))))
+    for first in range(0, len(images), chunk):
+        x = normalize(model, torch.as_tensor(images[first : first + chunk], dtype=torch.float32))
+        y = torch.as_tensor(labels[first : first + chunk], dtype=torch.int64)
+        grads = per_image(params, x, y)
+        yield torch.cat([grads[n].flatten(1) for n in params], 1)
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def projection_pool(model: torch.nn.Module) -> int:
+    """How many pool images' gradients span the projection: :data:`PROJECTION_POOL`, fewer where their float32
+    gradients would exceed half of :data:`GRADIENT_BYTES` (large models: reported with the result)."""
+    return max(1, min(PROJECTION_POOL, GRADIENT_BYTES // 2 // (4 * parameter_count(model))))
+
+
+def residual(obs: Observation, shadows: list[Simulation]) -> torch.Tensor:
+    """r = mean_k w_k − w_sent over the model's parameters, flattened in their order: the shadows' common drift (e.g.
+    the client's class prior) cancels; each member's gradients remain, η/B per visit."""
+    sent = sent_weights(obs)
+    names = [n for n, _ in received_model(obs).named_parameters()]
+    mean = {n: np.mean([s.weights[n] for s in shadows], axis=0) for n in names}
+    return torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
+
+
+def residual_direction(
+    obs: Observation, r: torch.Tensor, point: dict[str, np.ndarray], pool: Auxiliary
+) -> tuple[torch.nn.Module, torch.Tensor]:  # fmt: skip
+    """The model at ``point`` and what the client's update holds that neither shadows nor pool explain: the
+    :func:`residual` ``r`` with the span of the pool images' gradients at ``point`` projected out (r − Gᵀ(GGᵀ)⁺G r:
+    whatever any non-member's gradient could have put there, shadow noise included)."""
+    model = model_with(obs, point).float().eval()
+    g = torch.cat(list(per_sample_gradients(model, *evenly(pool.images, pool.labels, projection_pool(model)))))
+    gram = (g @ g.T).double()
+    coefficients = torch.linalg.pinv(gram, hermitian=True, rtol=1e-10) @ (g.double() @ r)
+    return model, (r - g.T.double() @ coefficients).float()
+
+
+def alignment_points(obs: Observation, shadows: list[Simulation]) -> list[dict[str, np.ndarray]]:
+    """Weights along the client's local training, evenly spaced over its steps: the received weights, then the
+    shadows' mean parameters at later snapshots (a member's gradient enters the update where the client visited it,
+    not at the received weights)."""
+    points = [{n: np.asarray(v) for n, v in obs.received.items()}]
+    for k in range(1, len(shadows[0].snapshots)):
+        points.append({n: np.mean([s.snapshots[k][n] for s in shadows], axis=0) for n in shadows[0].snapshots[k]})
+    return points
+
+
+def alignment_scores(
+    obs: Observation, shadows: list[Simulation], pool: Auxiliary, sides: list[tuple[np.ndarray, np.ndarray]]
+) -> list[np.ndarray]:  # fmt: skip
+    """Per image of each side, Σ_points ⟨∇ℓ(w_point, x), r_point⟩ / σ_point: how far its own gradient points along
+    the part of the update that nothing but the client's images explains (:func:`residual_direction`, one point per
+    shadow snapshot: :func:`alignment_points`); σ is the spread of the last side's (the non-members') alignments at
+    that point, so each point weighs alike."""
+    totals = [np.zeros(len(images)) for images, _ in sides]
+    r = residual(obs, shadows)
+    for point in alignment_points(obs, shadows):
+        model, direction = residual_direction(obs, r, point, pool)
+        found = [np.concatenate([(g @ direction).double().numpy() for g in per_sample_gradients(model, *side)])
+                 for side in sides]  # fmt: skip
+        spread = max(float(found[-1].std()), 1e-30)
+        totals = [t + f / spread for t, f in zip(totals, found, strict=True)]
+    return totals
+
+
+def split_for_references(candidates: Candidates) -> tuple[Candidates, Auxiliary]:
+    """Every other non-member moves to the shadow updates' images: none of the scored non-members trains a shadow
+    (one that did would score lower on the real split only, which the within-class null cannot see)."""
+    images, labels = candidates.non_members
+    pool = Auxiliary(images[0::2], labels[0::2], f"half of {candidates.source}")
+    kept = dataclasses.replace(candidates, non_members=(images[1::2], labels[1::2]),
+                               source=f"the other half of {candidates.source}")  # fmt: skip
+    return kept, pool
+
+
+def reference_updates(
+    obs: Observation, pool: Auxiliary, counts: np.ndarray, momentum: float, seed: int,
+    count: int = REFERENCES, seconds: float = REFERENCE_SECONDS,
+) -> list[Simulation]:  # fmt: skip
+    """Up to ``count`` shadow updates (the offline reference models of Carlini et al., adapted to one update): the
+    client's local training from the received weights (its recipe, ``momentum``) on ``pool`` images drawn to the
+    class ``counts`` the label estimate found, each with its own draw and order; stops after ``seconds``."""
+    found, started = [], time.perf_counter()
+    for k in range(count):
+        found.append(simulate(obs, pool, counts, momentum, seed + 1 + k, keep_weights=True, snapshots=ALIGNMENT_POINTS))
+        if time.perf_counter() - started > seconds:
+            break
+    return found
+
+
+def class_ranks(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """The mid-rank of each score among ``reference``: (#{r < s} + ½ #{r = s}) / len(reference), in [0, 1]."""
+    ordered = np.sort(reference)
+    below = np.searchsorted(ordered, scores, side="left")
+    through = np.searchsorted(ordered, scores, side="right")
+    return (below + 0.5 * (through - below)) / len(ordered)
+
+
+def calibrate(
+    member_scores: np.ndarray, non_member_scores: np.ndarray, member_labels: np.ndarray, non_member_labels: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Both sides' scores as their mid-rank among the non-members of their class (:func:`class_ranks`: the class's
+    empirical CDF), so that the pooled AUC is the member-weighted mean of the within-class AUCs (up to the ranks'
+    granularity) and a null split centres on 0.5 however skewed a class's scores are (a mean/std standardisation
+    does not: with most members in a long-tailed class it gives 0.50 where the within-class AUC is 0.63,
+    tests/test_label_distribution.py). A class with fewer than two non-members is ranked among all non-members."""
+    members, non_members = np.empty(len(member_scores)), np.empty(len(non_member_scores))
+    for c in np.unique(np.concatenate([member_labels, non_member_labels])):
+        inside, outside = member_labels == c, non_member_labels == c
+        reference = non_member_scores[outside] if outside.sum() >= 2 else non_member_scores
+        members[inside] = class_ranks(member_scores[inside], reference)
+        non_members[outside] = class_ranks(non_member_scores[outside], reference)
+    return members, non_members
+
+
+def tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
+    """The highest TPR at an FPR no larger than ``target`` (the ROC's step function)."""
+    return float(tpr[fpr <= target].max()) if (fpr <= target).any() else 0.0
+
+
+def roc_figures(member_scores: np.ndarray, non_member_scores: np.ndarray) -> dict[str, float]:
+    """ROC AUC and TPR at each of :data:`FPRS` (members positive, a higher score meaning member)."""
+    y = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
+    s = np.concatenate([member_scores, non_member_scores])
+    fpr, tpr, _ = roc_curve(y, s)
+    return {"auc": float(roc_auc_score(y, s))} | {f"tpr@{f:g}": tpr_at(fpr, tpr, f) for f in FPRS}
+
+
+def null_figures(
+    member_scores: np.ndarray, non_member_scores: np.ndarray, member_labels: np.ndarray,
+    non_member_labels: np.ndarray, seed: int = 0,
+) -> dict[str, float]:  # fmt: skip
+    """The :data:`NULL_QUANTILE` of each figure over :data:`NULL_DRAWS` shuffles of the member/non-member labels
+    within each class, each draw calibrated on its own non-members (:func:`calibrate`) as the real split is: the
+    class composition of the two sides stays, so a score that only tells the client's frequent classes from the
+    population's (its label distribution, or a noised model's class bias) is in the null, not counted as
+    membership. Takes raw scores."""
+    rng = np.random.default_rng(seed)
+    pooled = np.concatenate([member_scores, non_member_scores])
+    classes = np.concatenate([member_labels, non_member_labels])
+    is_member = np.concatenate([np.ones(len(member_scores), bool), np.zeros(len(non_member_scores), bool)])
+    groups = [np.flatnonzero(classes == c) for c in np.unique(classes)]
+    draws = []
+    for _ in range(NULL_DRAWS):
+        shuffled = is_member.copy()
+        for group in groups:
+            shuffled[group] = rng.permutation(is_member[group])
+        draws.append(roc_figures(*calibrate(pooled[shuffled], pooled[~shuffled], classes[shuffled],
+                                            classes[~shuffled])))  # fmt: skip
+    return {k: float(np.quantile([d[k] for d in draws], NULL_QUANTILE)) for k in draws[0]}
+
+
+def infer(
+    obs: Observation, candidates: Candidates, seed: int = 0,
+    shadows: list[Simulation] | None = None, pool: Auxiliary | None = None,
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
+    """Membership figures of one update (calibrated scores), their null and whether they clear it; and the two
+    calibrated score arrays. ``shadows`` (:func:`reference_updates`) trained on ``pool``, images that are none of the
+    candidates (:func:`split_for_references`): scored by :func:`alignment_scores`, else by :func:`loss_drops`."""
+    members, non_members = evenly(*candidates.members), evenly(*candidates.non_members)
+    if shadows and pool is None:
+        raise ValueError("shadow updates need the pool they were trained on (split_for_references)")
+    if shadows:
+        raw_inside, raw_outside = alignment_scores(obs, shadows, pool, [members, non_members])
+        spanned = min(len(pool.images), projection_pool(received_model(obs)))
+        reference = (f"the update beyond {len(shadows)} shadow updates, against each image's gradient at "
+                     f"{max(1, len(shadows[0].snapshots))} point(s) of the local training ({spanned} shadow "
+                     "images' gradients projected out)")  # fmt: skip
+    else:
+        raw_inside, raw_outside = loss_drops(obs, *members), loss_drops(obs, *non_members)
+        reference = "the loss drop from the received model"
+    null = null_figures(raw_inside, raw_outside, members[1], non_members[1], seed)
+    inside, outside = calibrate(raw_inside, raw_outside, members[1], non_members[1])
+    figures = roc_figures(inside, outside)
+    clears = figures["auc"] > null["auc"] and figures["tpr@0.01"] > null["tpr@0.01"]
+    result = {
+        "members": len(inside),
+        "non-members": len(outside),
+        "non-member-source": candidates.source,
+        "reference": reference,
+        **figures,
+        "null": null,
+        "clears-null": bool(clears),
+        "fpr-resolution": 1.0 / max(len(outside), 1),
+    }
+    return result, inside, outside
+
+
+def save_roc(curves: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> None:
+    """Log-log ROC curves (one per update; the diagonal is chance), as Carlini et al. plot them."""
+    from fedvit.core.plots import plt
+
+    if not curves:
+        return
+    fig, ax = plt.subplots(figsize=(4, 4))
+    for label, inside, outside in curves:
+        y = np.concatenate([np.ones(len(inside)), np.zeros(len(outside))])
+        fpr, tpr, _ = roc_curve(y, np.concatenate([inside, outside]))
+        ax.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label=label, lw=1)
+    ax.plot([1e-5, 1], [1e-5, 1], "k--", lw=0.7, label="chance")
+    ax.set(xscale="log", yscale="log", xlabel="false positive rate", ylabel="true positive rate",
+           xlim=(1e-4, 1), ylim=(1e-4, 1), title="membership inference (per update)")  # fmt: skip
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

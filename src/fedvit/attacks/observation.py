@@ -1,0 +1,229 @@
+"""What an attacker holds: one captured client update, the model that client received, what is public.
+
+The attacker boundary: an :class:`Observation` has no field for the client's data; every attack takes one and
+returns a :class:`Reconstruction`. It describes an update of fedvit's app (``config`` names the model, defence and
+recipe) or of another app (``spec``: the user's model; ``client``: the recipe read from the capture).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec
+from fedvit.attacks.recipe import ClientRecipe
+from fedvit.core.config import Config
+from fedvit.core.masks import decode
+from fedvit.core.model import set_weights
+from fedvit.core.params import HEAD_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED
+
+
+@dataclass(frozen=True, eq=False)
+class Observation:
+    """One single-client update as seen on the wire, plus what is public.
+
+    ``update``: the dense update by parameter name (a gradient, or the new weights), zeros where a mask dropped
+    an entry. ``masks``: boolean keep-masks by name when the payload carried them (masked FedSGD), else None.
+    ``received``: the model the client received (encrypted layers included, if any; buffers too for a user's
+    model). ``known_plaintext``: plaintext initial embeddings the attacker knows (e.g. the server's own initial
+    model in the encrypted-ViT paper's protocol), else None.
+    """
+
+    update: dict[str, np.ndarray]
+    received: dict[str, np.ndarray]
+    config: Config | None  # fedvit's public run config (model, strategy, defence; never keys); None: another app
+    num_classes: int
+    masks: dict[str, np.ndarray] | None = None
+    known_plaintext: dict[str, np.ndarray] | None = None
+    known_ciphertext: dict[str, np.ndarray] | None = None  # the same layers as the server adopted them
+    # images the attacker knows (e.g. a colluding client's) with their updates under the same defence
+    known_images: list[tuple[np.ndarray, dict[str, np.ndarray]]] | None = None
+    # SCAFFOLD: c − c_i, added to every local gradient; c is in the train message, c_i the sum of the client's
+    # earlier control-deltas on the wire (zeros before its first round)
+    correction: dict[str, np.ndarray] | None = None
+    meta: dict = field(default_factory=dict)  # node, round, ... (for reports only)
+    spec: ModelSpec | None = None  # another app's model (None: fedvit's ViT of ``config``)
+    skeleton: nn.Module | None = field(default=None, repr=False)  # spec built once per audit
+    client: ClientRecipe | None = None  # the recipe read from the capture (None: from ``config``)
+    head_bias: str = HEAD_BIAS  # the classifier bias, whose gradient gives the labels away
+    start_seed: int | None = None  # another app's update: one generator for all random starts (None: fedvit's)
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """An attack's output: an image [C, H, W] in [0, 1], or None with the reason it could not run.
+
+    Batch attacks also return every image they reconstructed in ``images`` (``image`` is then the first);
+    optimisation attacks say how many optimiser steps they took in ``steps`` (fewer than asked under a time cap).
+    """
+
+    image: np.ndarray | None
+    note: str = ""
+    images: tuple[np.ndarray, ...] = ()
+    steps: int | None = None
+
+    @property
+    def all_images(self) -> list[np.ndarray]:
+        """Every reconstructed image (one for single-image attacks, none when the attack could not run)."""
+        if self.images:
+            return list(self.images)
+        return [] if self.image is None else [self.image]
+
+
+# ---------------------------------------------------------------------------- the model
+
+
+@functools.lru_cache(maxsize=4)
+def model_skeleton(config: Config, num_classes: int) -> nn.Module:
+    """fedvit's model of a public run config (cached; its weights are not what a client received)."""
+    return fedvit_model_spec(config, num_classes).build()
+
+
+def public_model(obs: Observation) -> nn.Module:
+    """The model architecture (weights are not used; take them from ``obs.received``)."""
+    if obs.skeleton is not None:
+        return obs.skeleton
+    if obs.spec is not None:
+        return obs.spec.build(obs.num_classes)
+    return model_skeleton(obs.config, obs.num_classes)
+
+
+def _load(model: nn.Module, obs: Observation, weights: dict[str, np.ndarray]) -> None:
+    """fedvit's model: every parameter by name; another app's: its state dict, as far as ``weights`` carries it."""
+    if obs.spec is None:
+        set_weights(model, weights)
+    else:
+        model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in weights.items()}, strict=False)
+
+
+def received_model(obs: Observation) -> nn.Module:
+    """A private copy of the model with the weights the client received (the cached skeleton stays untouched)."""
+    model = copy.deepcopy(public_model(obs))
+    _load(model, obs, obs.received)
+    return model
+
+
+def model_with(obs: Observation, weights: dict[str, np.ndarray]) -> nn.Module:
+    """The received model with ``weights`` laid over it (e.g. the sent weights: buffers they lack stay as
+    received)."""
+    model = received_model(obs)
+    _load(model, obs, weights)
+    return model
+
+
+def attack_model(obs: Observation) -> nn.Module:
+    """The received model set up for the attacks: float32, eval mode (no dropout noise) but BatchNorm on batch
+    statistics, as the client's training forward used them (running statistics are not tracked, so a simulated
+    step writes no buffers); timm's fused attention switched to the explicit path (double backward is not
+    implemented on CPU); an output object with ``.logits`` (Hugging Face) read as its logits."""
+    model = received_model(obs).float().eval()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.track_running_stats = False
+            module.running_mean = module.running_var = None
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.register_forward_hook(_logits_only)
+    return model
+
+
+def _logits_only(module: nn.Module, inputs: Any, output: Any) -> Any:
+    """Hugging Face models return an output object; the attacks need the logits tensor."""
+    return output.logits if hasattr(output, "logits") else output
+
+
+def input_shape(obs: Observation) -> tuple[int, int, int]:
+    """(C, H, W) of the images the client feeds the model."""
+    if obs.spec is not None:
+        return tuple(obs.spec.input_shape)
+    proj = public_model(obs).patch_embed
+    return int(proj.proj.in_channels), int(proj.img_size[0]), int(proj.img_size[1])
+
+
+def image_geometry(obs: Observation) -> tuple[int, int, int, int]:
+    """(C, H, W, P) of the model's input; P is the patch size of a ViT's patch embedding (0 for other models)."""
+    c, h, w = input_shape(obs)
+    embed = getattr(public_model(obs), "patch_embed", None)
+    patch = int(embed.proj.kernel_size[0]) if embed is not None and hasattr(embed, "proj") else 0
+    return c, h, w, patch
+
+
+def normalization(obs: Observation) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std the model applies to [0, 1] pixels (fedvit.core.model.normalize)."""
+    cfg = getattr(public_model(obs), "pretrained_cfg", {}) or {}
+    return np.asarray(cfg.get("mean", (0.5,) * 3)), np.asarray(cfg.get("std", (0.5,) * 3))
+
+
+def has_vit_embeddings(obs: Observation) -> str | None:
+    """Why the ViT closed forms do not apply (None when the update has a patch and a position embedding)."""
+    if POS_EMBED in obs.update and PATCH_EMBED_WEIGHT in obs.update:
+        return None
+    return "no patch embedding and position embedding (APRIL's closed forms need a ViT's)"
+
+
+def attacker_seed(obs: Observation) -> int:
+    """The seed of the attacker's own randomness: fedvit's run seed, else 0."""
+    return obs.config.seed if obs.config is not None else 0
+
+
+def first_block(obs: Observation) -> str:
+    """fedvit's ``model.first-block`` ("pre-ln" for every model not built by fedvit: timm's block)."""
+    return obs.config.model.first_block if obs.config is not None else "pre-ln"
+
+
+# ---------------------------------------------------------------------------- the client's recipe
+
+GRADIENT_STRATEGIES = ("fedsgd", "masked-fedsgd")  # replies carry the gradient of one batch
+WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg", "scaffold")  # replies carry the new weights, not a gradient
+
+
+def recipe(obs: Observation) -> ClientRecipe:
+    """The client's recipe: as read from the capture, else from fedvit's public config and the reply's
+    ``num-examples`` (else the batch size): the learning rate of the captured round after decay; FedSGD is one
+    step on all its examples."""
+    if obs.client is not None:
+        return obs.client
+    config = obs.config
+    examples = int(obs.meta.get("num-examples") or config.batch_size)
+    sends_gradient = config.strategy in GRADIENT_STRATEGIES
+    batch = examples if sends_gradient else min(config.batch_size, examples)
+    epochs = 1 if sends_gradient else config.local_epochs
+    adversarial = int(np.floor(config.adversarial.ratio * batch)) if config.adversarial.enabled else 0
+    mu = config.fedprox.mu if config.strategy == "fedprox" else 0.0
+    lr = config.lr_at(int(obs.meta.get("round") or 1))
+    return ClientRecipe(examples, batch, epochs, lr, config.momentum, mu, adversarial, sends_gradient)
+
+
+def simulated(obs: Observation) -> str | None:
+    """Why the client's local work cannot be simulated (None when it can)."""
+    if obs.config is not None and obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
+        return f"strategy {obs.config.strategy!r} is not modelled by the attacks"
+    return None
+
+
+def as_gradient(obs: Observation) -> Observation:
+    """A weights update read as a gradient: w_received − w_sent = lr · Σ_t g_t (plain SGD), the summed gradient
+    of every local step up to the learning rate, which the scale-free closed forms ignore."""
+    if recipe(obs).sends_gradient:
+        return obs
+    delta = {n: obs.received[n] - u for n, u in obs.update.items()}
+    return dataclasses.replace(obs, update=delta)
+
+
+def dense_update(
+    records: dict[str, dict[str, np.ndarray]], shapes: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """A train reply's records as the attacker reads them: the dense update, and the masks when it carried any."""
+    if "masks" not in records:
+        return records["arrays"], None
+    dense = {n: decode(records["arrays"][n], records["masks"][n], shape) for n, shape in shapes.items()}
+    return {n: d[0] for n, d in dense.items()}, {n: d[1] for n, d in dense.items()}

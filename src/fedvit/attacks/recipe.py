@@ -1,0 +1,144 @@
+"""The client's local work as the attacker reads it from a capture: what the reply carries (a gradient or new
+weights), the arrays mapped onto the attacked model by name or order, and the recipe (batch, epochs, lr, momentum)
+with where each value came from. Read once per exchange; every attack takes the result."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from torch import nn
+
+from fedvit.capture.reader import AuditInputError, Exchange
+
+# A reply's per-layer norm against the received weights', ‖sent‖ / ‖received‖, whatever the learning rate: a gradient
+# is small beside the weights (below GRADIENT_RATIO), weights after local training keep their scale or grow (above
+# WEIGHTS_RATIO; long training at a large lr grows them many-fold). In between the audit asks for --sent.
+GRADIENT_RATIO, WEIGHTS_RATIO = 0.2, 0.5
+RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run config, reply metrics)
+    "lr": ("lr", "learning-rate", "learning_rate"),
+    "epochs": ("local-epochs", "local_epochs", "epochs"),
+    "local-steps": ("local-steps", "local_steps"),
+    "batch-size": ("batch-size", "batch_size"),
+    "momentum": ("momentum",),
+    "num-examples": ("num-examples", "num_examples"),
+}
+
+
+
+@dataclass(frozen=True)
+class ClientRecipe:
+    """The client's local work as the attacker reads it (run config, ConfigRecord, reply metrics)."""
+
+    examples: int  # distinct images the client trained on (the reply's num-examples)
+    batch: int  # images per local step
+    epochs: int  # passes over them (FedAvg local epochs; 1 for FedSGD)
+    lr: float  # the client's learning rate (FedAvg/FedProx)
+    momentum: float  # its SGD momentum
+    proximal_mu: float  # FedProx μ (0 otherwise)
+    adversarial: int  # samples per step replaced by their PGD versions (Madry AT), 0 if off
+    sends_gradient: bool  # FedSGD: the update is the gradient; FedAvg: the update is the new weights
+    lr_known: bool = True  # False: no record carries the lr (``lr`` is then a stand-in)
+    momentum_known: bool = True  # False: no record carries the momentum (``momentum`` is then assumed)
+
+    @property
+    def steps(self) -> int:
+        """Local optimiser steps: ⌈examples / batch⌉ per epoch."""
+        return self.epochs * math.ceil(self.examples / self.batch)
+
+    @property
+    def several_steps(self) -> bool:
+        """Weights after more than one local step: the softmax moved while the client trained."""
+        return not self.sends_gradient and self.steps > 1
+
+
+
+def map_state(arrays: dict[str, np.ndarray], model: nn.Module, what: str) -> dict[str, np.ndarray]:
+    """``arrays`` keyed by the model's ``state_dict`` names: by name when the keys are the state_dict's; by order
+    (all of the state_dict, or its parameters only) when no key is a state_dict name (e.g. "0", "1", ... from a
+    list of arrays) and every shape agrees; else one error that lists the keys and shapes that do not match."""
+    state = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    params = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    got = {n: tuple(a.shape) for n, a in arrays.items()}
+    if set(got) <= set(state) and set(params) <= set(got):
+        wrong = [f"{n}: captured {got[n]}, model {state[n]}" for n in got if got[n] != state[n]]
+        if not wrong:
+            return dict(arrays)
+        raise AuditInputError(f"{what}: shapes differ from the model's state_dict: {'; '.join(wrong[:8])}")
+    values = list(arrays.values())
+    for names in (list(state), list(params)) if not set(got) & set(state) else ():  # keys that are not names
+        if len(values) == len(names) and all(tuple(v.shape) == state[n] for v, n in zip(values, names, strict=True)):
+            return dict(zip(names, values, strict=True))
+    missing = [n for n in state if n not in got][:8]
+    unexpected = [n for n in got if n not in state][:8]
+    raise AuditInputError(
+        f"{what}: the captured arrays match the model neither by name nor by order ({len(got)} captured, "
+        f"{len(state)} in the state_dict, {len(params)} parameters); missing {missing}, unexpected {unexpected} "
+        "— is --model the app's model?"
+    )
+
+
+# ---------------------------------------------------------------------------- the client's recipe
+
+
+def sent_kind(received: dict[str, np.ndarray], sent: dict[str, np.ndarray], names: list[str]) -> tuple[str, str]:
+    """("weights" | "gradient" | "ambiguous", the evidence): the median over the layers (those received non-zero)
+    of ‖sent‖ / ‖received‖, and how many layers agree with it (see :data:`GRADIENT_RATIO`)."""
+    ratios = [
+        math.sqrt(float(np.sum(sent[n].astype(np.float64) ** 2)) / r2)
+        for n in names
+        if (r2 := float(np.sum(received[n].astype(np.float64) ** 2))) > 0
+    ]
+    median = float(np.median(ratios)) if ratios else 0.0
+    kind = "gradient" if median < GRADIENT_RATIO else "weights" if median > WEIGHTS_RATIO else "ambiguous"
+    side = [r < GRADIENT_RATIO if kind == "gradient" else r > WEIGHTS_RATIO for r in ratios]
+    return kind, f"median ‖sent‖/‖received‖ {median:.3g}, {sum(side)} of {len(ratios)} layers agree"
+
+
+def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> tuple[ClientRecipe, dict[str, str]]:
+    """The recipe from (first found) the overrides, the received ConfigRecord, the run config, the reply's
+    metrics; defaults: full batch, one epoch, no momentum. ``local-steps`` (when given) fixes the images
+    processed to steps × batch size. Returns the recipe and, per value, where it came from."""
+    found: dict[str, tuple[float, str]] = {}
+    for key, aliases in RECIPE_KEYS.items():
+        sources = [("override", overrides), ("ConfigRecord", ex.received_config), ("run config", ex.run_config),
+                   ("reply metrics", ex.sent_metrics)]  # fmt: skip
+        for source, values in sources:
+            hit = next((values[a] for a in (key, *aliases) if a in values and values[a] not in ("", None)), None)
+            if hit is not None:
+                try:
+                    found[key] = (float(hit), source)
+                except (TypeError, ValueError) as err:
+                    raise AuditInputError(f"{ex.label}: {key} = {hit!r} ({source}) is not a number") from err
+                break
+    sources: dict[str, str] = {}
+
+    def take(key: str, default: float | None, why: str) -> float | None:
+        if key in found:
+            value, source = found[key]
+            sources[key] = f"{value:g} ({source})"
+            return value
+        sources[key] = f"{default:g} ({why})" if default is not None else f"unknown ({why})"
+        return default
+
+    examples = take("num-examples", None, "not sent")
+    batch = take("batch-size", examples, "assumed: the whole local dataset")
+    if examples is None and batch is None:
+        raise AuditInputError(f"{ex.label}: neither num-examples nor batch-size is known: give --recipe batch-size=B")
+    steps = take("local-steps", None, "from epochs") if "local-steps" in found else None
+    if steps is not None:
+        examples = int(steps) * int(batch)
+        sources["num-examples"] = f"{examples} (local-steps × batch-size)"
+    examples = int(examples if examples is not None else batch)
+    batch = int(min(batch or examples, examples))
+    if kind == "gradient":  # FedSGD: one step on every example; lr, epochs and momentum play no part
+        sources["sent"] = "a gradient: one step on all examples"
+        return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True), sources
+    epochs = 1 if steps is not None else int(take("epochs", 1, "assumed"))
+    lr = take("lr", None, "scale estimated for labels; 0.01 simulated")
+    momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0
+    lr_known = lr is not None
+    client = ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
+                          momentum_known="momentum" in found)  # fmt: skip
+    return client, sources

@@ -1,0 +1,117 @@
+"""What the audit may conclude: per update and leakage type (label distribution, membership, images) the figure,
+the same figure on a null that holds no information, the margin a finding must clear, and from these the verdict.
+
+Nulls: label counts against the prior (N × the population's class shares: a guess without the update); membership
+figures against the member/non-member labels shuffled within each class (:mod:`fedvit.attacks.membership`);
+re-identification against the same reconstructions matched to and ranked among images the update never saw
+(:func:`fedvit.audit.metrics.null_reid`).
+"LEAKS" needs a figure beyond its null by the margin; a figure nothing could check is "unverified".
+Threat models as Carletti et al. name them ("SoK: Gradient Inversion Attacks in Federated Learning", USENIX
+Security 2025).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+LABEL_MARGIN = 0.05  # the counts must misplace ≥ 5 points of the images fewer than the prior does
+IMAGE_MARGIN = 0.05  # re-identification top-1 above the null's by ≥ 5 points and by 3 standard errors
+MEASURED, UNVERIFIED, NOT_MEASURED = "measured", "estimated (unverified)", "not measured"
+THREAT_MODELS = {
+    "server": "honest-but-curious server: every client's reply and the instruction it was sent",
+    "wire-tap": "passive eavesdropper on the wire: both directions of every train exchange",
+}
+CLIENT_LINK = "eavesdropper on the client's link: both directions of its train exchanges"
+
+
+def threat_model(observers: list[str | None], assumed: bool) -> str:
+    """The threat model the captures stand for, and how much of the recipe it knows."""
+    seen = "; ".join(dict.fromkeys(THREAT_MODELS.get(o or "", CLIENT_LINK) for o in observers)) or CLIENT_LINK
+    knows = (
+        "parameter-aware: reads the recipe the records and run config carry, assumes the rest (listed per update)"
+        if assumed
+        else "parameter-aware: every recipe value from the records or the run config"
+    )
+    return f"{seen}; {knows} (Carletti et al., SoK, USENIX Security 2025)"
+
+
+def label_evidence(counts: np.ndarray | None, why: str, accuracy: float | None, prior: float | None,
+                   unverified_error: str | None) -> dict[str, Any]:  # fmt: skip
+    """Label counts against the prior. ``accuracy``/``prior``: label accuracy of the counts and of the prior
+    against the truth (None without it); ``unverified_error``: the method's benchmarked error, stated instead."""
+    if counts is None:
+        return {"status": NOT_MEASURED, "why": why}
+    if accuracy is None or prior is None:
+        return {"status": UNVERIFIED, "why": "no ground truth recorded and no --data",
+                "benchmarked-error": unverified_error or "exact for one step (the head-bias formula)"}  # fmt: skip
+    error, null = 1.0 - accuracy, 1.0 - prior
+    return {"status": MEASURED, "error": error, "null-error": null, "margin": LABEL_MARGIN,
+            "clears": bool(null - error >= LABEL_MARGIN)}  # fmt: skip
+
+
+def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> dict[str, Any]:
+    """The best attack's re-identification against its null (see :func:`fedvit.audit.metrics.null_reid`)."""
+    if scores is None or scores.get("reid-top1") is None:
+        return {"status": NOT_MEASURED, "why": why}
+    top1, null = scores["reid-top1"], scores.get("reid-null")
+    if null is None:
+        return {"status": NOT_MEASURED, "why": "too few decoys for a null (2 per true image)", "top1": top1}
+    p0 = max(null, scores.get("reid-chance") or 0.0)  # a null of 0 out of few images still allows chance hits
+    need = max(IMAGE_MARGIN, 3 * math.sqrt(p0 * (1 - p0) / images))
+    return {"status": MEASURED, "top1": top1, "null-top1": null, "margin": need, "clears": bool(top1 - null >= need),
+            "psnr": scores.get("psnr")}  # fmt: skip
+
+
+def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, Any]:
+    """Membership figures against the within-class shuffled-label null (:func:`fedvit.attacks.membership.infer`)."""
+    if result is None:
+        return {"status": NOT_MEASURED, "why": why}
+    return {"status": MEASURED, **result, "clears": result["clears-null"]}
+
+
+def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
+    """One leakage type over the updates: its wording and whether it leaks (None: nothing measured)."""
+    measured = [e for e in items if e["status"] == MEASURED]
+    unverified = [e for e in items if e["status"] == UNVERIFIED]
+    if not measured:
+        if unverified:
+            error = unverified[0]["benchmarked-error"]
+            return f"{kind} estimated for {len(unverified)} update(s), unverified ({error})", None
+        return f"{kind} not measured ({items[0]['why'] if items else 'no updates'})", None
+    hits = sum(e["clears"] for e in measured)
+    if kind == "labels":
+        detail = (f"mean error {np.mean([e['error'] for e in measured]):.1%} vs prior "
+                  f"{np.mean([e['null-error'] for e in measured]):.1%}, margin {LABEL_MARGIN:.0%}; "
+                  f"{sum(e['error'] == 0 for e in measured)} of {len(measured)} exactly right")  # fmt: skip
+    elif kind == "membership":
+        detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f} vs null "
+                  f"{np.mean([e['null']['auc'] for e in measured]):.3f}, TPR@1% FPR "
+                  f"{np.mean([e['tpr@0.01'] for e in measured]):.1%} vs null "
+                  f"{np.mean([e['null']['tpr@0.01'] for e in measured]):.1%}")  # fmt: skip
+        on_average = sum(e["auc"] > e["null"]["auc"] and not e["clears"] for e in measured)
+        if on_average:  # Carlini et al.: an AUC says the update informs on average, not that any member is exposed
+            detail += (f"; AUC alone beyond its null in {on_average}: membership information on average, no "
+                       "member singled out at 1% FPR")  # fmt: skip
+    else:
+        detail = (f"re-identified {np.mean([e['top1'] for e in measured]):.0%} top-1 vs null "
+                  f"{np.mean([e['null-top1'] for e in measured]):.0%}")  # fmt: skip
+    return f"{kind} beyond the null in {hits} of {len(measured)} update(s) ({detail})", hits > 0
+
+
+def verdict(updates: list[dict[str, Any]], nothing: str) -> str:
+    """One line: per leakage type, the evidence against its null. "LEAKS" only where a figure clears its margin;
+    "no evidence at this budget" where everything measured stayed within it; "unverified" where nothing could be
+    checked."""
+    if not updates:
+        return nothing
+    parts = {kind: _part(kind, [u["leakage"][kind] for u in updates]) for kind in ("labels", "membership", "images")}
+    leaks = [text for text, hit in parts.values() if hit]
+    rest = [text for text, hit in parts.values() if not hit]
+    if leaks:
+        return "LEAKS: " + "; ".join(leaks) + ". Also: " + "; ".join(rest)
+    if any(hit is False for _, hit in parts.values()):
+        return "no evidence at this budget: " + "; ".join(text for text, _ in parts.values())
+    return "unverified: " + "; ".join(text for text, _ in parts.values())

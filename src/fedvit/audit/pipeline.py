@@ -1,0 +1,470 @@
+"""The audit: one pipeline for every Flower app. Per captured train exchange (:mod:`fedvit.capture.reader`):
+
+1. the model: fedvit's ViT from the run config a capture of fedvit's app recorded, else the user's
+   :class:`~fedvit.attacks.model_spec.ModelSpec` (``--model``);
+2. what the reply carries and the client's recipe: fedvit's run config names both; for another app they are
+   read from the reply's distance to the received weights and the records (each value with its source);
+3. every attack of :mod:`fedvit.audit.registry` that applies, each that does not with the reason;
+4. scores against the clients' images (recorded ground truth or ``--data``) beside no-information references;
+5. one report (:mod:`fedvit.audit.report`) and the leakage-vs-utility frontier (:mod:`fedvit.audit.frontier`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from tqdm import tqdm
+
+from fedvit.attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
+from fedvit.attacks.labels import label_accuracy, recover_labels_and_momentum
+from fedvit.attacks.membership import REFERENCES, Candidates, infer, reference_updates, save_roc, split_for_references
+from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
+from fedvit.attacks.observation import Observation, Reconstruction, attacker_seed, dense_update, model_skeleton, recipe
+from fedvit.attacks.recipe import map_state, read_recipe, sent_kind
+from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
+from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, threat_model, verdict
+from fedvit.audit.frontier import frontier_rows, write_frontier
+from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, as_batch, reference_rows, reid_setting, score
+from fedvit.audit.registry import LABELS, Attack, applicable, labels_apply
+from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
+from fedvit.audit.user_data import Truths, UserData
+from fedvit.capture.reader import (
+    NOTHING_ON_THE_WIRE,
+    AuditInputError,
+    Exchange,
+    load_exchanges,
+    load_handshake,
+    unreadable_links,
+)
+from fedvit.capture.writer import FEDVIT_SWITCH
+from fedvit.core.config import AuditConfig, Config, ConfigError, defence_of, parse_config
+from fedvit.core.params import HEAD_BIAS
+from fedvit.core.results import atomic_write
+
+OLD_LAYOUT_COMMIT = "154885d"  # the last fedvit that wrote and read captures/round-N/partition-P
+# what no record of another app carries and the attacks take as given (the update's own math may contradict them)
+UNRECORDED = ("weight decay 0 (assumed)", "optimiser SGD (assumed)", "no data augmentation (assumed)")
+
+
+@dataclasses.dataclass
+class AuditOptions:
+    """How to audit: the model of another app's captures, the budget, the scoring data and the reporting."""
+
+    spec: ModelSpec | None = None  # another app's model (fedvit's captures name their own)
+    budget: AuditConfig | None = None  # None: a fedvit run's own audit.*; another app's: AuditConfig() by model
+    tv_by_model: bool = True  # another app's model: the TV weight by model family (False: ``budget.tv`` stands)
+    overrides: dict[str, str] = dataclasses.field(default_factory=dict)  # recipe values the user knows
+    sent_as: str = "auto"  # "gradient" | "weights": what another app's replies carry, when the distance misleads
+    data: UserData | None = None  # the clients' data for scoring (else the ground truth fedvit's clients recorded)
+    decoys: int = DEFAULT_DECOYS  # test-split decoys beside recorded ground truth (0: no re-identification)
+    references: int = REFERENCES  # shadow updates behind a multi-step update's membership (0: the loss drop)
+    budgets: list[int] | None = None  # Adam steps per restart, one row each (default: the budget's own)
+    device: str | None = None  # default: a fedvit run's own ``device``, else "auto"
+    title: str | None = None
+    dataset_mean: np.ndarray | None = None  # the benchmark's "dataset mean image" reference
+    gallery: Gallery | None = None  # decoys for every update (default: each run's test split, ``decoys`` of them)
+
+
+class Audited(NamedTuple):
+    """What the pipeline produced for one exchange: its observation, truth and reconstructions by attack."""
+
+    obs: Observation
+    truth: np.ndarray | None
+    reconstructions: dict[str, Reconstruction]
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def is_fedvit(ex: Exchange) -> bool:
+    """Whether the exchange is of fedvit's own app (its recorded run config is fedvit's)."""
+    return FEDVIT_SWITCH in ex.run_config
+
+
+class Reader:
+    """Captured exchanges as observations, with what the wire showed before them: round 0's key handshake,
+    SCAFFOLD's control variates (captures in round order) and the colluders' known images."""
+
+    def __init__(self, options: AuditOptions) -> None:
+        self.options = options
+        self._handshakes: dict[Path, Any] = {}
+        self._controls: dict[tuple[Path, int], dict[str, np.ndarray]] = {}
+        self._colluders: dict[Path, list[tuple[int, np.ndarray, dict[str, np.ndarray]]]] = {}
+        self._skeleton: Any = None
+
+    def observe(self, ex: Exchange, index: int = 1) -> Observation:
+        """``ex`` as the attacker holds it; ``index`` (1-based, in audit order) seeds another app's random starts."""
+        obs = self._fedvit(ex) if is_fedvit(ex) else self._other_app(ex, index)
+        client = recipe(obs)
+        setting = f"round {ex.round}, B={client.batch}" + (
+            ", FedSGD" if client.sends_gradient else f", {client.steps} local steps"
+        )
+        obs.meta.update({"node": ex.node, "partition": ex.partition, "round": ex.round, "update": ex.label,
+                         "defence-name": defence_of(obs.config), "setting": setting, "batch-size": client.batch,
+                         "local-steps": 1 if client.sends_gradient else client.steps})  # fmt: skip
+        obs.meta.update(ex.meta)  # a producer's own labels (the benchmark's defence and setting)
+        return obs
+
+    def _fedvit(self, ex: Exchange) -> Observation:
+        """A capture of fedvit's app: its run config names the model, the defence and the recipe."""
+        try:
+            config = parse_config(ex.run_config)
+        except ConfigError as err:
+            raise AuditInputError(f"{ex.label}: the recorded run config does not parse ({err})") from None
+        if self.options.budget is not None:
+            config = dataclasses.replace(config, audit=self.options.budget)
+        received = ex.received
+        num_classes = int(received[HEAD_BIAS].shape[0])
+        expected = {n: tuple(p.shape) for n, p in model_skeleton(config, num_classes).named_parameters()}
+        got = {n: tuple(a.shape) for n, a in received.items()}
+        if got != expected:
+            bad = sorted(set(got.items()) ^ set(expected.items()))[:3]
+            raise AuditInputError(f"{ex.stem}: the capture does not match the model of its run config (e.g. {bad})")
+        update, masks = dense_update(ex.sent_records, expected)
+        run = ex.stem.parent.parent.parent  # run-<id>/captures/round-NNNN/<stem>
+        plain, cipher = (None, None) if config.encryption.mode == "private-init" else self._handshake(run)
+        meta = {
+            "label": f"p{ex.partition} r{ex.round}",
+            "num-examples": ex.sent_metrics.get("num-examples"),
+        }
+        return Observation(
+            update=update,
+            received=received,
+            config=config,
+            num_classes=num_classes,
+            masks=masks,
+            known_plaintext=plain,
+            known_ciphertext=cipher,
+            known_images=self._known_images(ex, config) if config.encryption.enabled else None,
+            correction=self._correction(ex, config, run),
+            meta=meta,
+        )
+
+    def _handshake(self, run: Path) -> tuple[Any, Any]:
+        if run not in self._handshakes:  # the wire saw the public initial layers go down and their encryption
+            self._handshakes[run] = load_handshake(run) or (None, None)
+        return self._handshakes[run]
+
+    def _correction(self, ex: Exchange, config: Config, run: Path) -> dict[str, np.ndarray] | None:
+        """SCAFFOLD: c − c_i, with c from the train message and c_i summed from the client's earlier
+        control-deltas on the wire (zeros before its first round)."""
+        if config.strategy != "scaffold":
+            return None
+        control = ex.received_records["control"]
+        key = (run, -1 if ex.partition is None else ex.partition)
+        mine = self._controls.get(key, {})
+        correction = {n: control[n] - mine.get(n, np.zeros_like(control[n])) for n in control}
+        delta = ex.sent_records.get("control-delta", {})
+        self._controls[key] = {n: mine.get(n, 0) + d for n, d in delta.items()}
+        return correction
+
+    def _known_images(self, ex: Exchange, config: Config) -> list[tuple[np.ndarray, dict[str, np.ndarray]]] | None:
+        """Colluders (the benchmark's threat model): other clients' images and their single-image updates under the
+        same key, from the captures (with ground truth) a producer named in ``meta.colluders``."""
+        folder = ex.meta.get("colluders")
+        if not folder:
+            return None
+        folder = Path(folder)
+        if folder not in self._colluders:
+            exchanges, _ = load_exchanges(folder)
+            known = []
+            for colluder in exchanges:
+                truth = colluder.ground_truth()
+                if truth is not None:
+                    update = self._fedvit(colluder).update
+                    known.append((int(colluder.partition), np.asarray(truth["images"])[0], update))
+            self._colluders[folder] = sorted(known, key=lambda k: k[0])
+        return [(image, update) for p, image, update in self._colluders[folder] if p != ex.partition]
+
+    def _other_app(self, ex: Exchange, index: int) -> Observation:
+        """A capture of another app: the user's model, the reply's kind and the recipe read from the records."""
+        spec = self.options.spec
+        if spec is None:
+            raise AuditInputError(
+                f"{ex.label} is not from fedvit's app: give its model with --model package.module:factory "
+                "(or a timm name), or write fedvit-audit.toml beside the captures"
+            )
+        if self._skeleton is None:
+            self._skeleton = spec.build(num_classes=int(list(ex.received.values())[-1].shape[0]))
+        base = self._skeleton
+        names = [n for n, _ in base.named_parameters()]
+        received = map_state(ex.received, base, f"{ex.label} (received)")
+        sent = map_state(ex.sent, base, f"{ex.label} (sent)")
+        kind, evidence = sent_kind(received, sent, names)
+        told = self.options.sent_as != "auto"
+        if kind == "ambiguous" and not told:
+            raise AuditInputError(
+                f"{ex.label}: the reply reads neither as weights nor as a gradient ({evidence}): give --sent weights "
+                "or --sent gradient"
+            )
+        kind = self.options.sent_as if told else kind
+        client, sources = read_recipe(ex, kind, self.options.overrides)
+        bias = head_bias(base)
+        classes = int(received[bias].shape[0]) if bias else int(list(received.values())[-1].shape[0])
+        meta = {
+            "label": f"r{ex.round} n{ex.node}",
+            "num-examples": client.examples,
+            "sent": f"{kind} ({evidence})" + (", as told" if told else ""),
+            "recipe": "; ".join(f"{k} {v}" for k, v in sources.items()),
+            "assumptions": [f"{k} {v}" for k, v in sources.items() if "assumed" in v or "unknown" in v]
+            + list(UNRECORDED),
+        }
+        return Observation(
+            update={n: sent[n] for n in names},
+            received=received,
+            config=None,
+            num_classes=classes,
+            meta=meta,
+            spec=spec,
+            skeleton=base,
+            client=client,
+            head_bias=bias or "",
+            start_seed=index,
+        )
+
+    def budget(self, obs: Observation) -> tuple[AuditConfig, str]:
+        """The optimisation budget for ``obs`` and how the report states it: a fedvit run's own (or the user's)
+        ``audit.*``; for another app's model the user's budget with the start, kept candidate and (unless the user
+        set it) TV weight that :func:`fedvit.attacks.model_spec.model_settings` chooses for the model family."""
+        if obs.config is not None:
+            return obs.config.audit, obs.config.audit.describe()
+        settings, why = model_settings(obs.skeleton)
+        tv_note = f" ({why}; --tv sets the weight)" if self.options.tv_by_model else " (--tv)"
+        if not self.options.tv_by_model:
+            settings.pop("tv")
+        budget = dataclasses.replace(self.options.budget or AuditConfig(), **settings)
+        start = "Gaussian start on the normalised scale" if budget.init == "gaussian" else "uniform start"
+        text = (  # a user's model: no closed-form start, no position-embedding term to speak of
+            f"{budget.iterations} Adam steps × {budget.restarts} restart(s), ≤ {budget.max_seconds:g} s per update, "
+            f"step {budget.lr:g}, TV {budget.tv:g}{tv_note}, {start}, keeps the lowest "
+            + ("gradient match" if budget.keep == "match" else "total objective")
+        )
+        return budget, text
+
+
+# ---------------------------------------------------------------------------- the pipeline
+
+
+def run_attack(attack: Attack, obs: Observation, budget: AuditConfig, device: str | None, position: str):
+    """One image attack on one update; the optimisation attacks show a progress bar of their Adam steps."""
+    if not attack.optimising:
+        return attack.run(obs)
+    with tqdm(total=None, desc=f"{position} {attack.name}", unit="step", leave=False) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        return attack.run(obs, budget, progress, device)
+
+
+def label_distribution(
+    obs: Observation, aux: Auxiliary | None, labels: np.ndarray | None, head: dict[str, Any]
+) -> tuple[dict[str, Any], str, dict[str, Any], tuple[np.ndarray, float] | None]:
+    """The label counts of one update: its report row, its status, its evidence against the prior and, where a
+    simulation of the local training found them, the counts and the momentum it used (``labels``: the client's true
+    labels where exactly known, else None; ``aux``: the simulation's images and the prior)."""
+    started = time.perf_counter()
+    client = recipe(obs)
+    try:
+        counts, note, momentum = (None, why, None) if (why := labels_apply(obs)) else recover_labels_and_momentum(
+            obs, aux)  # fmt: skip
+    except ValueError as err:  # a diverged update or simulation: said, not raised
+        counts, note, momentum = None, f"not estimated: {err}", None
+    accuracy = None if counts is None or labels is None else label_accuracy(counts, labels)
+    prior = aux.prior(obs.num_classes) if aux is not None else np.full(obs.num_classes, 1 / obs.num_classes)
+    null = None if accuracy is None else prior_accuracy(prior, labels)
+    evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if client.several_steps else None)
+    found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
+    row = head | {
+        "attack": LABELS,
+        "budget": None,
+        "psnr": None,
+        "ssim": None,
+        "seconds": time.perf_counter() - started,
+        "note": note if counts is None else f"class×count: {found}" + (f" ({note})" * bool(note)),
+        "label-accuracy": accuracy,
+        "labels": None if counts is None else {int(c): int(n) for c, n in enumerate(counts) if n},
+    }
+    status = f"not applicable: {note}" if counts is None else "applied" + (f" ({note})" if note else "")
+    return row, status, evidence, None if counts is None or momentum is None else (counts, momentum)
+
+
+def attack_exchange(
+    obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str,
+    aux: Auxiliary | None = None, candidates: Candidates | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """Every attack that applies to one observation: its report rows, its update entry, its reconstructions (and
+    under "ranks" the re-identification ranks, under "membership" the member and non-member scores).
+    ``aux``: labelled images that are not the client's (the label simulation's); ``candidates``: membership's."""
+    images, labels, gallery, exact = truth
+    head = {**obs.meta, "defence": defence_of(obs.config)}
+    client = recipe(obs)
+    started = time.perf_counter()
+    label_row, label_status, label_leak, simulated = label_distribution(obs, aux, labels if exact else None, head)
+    rows, statuses = [label_row], {LABELS: label_status}
+    accuracy = label_row["label-accuracy"]
+    member_scores = None
+    if candidates is None:
+        member_leak = membership_evidence(None, "needs the client's images and others: --data or ground truth")
+    else:
+        shadows, pool = None, None
+        if options.references > 0 and simulated is not None and aux is not None:  # the label estimate's simulation
+            candidates, pool = split_for_references(candidates)
+            shadows = reference_updates(obs, pool, *simulated, attacker_seed(obs), options.references)
+        result, inside, outside = infer(obs, candidates, attacker_seed(obs), shadows, pool)
+        if options.references > 0 and shadows is None:  # asked for, not possible here: said
+            result["reference"] += (" (shadow updates need a multi-step update whose label counts were estimated "
+                                    "on images that are not the client's)")  # fmt: skip
+        member_leak, member_scores = membership_evidence(result, ""), (inside, outside)
+    chosen, refused = applicable(obs)
+    recs, ranks, scored_by = {}, {}, {}
+    for attack in chosen:
+        for steps in (options.budgets or [budget.iterations]) if attack.optimising else [None]:
+            target = budget if steps is None else dataclasses.replace(budget, iterations=steps)
+            start = time.perf_counter()
+            rec = run_attack(attack, obs, target, options.device, position)
+            scored = score(rec, images, gallery)
+            rows.append(
+                head | {
+                    "attack": attack.name,
+                    "budget": steps,
+                    "steps-done": rec.steps,
+                    "steps-asked": None if steps is None else steps * target.restarts,
+                    **scored,
+                    "seconds": time.perf_counter() - start,
+                    "note": rec.note,
+                }
+            )  # fmt: skip
+            recs[attack.name], ranks[attack.name], scored_by[attack.name] = rec, scored["reid-ranks"], scored
+        statuses[attack.name] = ("applied: " + recs[attack.name].note) if recs[attack.name].image is not None else (
+            "could not run: " + recs[attack.name].note
+        )
+    statuses |= {name: f"not applicable: {why}" for name, why in refused.items()}
+    if images is not None:
+        rows += reference_rows(obs, images, options.dataset_mean, gallery, head)
+    with_scores = {n: s for n, s in scored_by.items() if s["psnr"] is not None}
+    best = max(with_scores, key=lambda n: with_scores[n]["psnr"]) if with_scores else None
+    image_why = "no image attack ran" if not with_scores and images is not None else "no ground truth and no --data"
+    best_scores = with_scores[best] if best else None
+    update = {
+        "update": obs.meta.get("update") or obs.meta["label"],
+        "node": obs.meta.get("node"),
+        "round": obs.meta.get("round"),
+        "partition": obs.meta.get("partition"),
+        "sent": obs.meta.get("sent") or ("gradient" if client.sends_gradient else "weights") + " (run config)",
+        "batch": client.batch,
+        "steps": client.steps,
+        "examples": client.examples,
+        "recipe": obs.meta.get("recipe") or "from the run config",
+        "assumptions": obs.meta.get("assumptions", []),  # recipe values no record carries
+        "labels": rows[0]["labels"],
+        "label-accuracy": accuracy,
+        "attacks": statuses,
+        "best-attack": best,
+        "leakage": {
+            "labels": label_leak,
+            "membership": member_leak,
+            "images": image_evidence(best_scores, len(as_batch(images) or []) or 1, image_why),
+        },
+        "seconds": round(time.perf_counter() - started, 1),
+    } | {k: (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
+    return rows, update, {"ranks": ranks, "membership": member_scores} | recs
+
+
+def audit_exchanges(
+    exchanges: list[Exchange], out: Path, options: AuditOptions, notes: list[str] | None = None
+) -> tuple[dict[str, Any], list[Audited]]:
+    """Attack and score every exchange; write ``audit.json``, ``audit.md``, ``grid.png`` and the frontier under
+    ``out``. Returns the report and, per exchange, what was attacked."""
+    out.mkdir(parents=True, exist_ok=True)
+    reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
+    rows, updates, attacked, grid_ranks, budgets, observers, curves = [], [], [], [], {}, [], []
+    for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
+        obs = reader.observe(ex, k + 1)
+        budget, text = reader.budget(obs)
+        budgets[budget_text(text, options.budgets)] = None
+        truth = truths.of(ex, obs)
+        aux = truths.auxiliary(ex, obs) if recipe(obs).several_steps else None
+        candidates = truths.candidates(ex, obs, truth[0], truth[1])
+        update_rows, update, recs = attack_exchange(
+            obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates
+        )
+        rows += update_rows
+        updates.append(update)
+        observers.append(ex.observer)
+        grid_ranks.append(recs.pop("ranks"))
+        if (member_scores := recs.pop("membership")) is not None:
+            curves.append((update["update"], *member_scores))
+        attacked.append(Audited(obs, truth[0], recs))
+        tqdm.write(f"audit: {update['update']}: labels {update['labels']}; " + (
+            "unscored" if update["psnr"] is None else
+            f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
+        ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
+    models = dict.fromkeys(
+        a.obs.spec.describe() if a.obs.spec is not None else f"fedvit's {a.obs.config.model.name} (run config)"
+        for a in attacked
+    )
+    report = {
+        "title": options.title or "fedvit audit",
+        "model": "; ".join(models) or "—",
+        "threat-model": threat_model(observers, any(u["assumptions"] for u in updates)),
+        "verdict": verdict(updates, NOTHING_ON_THE_WIRE),
+        "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
+        "budget": list(budgets),
+        "updates": updates,
+        "rows": rows,
+        "summary": frontier_rows(rows, {}),  # each attack's means per defence and setting
+        "notes": list(notes or []) + truths.notes,
+    }
+    assert tuple(report) == TOP_LEVEL_KEYS
+    numbers = lambda v: v.item() if isinstance(v, np.generic) else str(v)  # noqa: E731 — numpy scalars as numbers
+    atomic_write(out / "audit.json", json.dumps(report, indent=1, default=numbers).encode())
+    atomic_write(out / "audit.md", markdown(report).encode())
+    save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
+    save_roc(curves, out / "membership-roc.png")
+    write_frontier(rows, out, {})
+    return report, attacked
+
+
+def budget_text(text: str, budgets: list[int] | None) -> str:
+    """The optimisation budget as the report states it, with the budgets of ``--budgets`` where given."""
+    if budgets:
+        text = f"budgets (Adam steps per restart): {', '.join(map(str, budgets))}; otherwise " + text
+    return text
+
+
+def audit_captures(captures: Path, out: Path, options: AuditOptions | None = None) -> dict[str, Any]:
+    """Audit every captured train exchange under ``captures`` (a capture root, a run folder or a ``captures/``
+    folder of any Flower app): see the module docstring. Raises :class:`AuditInputError` with what to change."""
+    options = options or AuditOptions()
+    if not captures.exists():
+        raise AuditInputError(f"no captures in {captures}: no such folder")
+    exchanges, skipped = load_exchanges(captures)
+    hidden = unreadable_links(captures)
+    notes = [f"skipped {s}" for s in skipped]
+    if hidden:
+        notes.append(f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded")
+    if not exchanges and not hidden:
+        old = (
+            " (these are fedvit's captures in the layout before the one capture layout, captures/round-N/partition-P:"
+            f" fedvit at commit {OLD_LAYOUT_COMMIT} audits them, or capture the run again)"
+        )
+        raise AuditInputError(
+            f"no captured train exchanges (node-<id>.json) under {captures}"
+            + (old if any(captures.rglob("partition-*.json")) else "")
+        )
+    print(f"audit: {len(exchanges)} captured update(s) under {captures}", flush=True)
+    title = options.title or f"fedvit audit of {captures}"
+    if options.spec is not None and exchanges and all(is_fedvit(ex) for ex in exchanges):
+        raise AuditInputError("--model: these are captures of fedvit's own app, whose run config names its model")
+    report, _ = audit_exchanges(exchanges, out, dataclasses.replace(options, title=title), notes)
+    print((out / "frontier.md").read_text().split("\n## Every attack")[0], flush=True)
+    print(f"audit: {report['verdict']}", flush=True)
+    return report
+

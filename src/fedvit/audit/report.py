@@ -1,0 +1,148 @@
+"""The audit's report, one schema for every app: ``audit.json`` (:data:`TOP_LEVEL_KEYS`; per update what was sent,
+the recipe and its sources, labels, each attack's status and the best scores), ``audit.md`` and ``grid.png``."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedvit.attacks.observation import Observation, Reconstruction
+from fedvit.audit.frontier import fmt, reid_cell
+from fedvit.audit.metrics import as_batch, match_batch
+
+TOP_LEVEL_KEYS = (
+    "title", "model", "threat-model", "verdict", "metrics", "budget", "updates", "rows", "summary", "notes"
+)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """``audit.md``: the verdict, one entry per update, then each attack's means (every row: ``frontier.md``)."""
+    lines = [f"# {report['title']}", "", f"**Verdict:** {report['verdict']}", "",
+             f"Threat model: {report['threat-model']}", ""]  # fmt: skip
+    lines += [f"Model: {report['model']}", "", f"Budget: {'; '.join(report['budget'])}", ""]
+    lines += update_lines(report["updates"])
+    lines += [
+        "## Attacks (mean over updates)",
+        "",
+        "| defence | setting | attack | budget (steps) | updates | matched PSNR (dB) | SSIM | reference PSNR (dB) "
+        "| re-identified (chance) | mean rank | label accuracy | seconds | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["summary"]:
+        lines.append(
+            f"| {r['defence']} | {r['setting']} | {r['attack']} | {r['budget'] or '—'} | {r['updates']} | "
+            f"{fmt(r['psnr'], '.1f')} | {fmt(r['ssim'], '.3f')} | {fmt(r['baseline-psnr'], '.1f')} | {reid_cell(r)} "
+            f"| {fmt(r['reid-rank'], '.1f')} | {fmt(r['label-accuracy'], '.0%')} | {fmt(r['seconds'], '.3f')} "
+            f"| {r['note']} |"
+        )
+    lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
+    lines += [f"- {note}" for note in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def update_lines(updates: list[dict[str, Any]]) -> list[str]:
+    """Per update: what was sent, the recipe read, the labels, the strongest attack's scores, each attack's status."""
+    if not updates:
+        return []
+
+    def unscored(row: dict[str, Any], key: str, spec: str) -> str:
+        return "unscored" if row.get(key) is None else format(row[key], spec)
+
+    lines = ["## Updates", "", "| update | sent | B × steps | labels (recovered) | best attack | PSNR dB | SSIM "
+             "| re-id top-1 | rank |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for u in updates:
+        labels = "—" if u["labels"] is None else str(u["labels"])
+        lines.append(
+            f"| {u['update']} | {u['sent']} | {u['batch']} × {u['steps']} | {labels} | {u.get('best-attack') or '—'} "
+            f"| {unscored(u, 'psnr', '.2f')} | {unscored(u, 'ssim', '.3f')} | {unscored(u, 'reid-top1', '.0%')} "
+            f"| {unscored(u, 'reid-rank', '.1f')} |"
+        )
+    lines += ["", "### Attacks per update", ""]
+    for u in updates:
+        lines.append(f"- **{u['update']}**: recipe: {u['recipe']}")
+        if u["assumptions"]:
+            lines.append(f"  - assumed (no record carries them): {'; '.join(u['assumptions'])}")
+        lines += [f"  - {name}: {status}" for name, status in u["attacks"].items()]
+        lines += [f"  - evidence, {kind}: {evidence_text(e)}" for kind, e in u["leakage"].items()]
+    return lines + [""]
+
+
+def evidence_text(e: dict[str, Any]) -> str:
+    """One leakage type of one update: the figure beside its null and margin (see :mod:`fedvit.audit.evidence`)."""
+    if e["status"] != "measured":
+        return e["status"] + ": " + (e.get("benchmarked-error") or e.get("why") or "")
+    verdict = "beyond the null" if e["clears"] else "within the null"
+    if "error" in e:
+        return (f"error {e['error']:.1%} vs prior {e['null-error']:.1%} (margin {e['margin']:.0%}): {verdict}")
+    if "auc" in e:
+        null = e["null"]
+        return (f"AUC {e['auc']:.3f} (null {null['auc']:.3f}), TPR@0.1% FPR {e['tpr@0.001']:.1%} "
+                f"(null {null['tpr@0.001']:.1%}), TPR@1% FPR {e['tpr@0.01']:.1%} (null {null['tpr@0.01']:.1%}); "
+                f"{e['members']} members, {e['non-members']} non-members ({e['non-member-source']}): {verdict}")
+    return f"re-identified {e['top1']:.0%} top-1 vs null {e['null-top1']:.0%} (margin {e['margin']:.0%}): {verdict}"
+
+
+GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)
+
+
+def matched_images(rec: Reconstruction, truths: list[np.ndarray]) -> dict[int, np.ndarray]:
+    """The reconstruction assigned to each true image (by index) in the one-to-one matching of :func:`score`."""
+    images = rec.all_images
+    if not images:
+        return {}
+    return {j: images[i] for i, j, _ in match_batch(images, truths)}
+
+
+def save_grid(
+    images: list[tuple[Observation, np.ndarray | None, dict[str, Reconstruction]]],
+    path: Path,
+    ranks: list[dict[str, list[float] | None]] | None = None,
+) -> None:
+    """One row per true image (up to four per update): original | each attack's reconstruction matched to it
+    (blank where an attack could not run or left that image unmatched), with the true image's re-identification
+    rank under it where ``ranks`` (per update: attack → per-true-image rank) has one."""
+    ranks = ranks or [{} for _ in images]
+    panels = []  # (row label, truth, {attack: image}, {attack: caption})
+    for (obs, truth, recs), update_ranks in zip(images, ranks, strict=True):
+        truths = as_batch(truth)
+        if truths is None:
+            panels.append((obs.meta.get("label", ""), None, {n: r.image for n, r in recs.items()}, {}))
+            continue
+        matched = {n: matched_images(r, truths) for n, r in recs.items()}
+        for j, t in enumerate(truths[:GRID_IMAGES_PER_UPDATE]):
+            label = obs.meta.get("label", "") + (f" #{j}" if len(truths) > 1 else "")
+            ranked = {n: f"re-id rank {r[j]:g}" for n, r in update_ranks.items()
+                      if r is not None and matched[n].get(j) is not None}  # fmt: skip
+            panels.append((label, t, {n: m.get(j) for n, m in matched.items()}, ranked))
+    columns = list(dict.fromkeys(n for _, _, recs in images for n in recs))
+    draw_grid(panels, columns, path)
+
+
+def draw_grid(panels: list[tuple], columns: list[str], path: Path, title: str = "", dpi: int = 130) -> None:
+    """Image grid: per panel row (label, true image, {column: image}, {column: caption}) the original, then one
+    image per column (blank where there is none), each with its caption under it."""
+    from fedvit.core.plots import plt
+
+    if not panels:
+        return
+    cols = 1 + len(columns)
+    fig, axes = plt.subplots(len(panels), cols, figsize=(1.6 * cols, 1.7 * len(panels)), squeeze=False)
+    for i, (label, truth, recs, captions) in enumerate(panels):
+        for j, (name, img) in enumerate([("original", truth)] + [(n, recs.get(n)) for n in columns]):
+            ax = axes[i, j]
+            ax.axis("off")
+            if img is not None:
+                ax.imshow(np.transpose(img, (1, 2, 0)))
+            if name in captions:
+                ax.text(0.5, -0.04, captions[name], transform=ax.transAxes, fontsize=5, ha="center", va="top")
+            if i == 0:
+                ax.set_title(textwrap.fill(name, 24), fontsize=6)  # long attack names would overlap
+        axes[i, 0].text(-0.1, 0.5, label, transform=axes[i, 0].transAxes, fontsize=6, ha="right", va="center")
+    if title:
+        fig.suptitle(title, fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.97) if title else (0, 0, 1, 1))  # keep a title clear of the headings
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

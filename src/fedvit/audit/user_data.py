@@ -1,0 +1,212 @@
+"""The client images the audit scores against: the batch fedvit's clients recorded, or the user's data (a loader or
+a fedvit dataset name, and the node → partition mapping); with decoys for re-identification. Only the scoring
+reads them; no path hands them to an attack."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from fedvit.attacks.label_distribution import Auxiliary
+from fedvit.attacks.membership import Candidates
+from fedvit.attacks.model_spec import import_callable
+from fedvit.attacks.observation import Observation, input_shape, recipe
+from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery, evenly_spaced, gallery_from_test_split
+from fedvit.capture.reader import AuditInputError, Exchange
+from fedvit.core.config import is_dataset_name
+
+
+@dataclasses.dataclass(frozen=True)
+class UserData:
+    """The client data that scores reconstructions, and the node → partition mapping.
+
+    ``source`` is either the user's loader (``package.module:callable``, ``callable(partition_id) -> (images
+    [N, C, H, W] in [0, 1], labels [N])``; decoys: the other partitions named in ``partitions`` and
+    ``decoy_partitions``) or a fedvit dataset name as ``data.name`` takes it, partitioned as fedvit's own app
+    partitions it (``settings``: further ``data.*`` keys and ``seed``; ``num_partitions``, else the count the
+    captured node config recorded; decoys: the dataset's test split)."""
+
+    source: str
+    partitions: dict[str, int]
+    decoy_partitions: tuple[int, ...] = ()
+    app_dir: str | None = None
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    num_partitions: int | None = None
+    image_size: int = 32  # a named dataset's images are resized to the model's input (square)
+    _loaded: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @property
+    def named(self) -> bool:
+        return is_dataset_name(self.source)
+
+    def config(self) -> Any:
+        """The fedvit Config of a named dataset (its errors name the key that is wrong)."""
+        from fedvit.core.config import ConfigError, parse_config
+
+        keys = {("seed" if k == "seed" else f"data.{k}"): v for k, v in self.settings.items()}
+        try:
+            return parse_config({"data.name": self.source} | keys)
+        except ConfigError as err:
+            raise AuditInputError(f"--data {self.source}: {err}") from None
+
+    def load(self, partition: int, recorded_partitions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """One partition's images and labels, each partition loaded once per audit."""
+        if partition not in self._loaded:
+            if self.named:
+                images, labels = self._named_partition(partition, self.num_partitions or recorded_partitions)
+            else:
+                images, labels = import_callable(self.source, self.app_dir, "--data")(partition)
+            images = np.asarray(images, dtype=np.float64)
+            if images.ndim != 4 or images.min() < 0 or images.max() > 1:
+                raise AuditInputError(f"--data {self.source}({partition}) must return images [N, C, H, W] in [0, 1]")
+            self._loaded[partition] = (images, np.asarray(labels, dtype=np.int64))
+        return self._loaded[partition]
+
+    def _named_partition(self, partition: int, count: int | None) -> tuple[np.ndarray, np.ndarray]:
+        from fedvit.core.data import DatasetUnavailableError, client_data
+
+        if count is None:
+            raise AuditInputError(
+                f"--data {self.source}: how many partitions the data was split into is unknown (the captures did "
+                "not record the node config's num-partitions): give --num-partitions"
+            )
+        config = self.config()
+        try:
+            part = client_data(config.data, config.seed, partition, count)
+        except (DatasetUnavailableError, ValueError) as err:
+            raise AuditInputError(f"--data {self.source}, partition {partition} of {count}: {err}") from None
+        x, y = part.images.batch(part.train, self.image_size)
+        return x.numpy(), y.numpy()
+
+
+def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
+    """Decoys for partition ``own``: a named dataset's test split (99 images), else every image of the other
+    partitions (mapped and decoy), at most 99."""
+    if data.named:  # the same decoys for every partition
+        return gallery_from_test_split(data.config(), int(size[-1]))
+    decoys = []
+    for pid in sorted(set(data.partitions.values()) | set(data.decoy_partitions)):
+        if pid != own:
+            images = data.load(pid)[0]
+            decoys.extend(im for im in images if im.shape == tuple(size))
+    decoys = decoys[:DEFAULT_DECOYS]
+    stacked = np.stack(decoys) if decoys else np.zeros((0, *size))
+    return Gallery(stacked, f"{len(decoys)} images of other partitions ({data.source})")
+
+
+OTHERS = 5000  # images of others (partitions not the client's, a test split) the attacker simulates or compares with
+
+
+@functools.lru_cache(maxsize=4)
+def test_split_sample(config: Any, size: int, count: int = OTHERS) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` evenly spaced images [n, C, H, W] in [0, 1] and labels of the run dataset's test split."""
+    from fedvit.core.data import load_dataset
+
+    images = load_dataset(config.data, config.seed, "test")
+    indices = evenly_spaced(len(images), count)
+    x, y = images.batch(indices, size)
+    return x.numpy().astype(np.float64), y.numpy().astype(np.int64)
+
+
+def others(data: UserData, own: int) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """Images none of which is partition ``own``'s: the decoy partitions (else the other mapped partitions) of a
+    loader, a named dataset's test split; at most :data:`OTHERS`, evenly spaced."""
+    if data.named:
+        x, y = test_split_sample(data.config(), data.image_size)
+        return x, y, f"{len(x)} images of the {data.source} test split"
+    pids = sorted(set(data.decoy_partitions) - {own}) or sorted(set(data.partitions.values()) - {own})
+    if not pids:
+        return None
+    loaded = [data.load(p) for p in pids]
+    x, y = np.concatenate([a for a, _ in loaded]), np.concatenate([b for _, b in loaded])
+    keep = evenly_spaced(len(x), OTHERS)
+    return x[keep], y[keep], f"{len(keep)} images of partitions {pids[0]}-{pids[-1]} ({data.source})"
+
+
+class Truths:
+    """The images an update is scored against (``--data``'s partition, else the recorded batch) and the decoys."""
+
+    def __init__(self, data: UserData | None, decoys: int, gallery: Gallery | None = None) -> None:
+        self.data, self.decoys, self.gallery = data, decoys, gallery  # ``gallery``: the same decoys for every update
+        self.galleries: list[Gallery] = []
+        self.notes: list[str] = []
+        self._others: dict[Any, tuple[np.ndarray, np.ndarray, str] | None] = {}  # by partition (or run config)
+
+    def of(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray | None, np.ndarray | None, Gallery | None, bool]:
+        """(images, labels, gallery, exact): ``exact`` when the images are exactly the update's."""
+        data = self.data
+        if data is not None:
+            partition = data.partitions.get(str(ex.node), ex.partition)
+            if partition is None:
+                self.notes.append(f"{ex.label}: no partition known for node {ex.node} (give --partition NODE=ID): "
+                                  "unscored")  # fmt: skip
+                return None, None, None, False
+            images, labels = data.load(partition, ex.num_partitions)
+            gallery = gallery_for(data, partition, images.shape[1:])
+            exact = len(images) == recipe(obs).examples
+            if not exact:  # which of the partition's images the update used is unknown
+                self.notes.append(
+                    f"{ex.label}: partition {partition} holds {len(images)} images, the update {recipe(obs).examples}: "
+                    "each reconstruction is scored against its closest partition image (optimistic); labels unscored"
+                )
+            obs.meta["partition"] = partition
+            return self._keep(images, labels, gallery, exact)
+        recorded = ex.ground_truth()
+        if recorded is None:
+            return None, None, None, False
+        images = np.asarray(recorded["images"])
+        return self._keep(images, np.asarray(recorded["labels"]), self._gallery_of(obs, images), True)
+
+    def others(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
+        """Labelled images that are not this client's (auxiliary data for the label simulation, non-members for
+        membership): see :func:`others`; for a fedvit run without ``--data``, its test split (None if not loadable).
+        Gathered once per partition (or run config) and audit."""
+        key = self.data.partitions.get(str(ex.node), ex.partition) if self.data is not None else obs.config
+        if key not in self._others:
+            self._others[key] = self._gather_others(key, obs)
+        return self._others[key]
+
+    def _gather_others(self, key: Any, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
+        if self.data is not None:
+            return None if key is None else others(self.data, key)
+        if obs.config is None:
+            return None
+        try:
+            x, y = test_split_sample(obs.config, int(input_shape(obs)[-1]))
+        except (OSError, RuntimeError, ValueError):
+            return None
+        return x, y, f"{len(x)} images of the {obs.config.data.name} test split"
+
+    def auxiliary(self, ex: Exchange, obs: Observation) -> Auxiliary | None:
+        """:meth:`others` as the label simulation's auxiliary data (None: the simulation uses noise)."""
+        found = self.others(ex, obs)
+        return None if found is None else Auxiliary(*found)
+
+    def candidates(self, ex: Exchange, obs: Observation, members: np.ndarray | None,
+                   labels: np.ndarray | None) -> Candidates | None:  # fmt: skip
+        """Membership candidates: the client's images (the scored truth) and :meth:`others` (None if either lacks)."""
+        found = None if members is None or labels is None else self.others(ex, obs)
+        return None if found is None else Candidates((members, labels), found[:2], found[2])
+
+    def _keep(self, images, labels, gallery, exact):
+        if gallery is not None and all(gallery is not g for g in self.galleries):
+            self.galleries.append(gallery)
+        return images, labels, gallery, exact
+
+    def _gallery_of(self, obs: Observation, images: np.ndarray) -> Gallery | None:
+        """Decoys from the test split of a fedvit run's dataset (None when off or not loadable here, said once)."""
+        if self.gallery is not None or self.decoys <= 0 or obs.config is None:
+            return self.gallery
+        try:
+            return gallery_from_test_split(obs.config, int(images.shape[-1]), self.decoys)
+        except (OSError, RuntimeError, ValueError) as err:
+            note = f"re-identification not scored: the run's test split cannot be loaded ({err})"
+            if note not in self.notes:
+                print(f"audit: {note}", flush=True)
+                self.notes.append(note)
+            return None

@@ -1,0 +1,167 @@
+"""Captures as the audit reads them (the one layout of :mod:`fedvit.capture.writer`): train exchanges with their ground
+truth and round 0's key handshakes, the arrays mapped onto a model, the client's recipe read from the records. The
+server's own view (``captures/server``) is read only when pointed at it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from fedvit.capture.writer import CAPTURES, GROUND_TRUTH, unflatten
+
+NOTHING_ON_THE_WIRE = "the wire shows nothing; the server still sees every update"
+class AuditInputError(ValueError):
+    """Captures, model or options the audit cannot work with (the message says what to change)."""
+
+
+@dataclasses.dataclass
+class Exchange:
+    """One captured train exchange: what the node received and what it sent back."""
+
+    stem: Path
+    run_id: Any
+    round: int
+    node: Any
+    partition: int | None  # where the capture knew it (capture_mod records the node config)
+    num_partitions: int | None  # the node config's num-partitions, where recorded
+    received: dict[str, np.ndarray]  # the model's arrays
+    sent: dict[str, np.ndarray]
+    received_config: dict[str, Any]
+    sent_metrics: dict[str, Any]
+    run_config: dict[str, Any]
+    received_records: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)  # all of them
+    sent_records: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # labels a producer added (the benchmark's)
+    observer: str | None = None  # who recorded it: "client-mod", "wire-tap", "server", "benchmark"
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} round {self.round} node {self.node}"
+
+    def ground_truth(self) -> dict[str, np.ndarray] | None:
+        """The client's recorded true batch (fedvit's ``capture.ground-truth``), or None. For scoring only."""
+        path = ground_truth_file(self.stem)
+        return load_file(str(path)) if path.is_file() else None
+
+
+def ground_truth_file(stem: Path) -> Path:
+    """``run-<id>/ground-truth/round-NNNN/<name>.safetensors`` of a client's or the server's capture."""
+    round_dir = stem.parent
+    captures = round_dir.parent if round_dir.parent.name == CAPTURES else round_dir.parent.parent
+    return captures.parent / GROUND_TRUTH / round_dir.name / f"{stem.name}.safetensors"
+
+
+def _merged(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One dict of several records' values; the first record that names a key wins (a train reply's own
+    ``metrics`` before any evaluation record riding along)."""
+    out: dict[str, Any] = {}
+    for record in records.values():
+        for key, value in record.items():
+            out.setdefault(key, value)
+    return out
+
+
+def _model_arrays(records: dict[str, dict[str, np.ndarray]], stem: Path, direction: str) -> dict[str, np.ndarray]:
+    """The ArrayRecord that holds the model: the only one, else Flower's ``arrays``."""
+    if len(records) == 1:
+        return next(iter(records.values()))
+    if "arrays" in records:
+        return records["arrays"]
+    raise AuditInputError(f"{stem}: {direction} carries several ArrayRecords {sorted(records)} and none is 'arrays'")
+
+
+def find_manifests(path: Path) -> list[Path]:
+    """Train-exchange manifests (``node-<id>.json``) under ``path``, the server's view only when asked for."""
+    server_view = path.resolve().name == "server"  # pointed at a captures/server folder
+    found = [
+        p
+        for p in sorted(path.rglob("node-*.json"))
+        if re.fullmatch(r"node-\d+", p.stem) and (server_view or "server" not in p.relative_to(path).parts)
+    ]
+    return sorted(found, key=_order)
+
+
+def _order(path: Path) -> tuple[int, str, str]:
+    """Captures in run, round and node order (SCAFFOLD's control variates are summed round by round)."""
+    run = next((int(m.group(1)) for part in path.parts if (m := re.fullmatch(r"run-(\d+)", part))), 0)
+    return run, path.parent.name, path.stem
+
+
+def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
+    """Every complete train exchange under ``path``, and a note per capture that was skipped (and why)."""
+    exchanges, skipped = [], []
+    for manifest_path in find_manifests(path):
+        stem = manifest_path.with_suffix("")
+        manifest = json.loads(manifest_path.read_text())
+        sent_file = stem.with_name(f"{stem.name}.sent.safetensors")
+        received_file = stem.with_name(f"{stem.name}.received.safetensors")
+        if "error" in manifest.get("sent", {}):
+            skipped.append(f"{stem.name} round {manifest.get('round')}: the reply was an error")
+            continue
+        if not (sent_file.exists() and received_file.exists()):
+            skipped.append(f"{stem}: one direction was not captured")
+            continue
+        received = unflatten(load_file(str(received_file)))
+        sent = unflatten(load_file(str(sent_file)))
+        if not received or not sent:
+            skipped.append(f"{stem}: no arrays in one direction")
+            continue
+        sent_metrics = _merged(manifest.get("sent", {}).get("metrics", {}))
+        partition = manifest.get("partition")
+        partition = sent_metrics.get("partition-id") if partition in (None, "") else partition  # the server's view
+        num_partitions = (manifest.get("node-config") or {}).get("num-partitions")
+        exchanges.append(
+            Exchange(
+                stem=stem,
+                run_id=manifest.get("run-id"),
+                round=int(manifest.get("round", 0)),
+                node=manifest.get("node"),
+                partition=None if partition in (None, "") else int(partition),
+                num_partitions=None if num_partitions in (None, "") else int(num_partitions),
+                received=_model_arrays(received, stem, "received"),
+                sent=_model_arrays(sent, stem, "sent"),
+                received_config=_merged(manifest.get("received", {}).get("config", {})),
+                sent_metrics=sent_metrics,
+                run_config=dict(manifest.get("run_config") or {}) | _run_file_config(stem),
+                received_records=received,
+                sent_records=sent,
+                meta=dict(manifest.get("meta") or {}),
+                observer=manifest.get("observer"),
+            )
+        )
+    return exchanges, skipped
+
+
+def load_handshake(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+    """The first round-0 key handshake under ``path`` (``node-<id>-query``: the public initial layers the node
+    received and their encryption it sent back), or None."""
+    for manifest in sorted(path.rglob("round-0000/node-*-query.json")):
+        stem = manifest.with_suffix("")
+        files = [stem.with_name(f"{stem.name}.{d}.safetensors") for d in ("received", "sent")]
+        if all(f.is_file() for f in files):
+            plain, cipher = (unflatten(load_file(str(f))).get("arrays", {}) for f in files)
+            if plain and cipher:
+                return plain, cipher
+    return None
+
+
+def _run_file_config(stem: Path) -> dict[str, Any]:
+    """The run config a wire tap completed after the fact (``run-<id>/run.json``), else nothing."""
+    run_file = stem.parent.parent.parent / "run.json"  # run-<id>/captures/round-NNNN/<stem>
+    return dict(json.loads(run_file.read_text()).get("run_config", {})) if run_file.is_file() else {}
+
+
+def unreadable_links(path: Path) -> int:
+    """Connections a wire tap relayed without reading them (TLS or HTTP/2), from its ``connections.jsonl``."""
+    count = 0
+    for log_file in path.rglob("connections.jsonl"):
+        for line in log_file.read_text().splitlines():
+            if line.strip() and not json.loads(line).get("readable", True):
+                count += 1
+    return count
