@@ -392,3 +392,33 @@ def test_a_reply_that_reads_neither_as_weights_nor_as_a_gradient_asks_for_sent(t
     assert report["updates"][0]["sent"].startswith("weights (median ‖sent‖/‖received‖ 0.3") and "as told" in (
         report["updates"][0]["sent"]
     )
+
+
+def test_a_measure_added_to_the_registry_reaches_the_report(tmp_path, monkeypatch):
+    """The registry is the one way in: an entry (applicability, run) appears in the update's "attacks" line, its rows
+    in the report's rows, its evidence under its leakage type, and one that does not apply says why."""
+    from fedvit.audit import registry
+
+    def run(obs, held):
+        row = held.head | {"attack": "probe", "budget": None, "psnr": None, "ssim": None, "seconds": 0.0,
+                           "note": f"{recipe_steps(obs)} step(s)"}  # fmt: skip
+        return registry.Finding([row], "applied: probe")
+
+    def recipe_steps(obs):
+        from fedvit.attacks.observation import recipe
+
+        return recipe(obs).steps
+
+    probe = registry.Measure("probe", "images", lambda obs, held: None, run)
+    refusing = registry.Measure("refusing probe", "images", lambda obs, held: "never applies", run)
+    monkeypatch.setattr(registry, "MEASURES", (*registry.MEASURES, probe, refusing))
+    capture_exchange(tmp_path / "cap", 11, 1)
+    data = UserData(DATA.source, {"11": 1}, DATA.decoy_partitions, DATA.app_dir)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data)
+    (update,) = report["updates"]
+    assert update["attacks"]["probe"] == "applied: probe"
+    assert update["attacks"]["refusing probe"] == "not applicable: never applies"
+    assert list(update["attacks"]).index("probe") < list(update["attacks"]).index("refusing probe")
+    assert [r["note"] for r in report["rows"] if r["attack"] == "probe"] == ["1 step(s)"]
+    assert update["leakage"]["labels"]["status"] == "measured"  # the entries before it unchanged
+    assert "probe" in (tmp_path / "out" / "audit.md").read_text()

@@ -106,8 +106,7 @@ def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
 
 
 def test_batch_scores_count_unmatched_images_as_the_flat_guess():
-    from fedvit.audit.metrics import best_flat_image, psnr
-    from fedvit.audit.pipeline import score
+    from fedvit.audit.metrics import best_flat_image, psnr, score
 
     rng = np.random.default_rng(0)
     truths = rng.random((3, 3, 8, 8))

@@ -124,6 +124,40 @@ def test_accept_failures_false_stops_a_round_short_of_any_client():
     lenient = FedSGD(lr=0.1, min_nodes=1)
     prepared(lenient, {11: 0, 12: 1})
     assert lenient.aggregate_train(1, [ok, failed])[0] is not None
+    assert lenient.stats[1].aggregated == [0] and lenient.stats[1].sampled == [0, 1]
+
+
+def test_a_round_that_loses_clients_to_a_superlink_restart_is_aggregated_only_when_failures_are_accepted():
+    """After a SuperLink restart the sampled nodes' instructions come back "node unavailable" (error 5, from the
+    SuperLink) or not at all. The policy (docs/deploy.md): by default the round is aggregated from the replies that
+    arrived, and metrics.json says which (``aggregated``); with accept-failures=false it is not aggregated, the run
+    stops and a resume redoes the round with every client."""
+    from flwr.app import Error
+    from flwr.app.message import make_message
+
+    from fedvit.strategies.base import ClientsFailedError
+    from tests.helpers import reply_metadata
+
+    def lost_round(strategy: FedSGD):
+        grid = FakeGrid({11: 0, 12: 1, 13: 2})
+        strategy.discover(grid)
+        sent = list(strategy.configure_train(2, global_record(), __import__("flwr.app").app.ConfigRecord(), grid))
+        for i, msg in enumerate(sent):
+            msg.metadata.__dict__["_message_id"] = f"m{i}"
+        dead = next(m for m in sent if m.metadata.dst_node_id == 12)
+        meta = reply_metadata(1, "train")
+        meta.__dict__["_reply_to_message_id"] = dead.metadata.message_id
+        unavailable = make_message(meta, error=Error(code=5, reason="Node Unavailable"))
+        ok = reply(11, {k: np.ones(v, np.float32) for k, v in SHAPES.items()}, **{"num-examples": 2})
+        return strategy.aggregate_train(2, [unavailable, ok])  # node 13's reply never came
+
+    lenient = FedSGD(lr=0.1, min_nodes=1)
+    assert lost_round(lenient)[0] is not None
+    assert lenient.stats[2].aggregated == [0] and lenient.stats[2].sampled == [0, 1, 2]
+    strict = FedSGD(lr=0.1, min_nodes=1, accept_failures=False)
+    with pytest.raises(ClientsFailedError, match="round 2: 1 of 3 sampled clients .*partition 1: error 5"):
+        lost_round(strict)
+    assert strict.stats[2].aggregated == []
 
 
 def test_fedavg_matches_flowers_fedavg_on_same_replies():

@@ -136,7 +136,7 @@ def recover_labels_and_momentum(
         found = estimate(obs, aux, attacker_seed(obs))
         return found.counts, found.note, found.momentum
     # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received
-    model = attack_model(obs) if obs.spec is not None else received_model(obs)
+    model = received_model(obs) if obs.config is not None else attack_model(obs)
     mean_probs = mean_softmax(model, input_shape(obs), seed=attacker_seed(obs))
     if client.sends_gradient:
         grad, examples = obs.update[bias], client.batch

@@ -34,6 +34,12 @@ class Observation:
     ``received``: the model the client received (encrypted layers included, if any; buffers too for a user's
     model). ``known_plaintext``: plaintext initial embeddings the attacker knows (e.g. the server's own initial
     model in the encrypted-ViT paper's protocol), else None.
+
+    Whatever app it came from, an observation holds the attacked model as a :class:`ModelSpec` (``spec``, built
+    once as ``skeleton``) and the client's recipe (``client``): for another app they are read from the capture and
+    the user's ``--model``; for fedvit's own app they are resolved here, once, from its public run config
+    (``config``, which beyond them names only the defence, the seed and the audit budget) and ``meta``'s
+    ``num-examples`` and ``round``.
     """
 
     update: dict[str, np.ndarray]
@@ -49,11 +55,22 @@ class Observation:
     # earlier control-deltas on the wire (zeros before its first round)
     correction: dict[str, np.ndarray] | None = None
     meta: dict = field(default_factory=dict)  # node, round, ... (for reports only)
-    spec: ModelSpec | None = None  # another app's model (None: fedvit's ViT of ``config``)
+    spec: ModelSpec | None = None  # the attacked model (fedvit's app: resolved from ``config``)
     skeleton: nn.Module | None = field(default=None, repr=False)  # spec built once per audit
-    client: ClientRecipe | None = None  # the recipe read from the capture (None: from ``config``)
+    client: ClientRecipe | None = None  # the recipe read from the capture (fedvit's app: resolved from ``config``)
     head_bias: str = HEAD_BIAS  # the classifier bias, whose gradient gives the labels away
     start_seed: int | None = None  # another app's update: one generator for all random starts (None: fedvit's)
+
+    def __post_init__(self) -> None:
+        if self.config is not None:  # fedvit's app: the model and the recipe its public run config names
+            if self.spec is None:
+                object.__setattr__(self, "spec", fedvit_spec(self.config, self.num_classes))
+            if self.skeleton is None:
+                object.__setattr__(self, "skeleton", model_skeleton(self.config, self.num_classes))
+            if self.client is None:
+                object.__setattr__(self, "client", config_recipe(self.config, self.meta))
+        elif self.spec is None or self.skeleton is None or self.client is None:
+            raise ValueError("another app's observation needs its model spec, skeleton and recipe")
 
 
 @dataclass(frozen=True)
@@ -81,23 +98,25 @@ class Reconstruction:
 
 
 @functools.lru_cache(maxsize=4)
+def fedvit_spec(config: Config, num_classes: int) -> ModelSpec:
+    """fedvit's model of a public run config as a spec (cached: one probe model per config)."""
+    return fedvit_model_spec(config, num_classes)
+
+
+@functools.lru_cache(maxsize=4)
 def model_skeleton(config: Config, num_classes: int) -> nn.Module:
     """fedvit's model of a public run config (cached; its weights are not what a client received)."""
-    return fedvit_model_spec(config, num_classes).build()
+    return fedvit_spec(config, num_classes).build()
 
 
 def public_model(obs: Observation) -> nn.Module:
     """The model architecture (weights are not used; take them from ``obs.received``)."""
-    if obs.skeleton is not None:
-        return obs.skeleton
-    if obs.spec is not None:
-        return obs.spec.build(obs.num_classes)
-    return model_skeleton(obs.config, obs.num_classes)
+    return obs.skeleton
 
 
 def _load(model: nn.Module, obs: Observation, weights: dict[str, np.ndarray]) -> None:
     """fedvit's model: every parameter by name; another app's: its state dict, as far as ``weights`` carries it."""
-    if obs.spec is None:
+    if obs.config is not None:
         set_weights(model, weights)
     else:
         model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in weights.items()}, strict=False)
@@ -143,10 +162,7 @@ def _logits_only(module: nn.Module, inputs: Any, output: Any) -> Any:
 
 def input_shape(obs: Observation) -> tuple[int, int, int]:
     """(C, H, W) of the images the client feeds the model."""
-    if obs.spec is not None:
-        return tuple(obs.spec.input_shape)
-    proj = public_model(obs).patch_embed
-    return int(proj.proj.in_channels), int(proj.img_size[0]), int(proj.img_size[1])
+    return tuple(obs.spec.input_shape)
 
 
 def image_geometry(obs: Observation) -> tuple[int, int, int, int]:
@@ -187,19 +203,21 @@ WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg", "scaffold")  # replies carr
 
 
 def recipe(obs: Observation) -> ClientRecipe:
-    """The client's recipe: as read from the capture, else from fedvit's public config and the reply's
-    ``num-examples`` (else the batch size): the learning rate of the captured round after decay; FedSGD is one
-    step on all its examples."""
-    if obs.client is not None:
-        return obs.client
-    config = obs.config
-    examples = int(obs.meta.get("num-examples") or config.batch_size)
+    """The client's recipe (resolved once, when the observation was made)."""
+    return obs.client
+
+
+def config_recipe(config: Config, meta: dict) -> ClientRecipe:
+    """A fedvit client's recipe from its public run config and the reply's ``num-examples`` (else the batch size):
+    the learning rate of the captured round (``meta["round"]``) after decay; FedSGD is one step on all its
+    examples."""
+    examples = int(meta.get("num-examples") or config.batch_size)
     sends_gradient = config.strategy in GRADIENT_STRATEGIES
     batch = examples if sends_gradient else min(config.batch_size, examples)
     epochs = 1 if sends_gradient else config.local_epochs
     adversarial = int(np.floor(config.adversarial.ratio * batch)) if config.adversarial.enabled else 0
     mu = config.fedprox.mu if config.strategy == "fedprox" else 0.0
-    lr = config.lr_at(int(obs.meta.get("round") or 1))
+    lr = config.lr_at(int(meta.get("round") or 1))
     return ClientRecipe(examples, batch, epochs, lr, config.momentum, mu, adversarial, sends_gradient)
 
 

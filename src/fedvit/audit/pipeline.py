@@ -4,7 +4,8 @@
    :class:`~fedvit.attacks.model_spec.ModelSpec` (``--model``);
 2. what the reply carries and the client's recipe: fedvit's run config names both; for another app they are
    read from the reply's distance to the received weights and the records (each value with its source);
-3. every attack of :mod:`fedvit.audit.registry` that applies, each that does not with the reason;
+3. every leakage measure of :mod:`fedvit.audit.registry` that applies (label counts, membership, the image
+   attacks), each that does not with the reason, and per leakage type its evidence against its null;
 4. scores against the clients' images (recorded ground truth or ``--data``) beside no-information references;
 5. one report (:mod:`fedvit.audit.report`) and the leakage-vs-utility frontier (:mod:`fedvit.audit.frontier`).
 """
@@ -20,17 +21,16 @@ from typing import Any, NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from fedvit.attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
-from fedvit.attacks.labels import label_accuracy, recover_labels_and_momentum
-from fedvit.attacks.membership import REFERENCES, Candidates, infer, reference_updates, save_roc, split_for_references
+from fedvit.attacks.label_distribution import Auxiliary
+from fedvit.attacks.membership import REFERENCES, Candidates, save_roc
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
-from fedvit.attacks.observation import Observation, Reconstruction, attacker_seed, dense_update, model_skeleton, recipe
+from fedvit.attacks.observation import Observation, Reconstruction, dense_update, model_skeleton, recipe
 from fedvit.attacks.recipe import map_state, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
-from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, threat_model, verdict
+from fedvit.audit.evidence import threat_model, verdict
 from fedvit.audit.frontier import frontier_rows, write_frontier
-from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, as_batch, reference_rows, reid_setting, score
-from fedvit.audit.registry import LABELS, Attack, applicable, labels_apply
+from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
+from fedvit.audit.registry import LABELS, MEMBERSHIP, Held, best_image, evidence, measure_all
 from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
 from fedvit.audit.user_data import Truths, UserData
 from fedvit.capture.reader import (
@@ -131,6 +131,7 @@ class Reader:
         meta = {
             "label": f"p{ex.partition} r{ex.round}",
             "num-examples": ex.sent_metrics.get("num-examples"),
+            "round": ex.round,  # the recipe's learning rate after decay
         }
         return Observation(
             update=update,
@@ -250,108 +251,27 @@ class Reader:
 # ---------------------------------------------------------------------------- the pipeline
 
 
-def run_attack(attack: Attack, obs: Observation, budget: AuditConfig, device: str | None, position: str):
-    """One image attack on one update; the optimisation attacks show a progress bar of their Adam steps."""
-    if not attack.optimising:
-        return attack.run(obs)
-    with tqdm(total=None, desc=f"{position} {attack.name}", unit="step", leave=False) as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-        return attack.run(obs, budget, progress, device)
-
-
-def label_distribution(
-    obs: Observation, aux: Auxiliary | None, labels: np.ndarray | None, head: dict[str, Any]
-) -> tuple[dict[str, Any], str, dict[str, Any], tuple[np.ndarray, float] | None]:
-    """The label counts of one update: its report row, its status, its evidence against the prior and, where a
-    simulation of the local training found them, the counts and the momentum it used (``labels``: the client's true
-    labels where exactly known, else None; ``aux``: the simulation's images and the prior)."""
-    started = time.perf_counter()
-    client = recipe(obs)
-    try:
-        counts, note, momentum = (None, why, None) if (why := labels_apply(obs)) else recover_labels_and_momentum(
-            obs, aux)  # fmt: skip
-    except ValueError as err:  # a diverged update or simulation: said, not raised
-        counts, note, momentum = None, f"not estimated: {err}", None
-    accuracy = None if counts is None or labels is None else label_accuracy(counts, labels)
-    prior = aux.prior(obs.num_classes) if aux is not None else np.full(obs.num_classes, 1 / obs.num_classes)
-    null = None if accuracy is None else prior_accuracy(prior, labels)
-    evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if client.several_steps else None)
-    found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
-    row = head | {
-        "attack": LABELS,
-        "budget": None,
-        "psnr": None,
-        "ssim": None,
-        "seconds": time.perf_counter() - started,
-        "note": note if counts is None else f"class×count: {found}" + (f" ({note})" * bool(note)),
-        "label-accuracy": accuracy,
-        "labels": None if counts is None else {int(c): int(n) for c, n in enumerate(counts) if n},
-    }
-    status = f"not applicable: {note}" if counts is None else "applied" + (f" ({note})" if note else "")
-    return row, status, evidence, None if counts is None or momentum is None else (counts, momentum)
-
-
 def attack_exchange(
     obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str,
     aux: Auxiliary | None = None, candidates: Candidates | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:  # fmt: skip
-    """Every attack that applies to one observation: its report rows, its update entry, its reconstructions (and
-    under "ranks" the re-identification ranks, under "membership" the member and non-member scores).
-    ``aux``: labelled images that are not the client's (the label simulation's); ``candidates``: membership's."""
+    """Every registry entry on one observation (:func:`fedvit.audit.registry.measure_all`): its report rows, its
+    update entry, its reconstructions (and under "ranks" the re-identification ranks, under "membership" the member
+    and non-member scores). ``aux``: labelled images that are not the client's (the label simulation's);
+    ``candidates``: membership's."""
     images, labels, gallery, exact = truth
-    head = {**obs.meta, "defence": defence_of(obs.config)}
     client = recipe(obs)
     started = time.perf_counter()
-    label_row, label_status, label_leak, simulated = label_distribution(obs, aux, labels if exact else None, head)
-    rows, statuses = [label_row], {LABELS: label_status}
-    accuracy = label_row["label-accuracy"]
-    member_scores = None
-    if candidates is None:
-        member_leak = membership_evidence(None, "needs the client's images and others: --data or ground truth")
-    else:
-        shadows, pool = None, None
-        if options.references > 0 and simulated is not None and aux is not None:  # the label estimate's simulation
-            candidates, pool = split_for_references(candidates)
-            shadows = reference_updates(obs, pool, *simulated, attacker_seed(obs), options.references)
-        result, inside, outside = infer(obs, candidates, attacker_seed(obs), shadows, pool)
-        if options.references > 0 and shadows is None:  # asked for, not possible here: said
-            result["reference"] += (" (shadow updates need a multi-step update whose label counts were estimated "
-                                    "on images that are not the client's)")  # fmt: skip
-        member_leak, member_scores = membership_evidence(result, ""), (inside, outside)
-    chosen, refused = applicable(obs)
-    recs, ranks, scored_by = {}, {}, {}
-    for attack in chosen:
-        for steps in (options.budgets or [budget.iterations]) if attack.optimising else [None]:
-            target = budget if steps is None else dataclasses.replace(budget, iterations=steps)
-            start = time.perf_counter()
-            rec = run_attack(attack, obs, target, options.device, position)
-            scored = score(rec, images, gallery)
-            rows.append(
-                head | {
-                    "attack": attack.name,
-                    "budget": steps,
-                    "steps-done": rec.steps,
-                    "steps-asked": None if steps is None else steps * target.restarts,
-                    **scored,
-                    "seconds": time.perf_counter() - start,
-                    "note": rec.note,
-                }
-            )  # fmt: skip
-            recs[attack.name], ranks[attack.name], scored_by[attack.name] = rec, scored["reid-ranks"], scored
-        statuses[attack.name] = ("applied: " + recs[attack.name].note) if recs[attack.name].image is not None else (
-            "could not run: " + recs[attack.name].note
-        )
-    statuses |= {name: f"not applicable: {why}" for name, why in refused.items()}
+    held = Held(images, labels, gallery, exact, budget, {**obs.meta, "defence": defence_of(obs.config)}, aux,
+                candidates, options.budgets, options.device, options.references, position)  # fmt: skip
+    findings = measure_all(obs, held)
+    rows = [row for f in findings.values() for row in f.rows]
     if images is not None:
-        rows += reference_rows(obs, images, options.dataset_mean, gallery, head)
-    with_scores = {n: s for n, s in scored_by.items() if s["psnr"] is not None}
-    best = max(with_scores, key=lambda n: with_scores[n]["psnr"]) if with_scores else None
-    image_why = "no image attack ran" if not with_scores and images is not None else "no ground truth and no --data"
-    best_scores = with_scores[best] if best else None
+        rows += reference_rows(obs, images, options.dataset_mean, gallery, held.head)
+    statuses = {n: f.status for n, f in findings.items() if f.status is not None and f.applied}
+    statuses |= {n: f.status for n, f in findings.items() if f.status is not None and not f.applied}
+    labelled = findings[LABELS].rows[0]
+    best, best_scores = best_image(list(findings.values()))
     update = {
         "update": obs.meta.get("update") or obs.meta["label"],
         "node": obs.meta.get("node"),
@@ -363,18 +283,16 @@ def attack_exchange(
         "examples": client.examples,
         "recipe": obs.meta.get("recipe") or "from the run config",
         "assumptions": obs.meta.get("assumptions", []),  # recipe values no record carries
-        "labels": rows[0]["labels"],
-        "label-accuracy": accuracy,
+        "labels": labelled["labels"],
+        "label-accuracy": labelled["label-accuracy"],
         "attacks": statuses,
         "best-attack": best,
-        "leakage": {
-            "labels": label_leak,
-            "membership": member_leak,
-            "images": image_evidence(best_scores, len(as_batch(images) or []) or 1, image_why),
-        },
+        "leakage": evidence(findings, held),
         "seconds": round(time.perf_counter() - started, 1),
     } | {k: (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
-    return rows, update, {"ranks": ranks, "membership": member_scores} | recs
+    recs = {n: f.reconstruction for n, f in findings.items() if f.reconstruction is not None}
+    ranks = {n: f.scores["reid-ranks"] for n, f in findings.items() if f.reconstruction is not None}
+    return rows, update, {"ranks": ranks, "membership": findings[MEMBERSHIP.name].extra} | recs
 
 
 def audit_exchanges(
@@ -407,7 +325,7 @@ def audit_exchanges(
             f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
         ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
     models = dict.fromkeys(
-        a.obs.spec.describe() if a.obs.spec is not None else f"fedvit's {a.obs.config.model.name} (run config)"
+        a.obs.spec.describe() if a.obs.config is None else f"fedvit's {a.obs.config.model.name} (run config)"
         for a in attacked
     )
     report = {

@@ -39,6 +39,7 @@ class RoundStats:
     evaluate_s: float = 0.0
     messages: int = 0  # instructions sent to clients in this round (train + evaluate)
     sampled: list[int] = field(default_factory=list)  # partition ids
+    aggregated: list[int] = field(default_factory=list)  # partition ids whose train replies made the new model
     rejected: dict[int, str] = field(default_factory=dict)  # partition id (or -node id) -> reason
     train: dict[str, float] = field(default_factory=dict)  # aggregated client train metrics
     evaluate: dict[str, float] = field(default_factory=dict)  # aggregated client evaluation metrics
@@ -361,6 +362,7 @@ class FedVitStrategy(FedAvg):
         if valid:
             result = self.aggregate_arrays(rnd, valid), weighted_metrics(valid)
             self.stats[rnd].train = dict(result[1])
+            self.stats[rnd].aggregated = [self.partition_of.get(m.metadata.src_node_id, -1) for m in valid]
         else:
             self._stop_if_all_failed(rnd)
             log(WARNING, "round %d: no valid train replies; the global model is unchanged", rnd)
