@@ -422,3 +422,74 @@ def test_a_measure_added_to_the_registry_reaches_the_report(tmp_path, monkeypatc
     assert [r["note"] for r in report["rows"] if r["attack"] == "probe"] == ["1 step(s)"]
     assert update["leakage"]["labels"]["status"] == "measured"  # the entries before it unchanged
     assert "probe" in (tmp_path / "out" / "audit.md").read_text()
+
+
+def test_every_usual_loader_form_becomes_the_contiguous_float_form_or_one_clear_refusal():
+    """The user-data boundary: permuted torch tensors, NumPy transposes, uint8 [N, H, W, C], labels as a list or a
+    tensor all give the same contiguous float64 [N, C, H, W]; anything else is one line naming what came back."""
+    from fedvit.audit.user_data import normalized
+
+    images, labels = load_data(3, 4, 7)  # float [N, C, H, W] in [0, 1], contiguous
+    hwc8 = np.round(images.transpose(0, 2, 3, 1) * 255).astype(np.uint8)
+    want = hwc8.transpose(0, 3, 1, 2) / 255.0
+    forms = {
+        "torch permuted": (torch.from_numpy(hwc8).permute(0, 3, 1, 2).float() / 255, torch.as_tensor(labels)),
+        "numpy transpose": (np.stack(list(hwc8)).transpose(0, 3, 1, 2) / 255.0, list(labels)),
+        "uint8 NHWC": (hwc8, labels.astype(np.int32)),
+        "uint8 NCHW tensor": (torch.from_numpy(hwc8).permute(0, 3, 1, 2), labels.tolist()),
+    }
+    for name, (x, y) in forms.items():
+        got, got_labels = normalized(x, y, name)
+        assert got.flags["C_CONTIGUOUS"] and got.dtype == np.float64 and got.shape == images.shape, name
+        np.testing.assert_allclose(got, want, atol=1e-6, err_msg=name)
+        assert got_labels.dtype == np.int64 and got_labels.tolist() == labels.tolist(), name
+    refusals = {
+        "normalised": ((images - 0.5) / 0.5, labels, "normalised?"),
+        "0-255 floats": (images * 255, labels, "divide by 255"),
+        "3-d": (images[0], labels, "[3, 32, 32]"),
+        "few labels": (images, labels[:2], "labels numpy.ndarray"),
+        "float labels": (images, labels.astype(np.float32), "float32 labels"),
+    }
+    for name, (x, y, needle) in refusals.items():
+        with pytest.raises(AuditInputError) as err:
+            normalized(x, y, "--data m:f(3)")
+        message = str(err.value)
+        assert "\n" not in message and needle in message and "--data m:f(3) returned images" in message, message
+
+
+class ViewNet(Net):
+    """The quickstart CNN as Flower's example writes it: ``x.view(-1, 16 * 5 * 5)``, which refuses other strides."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = x.view(-1, 16 * 5 * 5)
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def permuted_loader(partition: int):
+    """A loader written the usual way: HWC uint8 images, permuted (channels-last strides) and scaled."""
+    images, labels = load_data(partition, partition_size("1,2,3,4", partition), 7)
+    hwc = np.round(images.transpose(0, 2, 3, 1) * 255).astype(np.uint8)
+    return torch.from_numpy(hwc).permute(0, 3, 1, 2).float() / 255, torch.as_tensor(labels)
+
+
+def contiguous_loader(partition: int):
+    images, labels = permuted_loader(partition)
+    return images.contiguous().numpy(), labels.numpy()
+
+
+def test_a_permuted_loader_audits_a_view_model_as_the_contiguous_one_does(tmp_path):
+    for node, partition in ((11, 2), (12, 3)):
+        capture_exchange(tmp_path / "cap", node, partition)
+    spec = ModelSpec("tests.test_app_audit:ViewNet", app_dir=str(APP))
+    reports = {}
+    for name in ("permuted_loader", "contiguous_loader"):
+        data = UserData(f"tests.test_app_audit:{name}", {"11": 2, "12": 3}, (0, 1), str(APP))
+        reports[name] = audit_app_captures(tmp_path / "cap", tmp_path / name, spec, BUDGET, data=data)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(reports["permuted_loader"]["rows"]) == strip(reports["contiguous_loader"]["rows"])
+    for permuted, contiguous in zip(*(r["updates"] for r in reports.values()), strict=True):
+        for leakage in (permuted["leakage"], contiguous["leakage"]):
+            leakage["membership"].pop("non-member-source")  # names the loader
+        assert permuted["leakage"] == contiguous["leakage"] and permuted["labels"] == contiguous["labels"]

@@ -61,10 +61,7 @@ class UserData:
                 images, labels = self._named_partition(partition, self.num_partitions or recorded_partitions)
             else:
                 images, labels = import_callable(self.source, self.app_dir, "--data")(partition)
-            images = np.asarray(images, dtype=np.float64)
-            if images.ndim != 4 or images.min() < 0 or images.max() > 1:
-                raise AuditInputError(f"--data {self.source}({partition}) must return images [N, C, H, W] in [0, 1]")
-            self._loaded[partition] = (images, np.asarray(labels, dtype=np.int64))
+            self._loaded[partition] = normalized(images, labels, f"--data {self.source}({partition})")
         return self._loaded[partition]
 
     def _named_partition(self, partition: int, count: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -82,6 +79,56 @@ class UserData:
             raise AuditInputError(f"--data {self.source}, partition {partition} of {count}: {err}") from None
         x, y = part.images.batch(part.train, self.image_size)
         return x.numpy(), y.numpy()
+
+
+EXPECTED = (
+    "expected (images, labels): images [N, C, H, W] or [N, H, W, C] (C = 1 or 3), float in [0, 1] or uint8 in "
+    "0-255, NumPy or torch; N integer labels"
+)
+
+
+def _described(value: Any) -> str:
+    """What a loader returned, in a few words: type, dtype, shape and value range."""
+    shape = tuple(getattr(value, "shape", ()) or ())
+    dtype = getattr(value, "dtype", None)
+    text = f"{type(value).__module__.split('.')[0]}.{type(value).__name__}"
+    if dtype is not None:
+        text += f" {dtype} {list(shape)}"
+        try:
+            array = np.asarray(value.detach().cpu() if hasattr(value, "detach") else value, dtype=np.float64)
+            text += f" in [{array.min():.3g}, {array.max():.3g}]" if array.size else ""
+        except (TypeError, ValueError):
+            pass
+    return text
+
+
+def normalized(images: Any, labels: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """The one boundary for the user's data: whatever a loader returns (NumPy or torch, any strides, ``uint8`` in
+    0-255 or float in [0, 1], ``[N, C, H, W]`` or ``[N, H, W, C]``, labels as a list, array or tensor) becomes
+    C-contiguous float64 ``[N, C, H, W]`` in [0, 1] and int64 labels ``[N]``, so no model meets a memory layout it
+    does not tolerate; anything else is refused in one line that says what was received."""
+    received = f"{what} returned images {_described(images)}, labels {_described(labels)}"
+    try:
+        array = np.asarray(images.detach().cpu() if hasattr(images, "detach") else images)
+        targets = np.asarray(labels.detach().cpu() if hasattr(labels, "detach") else labels)
+    except (TypeError, ValueError) as err:
+        raise AuditInputError(f"{received}: not arrays ({err}); {EXPECTED}") from None
+    if array.ndim != 4 or targets.ndim != 1 or len(targets) != len(array) or not len(array):
+        raise AuditInputError(f"{received}; {EXPECTED}")
+    if array.shape[1] not in (1, 3) and array.shape[-1] in (1, 3):  # channels last
+        array = array.transpose(0, 3, 1, 2)
+    if array.dtype == np.uint8:
+        array = array / 255.0
+    elif not np.issubdtype(array.dtype, np.floating):
+        raise AuditInputError(f"{received}: {array.dtype} pixels; {EXPECTED}")
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise AuditInputError(f"{received}: {targets.dtype} labels; {EXPECTED}")
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    if array.min() < 0 or array.max() > 1:
+        hint = (" (normalised? return pixels in [0, 1]: the audit applies the model's mean/std)" if array.min() < 0
+                else " (0-255 as floats? divide by 255)" if array.max() <= 255 else "")  # fmt: skip
+        raise AuditInputError(f"{received}: pixels outside [0, 1]{hint}; {EXPECTED}")
+    return array, np.ascontiguousarray(targets, dtype=np.int64)
 
 
 def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
