@@ -450,7 +450,7 @@ def test_every_usual_loader_form_becomes_the_contiguous_float_form_or_one_clear_
         "few labels": (images, labels[:2], "labels numpy.ndarray"),
         "float labels": (images, labels.astype(np.float32), "float32 labels"),
     }
-    for name, (x, y, needle) in refusals.items():
+    for x, y, needle in refusals.values():
         with pytest.raises(AuditInputError) as err:
             normalized(x, y, "--data m:f(3)")
         message = str(err.value)
