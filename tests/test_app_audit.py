@@ -397,17 +397,13 @@ def test_a_reply_that_reads_neither_as_weights_nor_as_a_gradient_asks_for_sent(t
 def test_a_measure_added_to_the_registry_reaches_the_report(tmp_path, monkeypatch):
     """The registry is the one way in: an entry (applicability, run) appears in the update's "attacks" line, its rows
     in the report's rows, its evidence under its leakage type, and one that does not apply says why."""
+    from fedvit.attacks.observation import recipe
     from fedvit.audit import registry
 
     def run(obs, held):
         row = held.head | {"attack": "probe", "budget": None, "psnr": None, "ssim": None, "seconds": 0.0,
-                           "note": f"{recipe_steps(obs)} step(s)"}  # fmt: skip
+                           "note": f"{recipe(obs).steps} step(s)"}  # fmt: skip
         return registry.Finding([row], "applied: probe")
-
-    def recipe_steps(obs):
-        from fedvit.attacks.observation import recipe
-
-        return recipe(obs).steps
 
     probe = registry.Measure("probe", "images", lambda obs, held: None, run)
     refusing = registry.Measure("refusing probe", "images", lambda obs, held: "never applies", run)
@@ -430,7 +426,7 @@ def test_every_usual_loader_form_becomes_the_contiguous_float_form_or_one_clear_
     from fedvit.audit.user_data import normalized
 
     images, labels = load_data(3, 4, 7)  # float [N, C, H, W] in [0, 1], contiguous
-    hwc8 = np.round(images.transpose(0, 2, 3, 1) * 255).astype(np.uint8)
+    hwc8 = np.ascontiguousarray(np.round(images.transpose(0, 2, 3, 1) * 255).astype(np.uint8))  # as decoded
     want = hwc8.transpose(0, 3, 1, 2) / 255.0
     forms = {
         "torch permuted": (torch.from_numpy(hwc8).permute(0, 3, 1, 2).float() / 255, torch.as_tensor(labels)),
@@ -438,6 +434,7 @@ def test_every_usual_loader_form_becomes_the_contiguous_float_form_or_one_clear_
         "uint8 NHWC": (hwc8, labels.astype(np.int32)),
         "uint8 NCHW tensor": (torch.from_numpy(hwc8).permute(0, 3, 1, 2), labels.tolist()),
     }
+    assert not forms["torch permuted"][0].is_contiguous()  # channels-last strides, as a permuted loader has them
     for name, (x, y) in forms.items():
         got, got_labels = normalized(x, y, name)
         assert got.flags["C_CONTIGUOUS"] and got.dtype == np.float64 and got.shape == images.shape, name
@@ -470,7 +467,7 @@ class ViewNet(Net):
 def permuted_loader(partition: int):
     """A loader written the usual way: HWC uint8 images, permuted (channels-last strides) and scaled."""
     images, labels = load_data(partition, partition_size("1,2,3,4", partition), 7)
-    hwc = np.round(images.transpose(0, 2, 3, 1) * 255).astype(np.uint8)
+    hwc = np.ascontiguousarray(np.round(images.transpose(0, 2, 3, 1) * 255).astype(np.uint8))  # as decoded
     return torch.from_numpy(hwc).permute(0, 3, 1, 2).float() / 255, torch.as_tensor(labels)
 
 
@@ -482,6 +479,7 @@ def contiguous_loader(partition: int):
 def test_a_permuted_loader_audits_a_view_model_as_the_contiguous_one_does(tmp_path):
     for node, partition in ((11, 2), (12, 3)):
         capture_exchange(tmp_path / "cap", node, partition)
+    assert not permuted_loader(2)[0].is_contiguous()
     spec = ModelSpec("tests.test_app_audit:ViewNet", app_dir=str(APP))
     reports = {}
     for name in ("permuted_loader", "contiguous_loader"):

@@ -75,22 +75,27 @@ def test_invalid_replies_are_rejected_and_model_kept(bad_reply, reason):
     assert reason in s.stats[1].rejected[0]
 
 
-def test_superlink_generated_error_is_attributed_to_the_node_that_failed():
-    """Error 5 (node unavailable) comes from the SuperLink (node 1): the rejection names the dead partition."""
+def node_unavailable(sent, node: int):
+    """The SuperLink's error-5 reply (it comes from node 1) to the instruction ``sent`` to ``node``."""
     from flwr.app import Error
     from flwr.app.message import make_message
 
     from tests.helpers import reply_metadata
 
+    for i, msg in enumerate(sent):  # what the Grid does when pushing
+        msg.metadata.__dict__["_message_id"] = f"m{i}"
+    dead = next(m for m in sent if m.metadata.dst_node_id == node)
+    meta = reply_metadata(1, "train")
+    meta.__dict__["_reply_to_message_id"] = dead.metadata.message_id
+    return make_message(meta, error=Error(code=5, reason="Node Unavailable"))
+
+
+def test_superlink_generated_error_is_attributed_to_the_node_that_failed():
+    """Error 5 (node unavailable) comes from the SuperLink (node 1): the rejection names the dead partition."""
     s = FedSGD(lr=0.1, min_nodes=1)
     grid = FakeGrid({11: 0, 12: 1})
     sent = list(s.configure_train(1, global_record(), __import__("flwr.app").app.ConfigRecord(), grid))
-    for i, msg in enumerate(sent):  # what the Grid does when pushing
-        msg.metadata.__dict__["_message_id"] = f"m{i}"
-    dead = next(m for m in sent if m.metadata.dst_node_id == 12)
-    meta = reply_metadata(1, "train")
-    meta.__dict__["_reply_to_message_id"] = dead.metadata.message_id
-    unavailable = make_message(meta, error=Error(code=5, reason="Node Unavailable"))
+    unavailable = node_unavailable(sent, 12)
     ok = reply(11, {k: np.ones(v, np.float32) for k, v in SHAPES.items()}, **{"num-examples": 2})
     arrays, _ = s.aggregate_train(1, [unavailable, ok])
     assert arrays is not None
@@ -132,22 +137,13 @@ def test_a_round_that_loses_clients_to_a_superlink_restart_is_aggregated_only_wh
     SuperLink) or not at all. The policy (docs/deploy.md): by default the round is aggregated from the replies that
     arrived, and metrics.json says which (``aggregated``); with accept-failures=false it is not aggregated, the run
     stops and a resume redoes the round with every client."""
-    from flwr.app import Error
-    from flwr.app.message import make_message
-
     from fedvit.strategies.base import ClientsFailedError
-    from tests.helpers import reply_metadata
 
     def lost_round(strategy: FedSGD):
         grid = FakeGrid({11: 0, 12: 1, 13: 2})
         strategy.discover(grid)
         sent = list(strategy.configure_train(2, global_record(), __import__("flwr.app").app.ConfigRecord(), grid))
-        for i, msg in enumerate(sent):
-            msg.metadata.__dict__["_message_id"] = f"m{i}"
-        dead = next(m for m in sent if m.metadata.dst_node_id == 12)
-        meta = reply_metadata(1, "train")
-        meta.__dict__["_reply_to_message_id"] = dead.metadata.message_id
-        unavailable = make_message(meta, error=Error(code=5, reason="Node Unavailable"))
+        unavailable = node_unavailable(sent, 12)
         ok = reply(11, {k: np.ones(v, np.float32) for k, v in SHAPES.items()}, **{"num-examples": 2})
         return strategy.aggregate_train(2, [unavailable, ok])  # node 13's reply never came
 

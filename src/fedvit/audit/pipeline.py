@@ -271,7 +271,7 @@ def attack_exchange(
     statuses = {n: f.status for n, f in findings.items() if f.status is not None and f.applied}
     statuses |= {n: f.status for n, f in findings.items() if f.status is not None and not f.applied}
     labelled = findings[LABELS].rows[0]
-    best, best_scores = best_image(list(findings.values()))
+    best, best_scores = best_image(findings)
     update = {
         "update": obs.meta.get("update") or obs.meta["label"],
         "node": obs.meta.get("node"),

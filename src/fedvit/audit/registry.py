@@ -328,23 +328,23 @@ MEASURES: tuple[Measure, ...] = (LABEL_COUNTS, MEMBERSHIP, *(image_measure(a) fo
 # ---- evidence per leakage type
 
 
-def best_image(findings: list[Finding]) -> tuple[str | None, dict[str, Any] | None]:
+def best_image(findings: dict[str, Finding]) -> tuple[str | None, dict[str, Any] | None]:
     """The image attack whose reconstruction scored the highest PSNR, and its scores (None, None: none scored)."""
-    scored = {f.rows[-1]["attack"]: f.scores for f in findings if f.scores and f.scores["psnr"] is not None}
+    scored = {n: f.scores for n, f in findings.items() if f.scores and f.scores["psnr"] is not None}
     best = max(scored, key=lambda n: scored[n]["psnr"]) if scored else None
     return best, scored.get(best)
 
 
-def _images(findings: list[Finding], held: Held) -> dict[str, Any]:
+def _images(findings: dict[str, Finding], held: Held) -> dict[str, Any]:
     _, scores = best_image(findings)
     why = "no image attack ran" if scores is None and held.images is not None else "no ground truth and no --data"
     return image_evidence(scores, len(as_batch(held.images) or []) or 1, why)
 
 
 # leakage type -> its evidence against its null from the findings of its measures
-JUDGES: dict[str, Callable[[list[Finding], Held], dict[str, Any]]] = {
-    "labels": lambda findings, held: findings[0].evidence,
-    "membership": lambda findings, held: findings[0].evidence,
+JUDGES: dict[str, Callable[[dict[str, Finding], Held], dict[str, Any]]] = {
+    "labels": lambda findings, held: findings[LABELS].evidence,
+    "membership": lambda findings, held: findings[MEMBERSHIP.name].evidence,
     "images": _images,
 }
 
@@ -361,4 +361,5 @@ def measure_all(obs: Observation, held: Held) -> dict[str, Finding]:
 def evidence(findings: dict[str, Finding], held: Held) -> dict[str, dict[str, Any]]:
     """Per leakage type, its figures against its null (:data:`JUDGES`)."""
     kinds = {m.name: m.leakage for m in MEASURES}
-    return {kind: judge([f for n, f in findings.items() if kinds[n] == kind], held) for kind, judge in JUDGES.items()}
+    of_kind = lambda kind: {n: f for n, f in findings.items() if kinds[n] == kind}  # noqa: E731
+    return {kind: judge(of_kind(kind), held) for kind, judge in JUDGES.items()}

@@ -107,27 +107,30 @@ def normalized(images: Any, labels: Any, what: str) -> tuple[np.ndarray, np.ndar
     0-255 or float in [0, 1], ``[N, C, H, W]`` or ``[N, H, W, C]``, labels as a list, array or tensor) becomes
     C-contiguous float64 ``[N, C, H, W]`` in [0, 1] and int64 labels ``[N]``, so no model meets a memory layout it
     does not tolerate; anything else is refused in one line that says what was received."""
-    received = f"{what} returned images {_described(images)}, labels {_described(labels)}"
+    def refused(why: str) -> AuditInputError:  # described only on refusal: the range reads every pixel
+        return AuditInputError(f"{what} returned images {_described(images)}, labels {_described(labels)}{why}; "
+                               f"{EXPECTED}")  # fmt: skip
+
     try:
         array = np.asarray(images.detach().cpu() if hasattr(images, "detach") else images)
         targets = np.asarray(labels.detach().cpu() if hasattr(labels, "detach") else labels)
     except (TypeError, ValueError) as err:
-        raise AuditInputError(f"{received}: not arrays ({err}); {EXPECTED}") from None
+        raise refused(f": not arrays ({err})") from None
     if array.ndim != 4 or targets.ndim != 1 or len(targets) != len(array) or not len(array):
-        raise AuditInputError(f"{received}; {EXPECTED}")
+        raise refused("")
     if array.shape[1] not in (1, 3) and array.shape[-1] in (1, 3):  # channels last
         array = array.transpose(0, 3, 1, 2)
     if array.dtype == np.uint8:
         array = array / 255.0
     elif not np.issubdtype(array.dtype, np.floating):
-        raise AuditInputError(f"{received}: {array.dtype} pixels; {EXPECTED}")
+        raise refused(f": {array.dtype} pixels")
     if not np.issubdtype(targets.dtype, np.integer):
-        raise AuditInputError(f"{received}: {targets.dtype} labels; {EXPECTED}")
+        raise refused(f": {targets.dtype} labels")
     array = np.ascontiguousarray(array, dtype=np.float64)
     if array.min() < 0 or array.max() > 1:
         hint = (" (normalised? return pixels in [0, 1]: the audit applies the model's mean/std)" if array.min() < 0
                 else " (0-255 as floats? divide by 255)" if array.max() <= 255 else "")  # fmt: skip
-        raise AuditInputError(f"{received}: pixels outside [0, 1]{hint}; {EXPECTED}")
+        raise refused(f": pixels outside [0, 1]{hint}")
     return array, np.ascontiguousarray(targets, dtype=np.int64)
 
 
