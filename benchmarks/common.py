@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the checkout's code, also when it is not the installed copy
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # the checkout's code (and benchmarks), also when not installed
 
 from fedvit.core.config import ModelConfig  # noqa: E402
 

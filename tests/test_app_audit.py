@@ -101,6 +101,14 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     (row,) = report["updates"]
     member = row["leakage"]["membership"]
     assert row["steps"] == 2 and member["status"] == "measured"
+    # one recipe: the momentum the label estimate found is the update's, in its recipe line, not among its assumptions
+    (estimated,) = [part for part in row["recipe"].split("; ") if part.startswith("momentum ")]
+    momentum = estimated.split()[1]
+    assert estimated.startswith(f"momentum {momentum} (estimated from the update: simulated/observed head change β 0:")
+    assert f"momentum {momentum} estimated from the update" in row["attacks"]["labels (head-bias gradient)"]
+    assert not [a for a in row["assumptions"] if a.startswith("momentum")] and "weight decay 0 (assumed)" in (
+        row["assumptions"]
+    )
     assert member["reference"].startswith("the update beyond 3 shadow updates, against each image's gradient"), member
     assert member["members"] == 4 and member["non-member-source"].startswith("the other half of")
     capture_exchange(tmp_path / "one", 14, 3)  # batch 4: one local step, nothing to simulate
@@ -389,8 +397,9 @@ def test_a_reply_that_reads_neither_as_weights_nor_as_a_gradient_asks_for_sent(t
         audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
     report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, AuditConfig(iterations=1, restarts=1),
                                 sent_as="weights")  # fmt: skip
-    assert report["updates"][0]["sent"].startswith("weights (median ‖sent‖/‖received‖ 0.3") and "as told" in (
-        report["updates"][0]["sent"]
+    assert (
+        report["updates"][0]["sent"].startswith("weights (median ‖sent‖/‖received‖ 0.3")
+        and "as told" in (report["updates"][0]["sent"])
     )
 
 
@@ -491,3 +500,30 @@ def test_a_permuted_loader_audits_a_view_model_as_the_contiguous_one_does(tmp_pa
         for leakage in (permuted["leakage"], contiguous["leakage"]):
             leakage["membership"].pop("non-member-source")  # names the loader
         assert permuted["leakage"] == contiguous["leakage"] and permuted["labels"] == contiguous["labels"]
+
+
+def get_model(num_classes: int, hidden: int = 84) -> torch.nn.Module:
+    """A factory that needs arguments (``get_model(num_classes)``, as apps write them)."""
+    model = Net()
+    model.fc2, model.fc3 = torch.nn.Linear(120, hidden), torch.nn.Linear(hidden, num_classes)
+    return model
+
+
+def test_a_factory_with_arguments_is_built_from_the_command_line_or_the_toml(tmp_path, capsys):
+    from fedvit.app.cli import main
+
+    capture_exchange(tmp_path / "cap", 41, 2)
+    base = ["audit", str(tmp_path / "cap"), "--out", str(tmp_path / "out"), "--iterations", "1", "--restarts", "1",
+            "--app-dir", str(APP), "--model", "tests.test_app_audit:get_model"]  # fmt: skip
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "called with no arguments" in err and "num_classes" in err and "--model-arg KEY=VALUE" in err
+    assert main([*base, "--model-arg", "num_classes=10", "--model-arg", "hidden=84"]) == 0
+    report = json.loads((tmp_path / "out" / "audit.json").read_text())
+    assert "tests.test_app_audit:get_model(hidden=84, num_classes=10) on 3×32×32" in report["model"]
+    assert report["updates"][0]["sent"].startswith("weights")
+    assert main([*base, "--model-arg", "num_classes=7"]) == 2  # the argument reaches the model: its head is 7 wide
+    assert "fc3.weight: captured (10, 84), model (7, 84)" in (capsys.readouterr().err)
+    assert main([*base, "--model-arg", "num_classes"]) == 2 and "--model-arg takes KEY=VALUE" in capsys.readouterr().err
+    (tmp_path / "cap" / "fedvit-audit.toml").write_text("[model.args]\nnum_classes = 10\n")
+    assert main(base) == 0

@@ -13,10 +13,24 @@ Everything else under ``fedvit`` is internal and may change between releases.
 from __future__ import annotations
 
 from importlib import import_module
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-__version__ = version("fedvit")  # the one version source is pyproject.toml's [project] version
+
+def _version() -> str:
+    """The one version source, pyproject.toml's [project] version: from the installed metadata, or (a checkout's
+    ``src/`` on the path, not installed) from the checkout's pyproject.toml."""
+    try:
+        return version("fedvit")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"] if pyproject.is_file() else "unknown"
+
+
+__version__ = _version()
 
 __all__ = ["AuditOptions", "CapturingStrategy", "__version__", "audit_captures", "capture_mod"]
 

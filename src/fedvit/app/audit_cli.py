@@ -30,11 +30,12 @@ captures folder or one of its two parents:
     loss = "cross-entropy"           # or "nll" (the model ends in log_softmax)
     app-dir = "path/to/app"          # put on sys.path so the factory imports (relative to the TOML)
     num-classes = 10                 # timm names only (default: the captured head's size)
+    [model.args]                     # keyword arguments of the factory, as --model-arg (e.g. num_classes = 10)
     [recipe]                         # recipe values, as --recipe
     [data]                           # loader or name, partitions = {{"<node id>" = <partition>}},
                                      # decoy-partitions; for a dataset name num-partitions and settings
 """
-MODEL_FLAGS = ("model", "app_dir", "input", "mean", "std", "loss")
+MODEL_FLAGS = ("model", "model_arg", "app_dir", "input", "mean", "std", "loss")
 DATA_FLAGS = ("data", "num_partitions", "data_option", "partition", "decoy_partitions")
 RECIPE_FLAGS = ("sent", "recipe")
 BENCHMARK_FLAGS = ("images", "defences", "batch_sizes", "local_steps", "accuracy_from", "model_from", "keep")
@@ -62,6 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     g = p.add_argument_group("model (captures of another app; fedvit's captures name their own)")
     g.add_argument("--model", help="package.module:factory returning the app's nn.Module, or a timm model name")
+    g.add_argument("--model-arg", action="append", default=[], help="KEY=VALUE: a keyword argument of the factory "
+                   "(get_model(num_classes=10): --model-arg num_classes=10; values read as TOML: 10, 0.5, true, "
+                   "else text; repeatable)")  # fmt: skip
     g.add_argument("--app-dir", help="folder to import the factory (and --data) from, e.g. the app's root")
     g.add_argument("--input", help="C,H,W of the client's images (default 3,32,32)")
     g.add_argument("--mean", help="per-channel mean the app normalises with (default 0.5 each)")
@@ -226,6 +230,9 @@ def other_app_options(args: argparse.Namespace, options: Any) -> Any:
     for key in ("mean", "std"):
         if getattr(args, key):
             model[key] = [float(v) for v in getattr(args, key).split(",") if v.strip()]
+    model["args"] = dict(model.get("args", {})) | {
+        k: _toml_value(v) for k, v in _pairs(args.model_arg, "--model-arg").items()
+    }
     spec = spec_from(model) if model.get("factory") else None
     if spec is None and given(args, MODEL_FLAGS):
         raise ValueError(f"{', '.join(given(args, MODEL_FLAGS))} describe the model: give --model as well")
@@ -327,9 +334,11 @@ def read_spec_file(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         raise SpecError(f"{path}: not valid TOML ({err})") from err
     model = dict(values.get("model", {}))
-    unknown = sorted(set(model) - {"factory", "input", "mean", "std", "loss", "app-dir", "num-classes"})
+    unknown = sorted(set(model) - {"factory", "input", "mean", "std", "loss", "app-dir", "num-classes", "args"})
     if unknown:
         raise SpecError(f"{path}: unknown [model] key(s) {unknown}")
+    if not isinstance(model.get("args", {}), dict):
+        raise SpecError(f"{path}: [model] args must be a table of keyword arguments (a [model.args] section)")
     if "app-dir" in model:
         model["app-dir"] = str((path.parent / str(model["app-dir"])).resolve())
     return {**values, "model": model}
@@ -363,4 +372,8 @@ def spec_from(values: dict[str, Any]) -> ModelSpec:
         kwargs["app_dir"] = str(values["app-dir"])
     if values.get("num-classes"):
         kwargs["num_classes"] = int(values["num-classes"])
+    if values.get("args"):
+        kwargs["args"] = tuple(  # hashable: a spec is a cache key
+            sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in values["args"].items())
+        )
     return ModelSpec(**kwargs)

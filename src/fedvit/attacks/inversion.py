@@ -33,6 +33,7 @@ from torch.func import functional_call
 
 from fedvit.attacks.april import collusion_key, decrypt_observation, embedding_route
 from fedvit.attacks.labels import recover_labels
+from fedvit.attacks.local_sgd import gradients, local_sgd
 from fedvit.attacks.observation import (
     ClientRecipe,
     Observation,
@@ -83,10 +84,8 @@ def simulate(
     ``per_epoch``: x and ``label_logits`` hold one candidate set per epoch ([restarts, epochs · examples, ...]),
     epoch e training on its own set (the FedAvg-aware attack: each epoch's order is free).
     """
-    names = list(params)
     restarts = x.shape[0]
     start = {n: p.expand(restarts, *p.shape) for n, p in params.items()}
-    weights = dict(start)
     if restarts == 1:  # vmap's batched-weight kernels cost ~40% more on CPU than plain ones for a single restart
 
         def forward(w: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
@@ -94,30 +93,25 @@ def simulate(
 
     else:
         forward = torch.func.vmap(lambda w, xb: functional_call(model, w, (normalize(model, xb),)), randomness="same")
-    velocity: dict[str, torch.Tensor] = {}
-    for epoch in range(rec.epochs):
-        offset = epoch * rec.examples if per_epoch else 0
-        for first in range(offset, offset + rec.examples, rec.batch):
-            end = min(first + rec.batch, offset + rec.examples)
-            xb, yb = x[:, first:end], label_logits[:, first:end]
-            if adversary is not None:
-                xb = adversary(xb, yb)
-            logits = forward(weights, xb)
-            loss = -(torch.softmax(yb, -1) * torch.log_softmax(logits, -1)).sum(-1).mean(-1)  # [restarts]
-            if rec.proximal_mu > 0:
-                loss = loss + rec.proximal_mu / 2 * sum(
-                    _per_restart((weights[n] - start[n]) ** 2, torch.sum) for n in names
-                )
-            grads = torch.autograd.grad(loss.sum(), [weights[n] for n in names], create_graph=True, allow_unused=True)
-            grads = [torch.zeros_like(weights[n]) if g is None else g for n, g in zip(names, grads, strict=True)]
-            if rec.sends_gradient:
-                return dict(zip(names, grads, strict=True))
-            if correction is not None:
-                grads = [g + correction[n] for n, g in zip(names, grads, strict=True)]
-            for n, g in zip(names, grads, strict=True):
-                velocity[n] = g if n not in velocity else rec.momentum * velocity[n] + g
-            weights = {n: weights[n] - rec.lr * velocity[n] for n in names}
-    return {n: start[n] - weights[n] for n in names}
+
+    def batch_loss(weights: dict[str, torch.Tensor], chunk: slice) -> torch.Tensor:
+        """The summed cross-entropy of every restart's candidates in ``chunk`` (each restart's own gradient)."""
+        xb, yb = x[:, chunk], label_logits[:, chunk]
+        if adversary is not None:
+            xb = adversary(xb, yb)
+        logits = forward(weights, xb)
+        return -(torch.softmax(yb, -1) * torch.log_softmax(logits, -1)).sum(-1).mean(-1).sum()
+
+    if rec.sends_gradient:
+        return gradients(batch_loss(start, slice(0, rec.batch)), start, differentiable=True)
+    chunks = [  # each epoch in consecutive chunks of B candidates (its own candidate set when ``per_epoch``)
+        slice(first, min(first + rec.batch, offset + rec.examples))
+        for offset in (epoch * rec.examples if per_epoch else 0 for epoch in range(rec.epochs))
+        for first in range(offset, offset + rec.examples, rec.batch)
+    ]
+    end = local_sgd(start, batch_loss, chunks, rec.lr, rec.momentum, proximal_mu=rec.proximal_mu,
+                    correction=correction, differentiable=True)  # fmt: skip
+    return {n: start[n] - end[n] for n in start}
 
 
 def _per_restart(values: torch.Tensor, reduce: Callable = torch.mean) -> torch.Tensor:

@@ -45,8 +45,9 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import nnls
 
+from fedvit.attacks.local_sgd import local_sgd
 from fedvit.attacks.observation import Observation, input_shape, model_with, received_model, recipe
-from fedvit.core.model import classify
+from fedvit.core.model import classify, normalize
 
 MOMENTA = (0.0, 0.9)  # the values tried when no record carries the momentum (plain SGD; the common default)
 PASSES = 3  # simulations per momentum: a uniform class mix, then each estimate sets the next one's
@@ -86,6 +87,7 @@ class LabelEstimate:
     momentum: float
     note: str
     alternatives: dict[float, np.ndarray]
+    momentum_estimate: str = ""  # how the momentum was estimated from the update ("" where a record carries it)
 
 
 def step_weights(steps: int, momentum: float) -> np.ndarray:
@@ -155,8 +157,6 @@ def simulate(
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     model = received_model(obs).float().train()
-    for p in model.parameters():
-        p.requires_grad_(True)
     features: list[torch.Tensor] = []
     hook = head_module(model, obs.head_bias).register_forward_hook(lambda m, i, o: features.append(i[0].detach()))
     classes = len(counts)
@@ -170,39 +170,41 @@ def simulate(
     images = torch.as_tensor(np.stack(pool), dtype=torch.float32)
     targets = torch.as_tensor(labels)
     bias, weight = obs.head_bias, head_weight(obs.head_bias)
-    params = dict(model.named_parameters())
-    start = {n: params[n].detach().clone() for n in (bias, weight) if n in params}
-    optimiser = torch.optim.SGD(model.parameters(), lr=client.lr, momentum=momentum, weight_decay=weight_decay)
+    params = {n: p.detach() for n, p in model.named_parameters()}
     per_epoch = math.ceil(len(labels) / client.batch)
     weights = step_weights(per_epoch * client.epochs, momentum)
     seen, probs_sum, feat_sum, cross_sum = np.zeros(classes), None, None, None
-    step, kept = 0, []
+    kept = []
     snapshot_steps = set(np.linspace(0, per_epoch * client.epochs, snapshots, endpoint=False).round().astype(int))
-    for _ in range(client.epochs):
-        order = torch.randperm(len(labels), generator=generator)
-        for first in range(0, len(labels), client.batch):
-            if step in snapshot_steps:
-                kept.append({n: p.detach().numpy().copy() for n, p in model.named_parameters()})
-            batch = order[first : first + client.batch]
-            features.clear()
-            logits = classify(model, images[batch])
-            loss = F.cross_entropy(logits, targets[batch])
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
-            scale = weights[step] / len(batch)
-            probs = torch.softmax(logits.detach().double(), 1).numpy()
-            h = features[-1].double().flatten(1).numpy()
-            y = targets[batch].numpy()
-            if probs_sum is None:
-                probs_sum = np.zeros((classes, classes))
-                feat_sum = np.zeros((classes, h.shape[1]))
-                cross_sum = np.zeros((classes, classes, h.shape[1]))
-            np.add.at(seen, y, scale)
-            np.add.at(probs_sum.T, y, scale * probs)  # column k: the softmax of class-k images
-            np.add.at(feat_sum, y, scale * h)
-            np.add.at(cross_sum.transpose(1, 0, 2), y, scale * probs[:, :, None] * h[:, None, :])
-            step += 1
+    schedule = [  # (step, batch): the client's shuffled order, drawn afresh every epoch
+        (epoch * per_epoch + k, order[first : first + client.batch])
+        for epoch, order in enumerate(torch.randperm(len(labels), generator=generator) for _ in range(client.epochs))
+        for k, first in enumerate(range(0, len(labels), client.batch))
+    ]
+
+    def batch_loss(current: dict[str, torch.Tensor], step_batch: tuple[int, torch.Tensor]) -> torch.Tensor:
+        """The step's cross-entropy; records the step's softmax and head inputs per class on the way."""
+        nonlocal probs_sum, feat_sum, cross_sum
+        step, batch = step_batch
+        if step in snapshot_steps:
+            kept.append({n: w.detach().numpy().copy() for n, w in current.items()})
+        features.clear()
+        logits = torch.func.functional_call(model, current, (normalize(model, images[batch]),))
+        scale = weights[step] / len(batch)
+        probs = torch.softmax(logits.detach().double(), 1).numpy()
+        h = features[-1].double().flatten(1).numpy()
+        y = targets[batch].numpy()
+        if probs_sum is None:
+            probs_sum = np.zeros((classes, classes))
+            feat_sum = np.zeros((classes, h.shape[1]))
+            cross_sum = np.zeros((classes, classes, h.shape[1]))
+        np.add.at(seen, y, scale)
+        np.add.at(probs_sum.T, y, scale * probs)  # column k: the softmax of class-k images
+        np.add.at(feat_sum, y, scale * h)
+        np.add.at(cross_sum.transpose(1, 0, 2), y, scale * probs[:, :, None] * h[:, None, :])
+        return F.cross_entropy(logits, targets[batch])
+
+    end = local_sgd(params, batch_loss, schedule, client.lr, momentum, weight_decay=weight_decay)
     hook.remove()
     # per class k, the mean over its occurrences (classes never drawn: the mean over every image seen)
     norm = np.maximum(seen, 1e-12)
@@ -217,8 +219,11 @@ def simulate(
     bias_rows = eye - p_mean  # [c, k]
     weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
     system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
-    change = math.sqrt(sum(float((params[n].detach() - start[n]).pow(2).sum()) for n in start))
-    final = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()} if keep_weights else None
+    change = math.sqrt(sum(float((end[n].detach() - params[n]).pow(2).sum()) for n in (bias, weight) if n in params))
+    final = None
+    if keep_weights:  # the state dict: the trained parameters with the model's buffers
+        final = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
+        final.update({n: w.detach().numpy().copy() for n, w in end.items()})
     return Simulation(system, change, final, kept)
 
 
@@ -264,11 +269,13 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     mismatch = {b: abs(math.log(max(change, 1e-12) / max(observed, 1e-12))) for b, (_, change) in results.items()}
     chosen = min(mismatch, key=mismatch.get)
     note = f"local training simulated on {aux.source} ({client.steps} steps of {client.batch}, lr {client.lr:g}"
+    how = ""
     if client.momentum_known:
         note += f", momentum {chosen:g})"
     else:
         ratios = ", ".join(f"β {b:g}: {results[b][1] / max(observed, 1e-12):.2f}" for b in results)
-        note += f"); momentum {chosen:g} estimated from the update (simulated/observed head change: {ratios})"
+        how = f"simulated/observed head change {ratios}"
+        note += f"); momentum {chosen:g} estimated from the update ({how})"
     starts = {"the passes' estimate": results[chosen][0], "the sent model's class shares": learned_mix(obs, aux)}
     searched = {name: residual_search(obs, aux, rows, start, chosen, 0.0, seed, SEARCH_STEPS)
                 for name, start in starts.items()}  # fmt: skip
@@ -288,7 +295,7 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     if obs.config is None:
         decayed = residual_search(obs, aux, rows, counts, chosen, WEIGHT_DECAY, seed, SIDE_SEARCH_STEPS)
         note += f"; under weight decay {WEIGHT_DECAY:g} {changed(decayed.counts)} change class"
-    return LabelEstimate(counts, chosen, note, alternatives)
+    return LabelEstimate(counts, chosen, note, alternatives, how)
 
 
 @torch.no_grad()

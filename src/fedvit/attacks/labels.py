@@ -12,6 +12,8 @@ move; for several local steps see :mod:`fedvit.attacks.label_distribution`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from torch import nn
@@ -103,9 +105,17 @@ def label_accuracy(counts: np.ndarray, true_labels: np.ndarray) -> float:
     return float(np.minimum(counts, true_counts[: len(counts)]).sum() / max(len(true_labels), 1))
 
 
-def recover_labels_and_momentum(
-    obs: Observation, aux: Auxiliary | None = None
-) -> tuple[np.ndarray | None, str, float | None]:
+class Recovered(NamedTuple):
+    """Label counts (None: not recovered, ``note`` says why), the momentum a simulation used (None: none ran) and,
+    where no record carried the momentum, how it was estimated from the update ("" otherwise)."""
+
+    counts: np.ndarray | None
+    note: str
+    momentum: float | None = None
+    momentum_estimate: str = ""
+
+
+def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) -> Recovered:
     """The label counts an eavesdropper recovers from one observed update, or None and the reason it cannot, and the
     momentum its simulation used (None where it simulated nothing).
 
@@ -120,21 +130,21 @@ def recover_labels_and_momentum(
     """
     bias = obs.head_bias
     if bias not in obs.update:
-        return None, "no final linear layer with a bias", None
+        return Recovered(None, "no final linear layer with a bias")
     if obs.masks is not None and not obs.masks[bias].all():
-        return None, "the mask hides part of the head-bias gradient", None
+        return Recovered(None, "the mask hides part of the head-bias gradient")
     if (why := simulated(obs)) is not None:
-        return None, why, None
+        return Recovered(None, why)
     client = recipe(obs)
     dp = obs.config is not None and obs.config.dp.enabled
     if client.several_steps:
         if not client.lr_known:
-            return None, "not estimated: no record carries the learning rate (give --recipe lr=...)", None
+            return Recovered(None, "not estimated: no record carries the learning rate (give --recipe lr=...)")
         if dp:
-            return None, "not estimated: DP clipping scaled the update by an unknown factor", None
+            return Recovered(None, "not estimated: DP clipping scaled the update by an unknown factor")
         aux = aux or noise_auxiliary(input_shape(obs), obs.num_classes, attacker_seed(obs))
         found = estimate(obs, aux, attacker_seed(obs))
-        return found.counts, found.note, found.momentum
+        return Recovered(found.counts, found.note, found.momentum, found.momentum_estimate)
     # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received
     model = received_model(obs) if obs.config is not None else attack_model(obs)
     mean_probs = mean_softmax(model, input_shape(obs), seed=attacker_seed(obs))
@@ -142,18 +152,18 @@ def recover_labels_and_momentum(
         grad, examples = obs.update[bias], client.batch
     elif not client.lr_known:  # Δb = lr · ḡ with lr unknown: the scale that makes the counts integral
         delta = as_gradient(obs).update[bias]
-        return label_counts_unknown_scale(delta, client.examples, mean_probs), "lr unknown: scale estimated", None
+        return Recovered(label_counts_unknown_scale(delta, client.examples, mean_probs), "lr unknown: scale estimated")
     else:
         grad = as_gradient(obs).update[bias] / client.lr
         if obs.correction is not None:  # SCAFFOLD moved the step by c − c_i as well
             grad = grad - obs.correction[bias]
         examples = client.examples
     if dp:  # clipping scaled the update by an unknown factor
-        return label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated", None
-    return (*best_counts(grad, examples, mean_probs), None)
+        return Recovered(label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated")
+    return Recovered(*best_counts(grad, examples, mean_probs))
 
 
 def recover_labels(obs: Observation, aux: Auxiliary | None = None) -> tuple[np.ndarray | None, str]:
     """:func:`recover_labels_and_momentum` without the momentum."""
-    counts, note, _ = recover_labels_and_momentum(obs, aux)
-    return counts, note
+    found = recover_labels_and_momentum(obs, aux)
+    return found.counts, found.note

@@ -1,9 +1,10 @@
 """The audit's one seam to a model: what to build, the input it takes, how pixels are normalised, its loss.
 
-A :class:`ModelSpec` names a user factory (``package.module:callable``, called without arguments, returning the
-``nn.Module`` the app trains), a timm model name, or fedvit's own timm ViT (:func:`fedvit_model_spec`, from a run
-config's ``model.*``). The attacks build every model through a spec; this is the only attack module that knows
-how fedvit builds its ViT. ``fedvit audit`` makes the spec from its flags and ``fedvit-audit.toml``.
+A :class:`ModelSpec` names a user factory (``package.module:callable``, called with the spec's ``args`` as keyword
+arguments, returning the ``nn.Module`` the app trains), a timm model name (``args`` go to ``timm.create_model``),
+or fedvit's own timm ViT (:func:`fedvit_model_spec`, from a run config's ``model.*``). The attacks build every
+model through a spec; this is the only attack module that knows how fedvit builds its ViT. ``fedvit audit``
+makes the spec from its flags and ``fedvit-audit.toml``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ModelSpec:
     loss: str = "cross-entropy"
     app_dir: str | None = None
     num_classes: int | None = None
+    args: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the factory (``get_model(num_classes=10)``)
     builder: Callable[[], nn.Module] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,14 +71,19 @@ class ModelSpec:
         return model
 
     def _from_factory(self) -> nn.Module:
-        return import_callable(self.factory, self.app_dir, "--model")()
+        factory = import_callable(self.factory, self.app_dir, "--model")
+        try:
+            return factory(**dict(self.args))
+        except TypeError as err:  # a missing or unexpected argument: say how to give them
+            given = ", ".join(f"{k}={v!r}" for k, v in self.args) or "no arguments"
+            raise SpecError(f"--model {self.factory} called with {given}: {err} (give --model-arg KEY=VALUE)") from err
 
     def _from_timm(self, num_classes: int | None) -> nn.Module:
         import timm
 
         if not timm.is_model(self.factory):
             raise SpecError(f"{self.factory!r} is neither package.module:callable nor a timm model name")
-        kwargs: dict[str, Any] = {"pretrained": False, "in_chans": self.input_shape[0]}
+        kwargs: dict[str, Any] = {"pretrained": False, "in_chans": self.input_shape[0], **dict(self.args)}
         if num_classes is not None:
             kwargs["num_classes"] = num_classes
         try:  # ViTs take the image size; CNNs refuse the argument
@@ -86,8 +93,9 @@ class ModelSpec:
 
     def describe(self) -> str:
         c, h, w = self.input_shape
+        called = f"({', '.join(f'{k}={v!r}' for k, v in self.args)})" if self.args else ""
         return (
-            f"{self.factory} on {c}×{h}×{w} inputs, normalised with mean {list(self.mean)} and std "
+            f"{self.factory}{called} on {c}×{h}×{w} inputs, normalised with mean {list(self.mean)} and std "
             f"{list(self.std)}, {self.loss} loss"
         )
 
@@ -169,4 +177,3 @@ def model_settings(model: nn.Module) -> tuple[dict[str, Any], str]:
         defaults = AuditConfig()
         return {key: getattr(defaults, key) for key in OTHER_SETTINGS}, "tuned on ViTs"
     return dict(OTHER_SETTINGS), "breaching's recipe, which led on a CNN and a ResNet-18; not a ViT"
-

@@ -4,8 +4,9 @@ with where each value came from. Read once per exchange; every attack takes the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from torch import nn
@@ -26,7 +27,6 @@ RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run conf
 }
 
 
-
 @dataclass(frozen=True)
 class ClientRecipe:
     """The client's local work as the attacker reads it (run config, ConfigRecord, reply metrics)."""
@@ -41,6 +41,24 @@ class ClientRecipe:
     sends_gradient: bool  # FedSGD: the update is the gradient; FedAvg: the update is the new weights
     lr_known: bool = True  # False: no record carries the lr (``lr`` is then a stand-in)
     momentum_known: bool = True  # False: no record carries the momentum (``momentum`` is then assumed)
+    # (value, where it came from) as the report states them, e.g. ("lr", "0.05 (ConfigRecord)"); empty: run config
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    def described(self) -> str:
+        """Every value with where it came from ("lr 0.05 (ConfigRecord); momentum 0 (assumed plain SGD); ...")."""
+        return "; ".join(f"{key} {value}" for key, value in self.sources) or "from the run config"
+
+    def assumed(self) -> list[str]:
+        """The values no record carries and nothing estimated (the report's assumptions of this update)."""
+        return [f"{key} {value}" for key, value in self.sources if "assumed" in value or "unknown" in value]
+
+    def with_momentum(self, momentum: float, how: str) -> ClientRecipe:
+        """This recipe with a momentum estimated from the update (``how``: the evidence), everywhere it is used."""
+        sources = tuple(
+            (key, f"{momentum:g} (estimated from the update: {how})" if key == "momentum" else value)
+            for key, value in self.sources
+        )
+        return dataclasses.replace(self, momentum=momentum, momentum_known=True, sources=sources)
 
     @property
     def steps(self) -> int:
@@ -51,7 +69,6 @@ class ClientRecipe:
     def several_steps(self) -> bool:
         """Weights after more than one local step: the softmax moved while the client trained."""
         return not self.sends_gradient and self.steps > 1
-
 
 
 def map_state(arrays: dict[str, np.ndarray], model: nn.Module, what: str) -> dict[str, np.ndarray]:
@@ -96,10 +113,10 @@ def sent_kind(received: dict[str, np.ndarray], sent: dict[str, np.ndarray], name
     return kind, f"median ‖sent‖/‖received‖ {median:.3g}, {sum(side)} of {len(ratios)} layers agree"
 
 
-def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> tuple[ClientRecipe, dict[str, str]]:
+def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRecipe:
     """The recipe from (first found) the overrides, the received ConfigRecord, the run config, the reply's
     metrics; defaults: full batch, one epoch, no momentum. ``local-steps`` (when given) fixes the images
-    processed to steps × batch size. Returns the recipe and, per value, where it came from."""
+    processed to steps × batch size. The recipe holds, per value, where it came from (``sources``)."""
     found: dict[str, tuple[float, str]] = {}
     for key, aliases in RECIPE_KEYS.items():
         sources = [("override", overrides), ("ConfigRecord", ex.received_config), ("run config", ex.run_config),
@@ -134,11 +151,10 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> tuple[Cli
     batch = int(min(batch or examples, examples))
     if kind == "gradient":  # FedSGD: one step on every example; lr, epochs and momentum play no part
         sources["sent"] = "a gradient: one step on all examples"
-        return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True), sources
+        return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True, sources=tuple(sources.items()))
     epochs = 1 if steps is not None else int(take("epochs", 1, "assumed"))
     lr = take("lr", None, "scale estimated for labels; 0.01 simulated")
     momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0
     lr_known = lr is not None
-    client = ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
-                          momentum_known="momentum" in found)  # fmt: skip
-    return client, sources
+    return ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
+                        momentum_known="momentum" in found, sources=tuple(sources.items()))  # fmt: skip

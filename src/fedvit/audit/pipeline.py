@@ -204,16 +204,13 @@ class Reader:
                 "or --sent gradient"
             )
         kind = self.options.sent_as if told else kind
-        client, sources = read_recipe(ex, kind, self.options.overrides)
+        client = read_recipe(ex, kind, self.options.overrides)
         bias = head_bias(base)
         classes = int(received[bias].shape[0]) if bias else int(list(received.values())[-1].shape[0])
         meta = {
             "label": f"r{ex.round} n{ex.node}",
             "num-examples": client.examples,
             "sent": f"{kind} ({evidence})" + (", as told" if told else ""),
-            "recipe": "; ".join(f"{k} {v}" for k, v in sources.items()),
-            "assumptions": [f"{k} {v}" for k, v in sources.items() if "assumed" in v or "unknown" in v]
-            + list(UNRECORDED),
         }
         return Observation(
             update={n: sent[n] for n in names},
@@ -264,7 +261,8 @@ def attack_exchange(
     started = time.perf_counter()
     held = Held(images, labels, gallery, exact, budget, {**obs.meta, "defence": defence_of(obs.config)}, aux,
                 candidates, options.budgets, options.device, options.references, position)  # fmt: skip
-    findings = measure_all(obs, held)
+    obs, findings = measure_all(obs, held)  # a measure may estimate a recipe value: the one recipe from here on
+    client = recipe(obs)
     rows = [row for f in findings.values() for row in f.rows]
     if images is not None:
         rows += reference_rows(obs, images, options.dataset_mean, gallery, held.head)
@@ -281,8 +279,9 @@ def attack_exchange(
         "batch": client.batch,
         "steps": client.steps,
         "examples": client.examples,
-        "recipe": obs.meta.get("recipe") or "from the run config",
-        "assumptions": obs.meta.get("assumptions", []),  # recipe values no record carries
+        "recipe": client.described(),
+        # recipe values no record carries and nothing estimated, and (another app) what no record can carry
+        "assumptions": client.assumed() + (list(UNRECORDED) if obs.config is None else []),
         "labels": labelled["labels"],
         "label-accuracy": labelled["label-accuracy"],
         "attacks": statuses,
@@ -385,4 +384,3 @@ def audit_captures(captures: Path, out: Path, options: AuditOptions | None = Non
     print((out / "frontier.md").read_text().split("\n## Every attack")[0], flush=True)
     print(f"audit: {report['verdict']}", flush=True)
     return report
-

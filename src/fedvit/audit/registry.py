@@ -18,7 +18,7 @@ from fedvit.attacks import april
 from fedvit.attacks.cocktail import cocktail_party
 from fedvit.attacks.inversion import collusion_inversion, fedavg_aware_invert, invert
 from fedvit.attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
-from fedvit.attacks.labels import label_accuracy, recover_labels_and_momentum
+from fedvit.attacks.labels import Recovered, label_accuracy, recover_labels_and_momentum
 from fedvit.attacks.membership import Candidates, infer, reference_updates, split_for_references
 from fedvit.attacks.observation import (
     Observation,
@@ -29,6 +29,7 @@ from fedvit.attacks.observation import (
     recipe,
     simulated,
 )
+from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
 from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence
 from fedvit.audit.metrics import as_batch, score
@@ -91,8 +92,8 @@ def optimisable(obs: Observation) -> str | None:
     if client.examples > MAX_IMAGES:
         return (
             f"not attempted: {client.examples} images over {client.steps} local step(s) in this update, beyond the "
-            f"≤ {MAX_IMAGES} images per update that image inversion is known to recover (Dimitrov et al., \"Data "
-            "Leakage in Federated Averaging\", TMLR 2022); the labels are what such an update gives away"
+            f'≤ {MAX_IMAGES} images per update that image inversion is known to recover (Dimitrov et al., "Data '
+            'Leakage in Federated Averaging", TMLR 2022); the labels are what such an update gives away'
         )
     return None
 
@@ -130,8 +131,12 @@ IMAGE_ATTACKS: tuple[Attack, ...] = (
     Attack("APRIL-E mask-aware", lambda obs: _defence(obs, "masks"), april.masked_embedding_route),
     Attack("known-plaintext", lambda obs: _defence(obs, "encryption"), april.known_plaintext_route),
     Attack("known images (collusion)", lambda obs: _defence(obs, "colluders"), april.known_images_route),
-    Attack(COLLUSION_OPTIMISATION, lambda obs: _defence(obs, "colluders") or optimisable(obs), collusion_inversion,
-           optimising=True),  # fmt: skip
+    Attack(
+        COLLUSION_OPTIMISATION,
+        lambda obs: _defence(obs, "colluders") or optimisable(obs),
+        collusion_inversion,
+        optimising=True,
+    ),  # fmt: skip
     Attack(OPTIMISATION, optimisable, invert, optimising=True),
     Attack(FEDAVG_AWARE, several_epochs, fedavg_aware_invert, optimising=True),
 )
@@ -147,8 +152,6 @@ def applicable(obs: Observation) -> tuple[list[Attack], dict[str, str]]:
         else:
             refused[attack.name] = why
     return chosen, refused
-
-
 
 
 # ---------------------------------------------------------------------------- every leakage measure
@@ -179,8 +182,9 @@ class Held:
 @dataclass
 class Finding:
     """One measure on one update: its report rows, its line under the update's "attacks" (None: not listed), its
-    evidence against its null (None where :data:`JUDGES` forms the type's evidence from several findings), and what
-    the report draws (a reconstruction and its scores, membership's score arrays)."""
+    evidence against its null (None where :data:`JUDGES` forms the type's evidence from several findings), what
+    the report draws (a reconstruction and its scores, membership's score arrays), and the client's recipe where
+    the measure estimated a value of it from the update (later measures and the report then use that recipe)."""
 
     rows: list[dict[str, Any]]
     status: str | None
@@ -189,6 +193,7 @@ class Finding:
     reconstruction: Reconstruction | None = None
     scores: dict[str, Any] | None = None
     extra: Any = None
+    recipe: ClientRecipe | None = None
 
 
 @dataclass(frozen=True)
@@ -213,12 +218,15 @@ def label_counts(obs: Observation, held: Held) -> Finding:
     prior's; leaves the simulation's counts and momentum in ``held.found`` for membership's shadow updates."""
     started = time.perf_counter()
     try:
-        counts, note, momentum = recover_labels_and_momentum(obs, held.aux)
+        found = recover_labels_and_momentum(obs, held.aux)
     except ValueError as err:  # a diverged update or simulation: said, not raised
-        counts, note, momentum = None, f"not estimated: {err}", None
-    if counts is not None and momentum is not None:
-        held.found["label-simulation"] = (counts, momentum)
-    return _label_finding(obs, held, counts, note, started)
+        found = Recovered(None, f"not estimated: {err}")
+    if found.counts is not None and found.momentum is not None:
+        held.found["label-simulation"] = (found.counts, found.momentum)
+    finding = _label_finding(obs, held, found.counts, found.note, started)
+    if found.momentum_estimate:
+        finding.recipe = recipe(obs).with_momentum(found.momentum, found.momentum_estimate)
+    return finding
 
 
 def _label_finding(
@@ -349,13 +357,17 @@ JUDGES: dict[str, Callable[[dict[str, Finding], Held], dict[str, Any]]] = {
 }
 
 
-def measure_all(obs: Observation, held: Held) -> dict[str, Finding]:
-    """Every registry entry on one update, in order; each that does not apply reports why."""
+def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Finding]]:
+    """Every registry entry on one update, in order; each that does not apply reports why. A recipe value that a
+    measure estimates from the update replaces the assumed one for every later measure; returns the observation
+    with the recipe the measures ended on, and the findings."""
     findings = {}
     for measure in MEASURES:
         why = measure.why_not(obs, held)
-        findings[measure.name] = measure.refused(obs, held, why) if why is not None else measure.run(obs, held)
-    return findings
+        findings[measure.name] = found = measure.refused(obs, held, why) if why is not None else measure.run(obs, held)
+        if found.recipe is not None:
+            obs = dataclasses.replace(obs, client=found.recipe)
+    return obs, findings
 
 
 def evidence(findings: dict[str, Finding], held: Held) -> dict[str, dict[str, Any]]:

@@ -17,15 +17,18 @@ restores their previous states afterwards.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from pyautoattack import AutoAttack
 from torch import nn
 
 from fedvit.core.config import RobustConfig
 from fedvit.core.data import ImageSet, stratified_subset
 from fedvit.core.model import classify
+
+if TYPE_CHECKING:  # imported where an attack is built: the package is large and only robust evaluation needs it
+    from pyautoattack import AutoAttack
 
 VERSIONS = ("standard", "apgd")
 ATTACKS = {"standard": ["apgd-ce", "apgd-t", "fab-t", "square"], "apgd": ["apgd-ce", "apgd-t"], "square": ["square"]}
@@ -65,6 +68,8 @@ def build_autoattack(
 ) -> AutoAttack:
     """AutoAttack ``version`` (L∞, radius ``eps`` in [0, 1] pixels) on ``model``; ``square`` (Square alone) is
     the gradient-free reference of ``fedvit robustness-check``."""
+    from pyautoattack import AutoAttack
+
     if version not in ATTACKS:
         raise ValueError(f"unknown AutoAttack version {version!r}; one of {VERSIONS}")
     device = next(model.parameters()).device
