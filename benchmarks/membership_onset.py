@@ -94,12 +94,18 @@ def rows(case: tuple[str, str, str, int, int], threads: int, references: int = 0
             "held-out acc": round(accuracy(model, *candidates.non_members), 3),
             **({"shadow updates": len(shadows)} if shadows is not None else {}),
             "AUC": round(member["auc"], 3), "null AUC (99.9th pct)": round(member["null"]["auc"], 3),
-            "TPR@0.1% FPR": member["tpr@0.001"], "null TPR@0.1%": round(member["null"]["tpr@0.001"], 4),
-            "TPR@1% FPR": member["tpr@0.01"], "null TPR@1%": round(member["null"]["tpr@0.01"], 4),
+            "TPR@0.1% FPR": member["tpr@0.001"], "null TPR@0.1%": rounded(member["null"]["tpr@0.001"]),
+            "TPR@1% FPR": member["tpr@0.01"], "null TPR@1%": rounded(member["null"]["tpr@0.01"]),
+            "FPR resolution": round(member["fpr-resolution"], 4),
             "clears": member["clears-null"], "membership s": round(time.perf_counter() - started, 1),
         })  # fmt: skip
         print(out[-1], flush=True)
     return out
+
+
+def rounded(value: float | None) -> float | None:
+    """A null figure to 4 decimals (None: below the FPR resolution)."""
+    return None if value is None else round(value, 4)
 
 
 def main() -> None:

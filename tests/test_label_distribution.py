@@ -94,7 +94,7 @@ def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case():
 
 def test_membership_figures_and_their_null():
     separable = roc_figures(np.arange(100.0) + 1000, np.arange(1000.0))
-    assert separable == {"auc": 1.0, "tpr@0.001": 1.0, "tpr@0.01": 1.0}
+    assert separable == {"auc": 1.0, "tpr@0.001": 1.0, "tpr@0.01": 1.0, "tpr@resolution": 1.0}
     obs, images, labels = client_update(64, 1, alpha=0.0)
     still = Observation(update=obs.received, received=obs.received, config=None, num_classes=10, spec=SPEC,
                         skeleton=Net(), client=obs.client, head_bias="fc3.bias")  # fmt: skip
@@ -120,6 +120,44 @@ def test_noise_matched_to_many_images_is_not_re_identification():
     assert scored["reid-null"] is not None and evidence["status"] == "measured" and not evidence["clears"], evidence
     exact = score(Reconstruction(truths[0], "", images=tuple(truths)), truths, Gallery(decoys, "decoys"))
     assert image_evidence(exact, 20, "")["clears"]
+
+
+def test_tpr_is_given_only_at_fprs_the_calibration_resolves_with_exact_intervals():
+    """~93 non-members per class (the issue's app): calibrated scores move in steps of 1/93, so every member above its
+    class's non-members ties at the top and TPR at 0.1% would equal TPR at 1%: neither is given, each says how many
+    non-members per class it needs, and the verdict reads TPR at the resolution. With 200 per class 1% is resolved
+    (with Clopper–Pearson intervals on the TPR and on the FPR reached), 0.1% is not."""
+    from fedvit.attacks.membership import calibrate, clears_null, clopper_pearson, fpr_resolution, intervals
+    from fedvit.audit.report import evidence_text
+
+    rng = np.random.default_rng(0)
+    for per_class, resolved in ((93, ()), (200, ("0.01",))):
+        member_labels, outsider_labels = np.repeat(np.arange(10), 50), np.repeat(np.arange(10), per_class)
+        outsider_labels[-3:] = 0  # class 9 has 3 fewer: the resolution is set by the smallest member class
+        inside = rng.normal(1.0, 1.0, 500)  # members score higher: a real signal
+        outside = rng.normal(0.0, 1.0, len(outsider_labels))
+        resolution, fewest = fpr_resolution(member_labels, outsider_labels)
+        assert fewest == per_class - 3 and resolution == pytest.approx(1 / (per_class - 3))
+        calibrated = calibrate(inside, outside, member_labels, outsider_labels)
+        figures = roc_figures(*calibrated, resolution)
+        extra = intervals(*calibrated, resolution)
+        for target in ("0.001", "0.01"):
+            if target in resolved:
+                low, high = extra[f"tpr@{target}-ci"]
+                assert low <= figures[f"tpr@{target}"] <= high and extra[f"fpr@{target}"] <= float(target)
+            else:
+                assert figures[f"tpr@{target}"] is None and extra[f"tpr@{target}-needs"] == round(1 / float(target))
+        assert figures["tpr@resolution"] > 0 and extra["fpr@resolution"] <= resolution + 1e-12
+        null = {k: (None if v is None else 0.0) for k, v in figures.items()} | {"auc": 0.5}
+        assert clears_null(figures, null)  # read at 1% where resolved, else at the resolution
+        e = {"status": "measured", "clears": True, **figures, **extra, "null": null, "members": 500,
+             "non-members": len(outside), "non-member-source": "test", "fpr-resolution": resolution,
+             "non-members-per-class": fewest}  # fmt: skip
+        text = evidence_text(e)
+        assert "TPR@0.1% FPR not resolved (needs ≥ 1000 non-members per class)" in text
+        assert ("TPR@1% FPR not resolved (needs ≥ 100" in text) == ("0.01" not in resolved), text
+    assert clopper_pearson(0, 100)[1] == pytest.approx(1 - 0.025 ** (1 / 100))  # the exact bound at k = 0
+    assert clopper_pearson(50, 100)[0] == pytest.approx(0.3983, abs=1e-4)
 
 
 def test_the_verdict_says_leaks_only_beyond_a_null():

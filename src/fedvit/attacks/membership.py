@@ -14,15 +14,18 @@ gradient reply, no estimate) the score is how much the update lowered the image'
 (non-members). Each score is calibrated on the known non-members of its class, as its rank among their scores (Carlini
 et al. calibrate per example; with one update per client the class is the finest reference an eavesdropper has,
 and it removes the class skew a FedAvg update always carries). The report gives ROC AUC and TPR at 0.1% and 1% FPR
-as Carlini et al. ask ("Membership Inference Attacks From First Principles", S&P 2022, arXiv 2112.03570), each
-beside its null: the same figures, calibration included, with the member/non-member labels shuffled within each
-class (a control that holds no information about membership beyond the two sides' class composition), whose 99.9th
-percentile is the margin a finding must clear.
+as Carlini et al. ask ("Membership Inference Attacks From First Principles", S&P 2022, arXiv 2112.03570) — only
+at FPRs the calibrated scores resolve (:func:`fpr_resolution`; below it, how many non-members per class the target
+needs), with Clopper–Pearson intervals on the TPR and on the FPR actually reached — each beside its null: the same
+figures, calibration included, with the member/non-member labels shuffled within each class (a control that holds
+no information about membership beyond the two sides' class composition), whose 99.9th percentile is the margin a
+finding must clear.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +43,7 @@ from fedvit.attacks.reidentification import evenly_spaced
 from fedvit.core.model import classify, normalize
 
 FPRS = (0.001, 0.01)
+CONFIDENCE = 0.95  # Clopper–Pearson intervals on the TPR and the FPR reached
 NULL_DRAWS = 1000  # within-class label shuffles behind the null
 NULL_QUANTILE = 0.999  # a finding must beat this quantile of the null (per figure and update)
 MAX_CANDIDATES = 5000  # per side; more are subsampled (evenly)
@@ -228,41 +232,103 @@ def calibrate(
     return members, non_members
 
 
-def tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
-    """The highest TPR at an FPR no larger than ``target`` (the ROC's step function)."""
-    return float(tpr[fpr <= target].max()) if (fpr <= target).any() else 0.0
+def fpr_resolution(member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[float, int]:
+    """The lowest FPR the calibrated scores resolve, and the fewest non-members any member's class is ranked among.
+    A calibrated score is a rank among its class's n_c non-members (:func:`calibrate`), so it moves in steps of
+    1/n_c: below 1/min n_c a threshold can no longer tell the members of the smallest class apart, and every member
+    above all its class's non-members ties at the top (so TPR at 0.1% equalled TPR at 1% with ~93 per class)."""
+    counts = [int(np.sum(non_member_labels == c)) for c in np.unique(member_labels)]
+    counts = [n if n >= 2 else len(non_member_labels) for n in counts]  # ranked among all non-members (calibrate)
+    fewest = min(counts) if counts else len(non_member_labels)
+    return 1.0 / max(fewest, 1), fewest
 
 
-def roc_figures(member_scores: np.ndarray, non_member_scores: np.ndarray) -> dict[str, float]:
-    """ROC AUC and TPR at each of :data:`FPRS` (members positive, a higher score meaning member)."""
+def operating_point(fpr: np.ndarray, tpr: np.ndarray, target: float) -> tuple[float, float]:
+    """The highest TPR at an FPR no larger than ``target`` (the ROC's step function) and the FPR it is reached at."""
+    within = fpr <= target + 1e-12
+    if not within.any():
+        return 0.0, 0.0
+    best = int(np.argmax(np.where(within, tpr, -1.0)))
+    return float(tpr[best]), float(fpr[best])
+
+
+def needs(target: float) -> int:
+    """Non-members per class that resolve an FPR of ``target``."""
+    return math.ceil(1.0 / target - 1e-9)
+
+
+def roc_figures(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float = 0.0) -> dict[str, Any]:
+    """ROC AUC, TPR at each of :data:`FPRS` that ``resolution`` (:func:`fpr_resolution`) allows (None below it)
+    and TPR at the resolution itself (members positive, a higher score meaning member)."""
     y = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
     s = np.concatenate([member_scores, non_member_scores])
     fpr, tpr, _ = roc_curve(y, s)
-    return {"auc": float(roc_auc_score(y, s))} | {f"tpr@{f:g}": tpr_at(fpr, tpr, f) for f in FPRS}
+    figures: dict[str, Any] = {"auc": float(roc_auc_score(y, s))}
+    for f in FPRS:
+        figures[f"tpr@{f:g}"] = operating_point(fpr, tpr, f)[0] if f >= resolution - 1e-12 else None
+    return figures | {"tpr@resolution": operating_point(fpr, tpr, max(resolution, 0.0))[0]}
+
+
+def intervals(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float) -> dict[str, Any]:
+    """Per resolved FPR target (and the resolution): the FPR actually reached, and 95% Clopper–Pearson intervals on
+    the TPR (of the members) and on that FPR (of the non-members); per target below the resolution, the
+    non-members per class it needs."""
+    y = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
+    fpr, tpr, _ = roc_curve(y, np.concatenate([member_scores, non_member_scores]))
+    out: dict[str, Any] = {}
+    for name, target in [*((f"{f:g}", f) for f in FPRS), ("resolution", resolution)]:
+        if target < resolution - 1e-12:
+            out[f"tpr@{name}-needs"] = needs(target)
+            continue
+        rate, reached = operating_point(fpr, tpr, target)
+        out[f"tpr@{name}-ci"] = clopper_pearson(round(rate * len(member_scores)), len(member_scores))
+        out[f"fpr@{name}"] = reached
+        out[f"fpr@{name}-ci"] = clopper_pearson(round(reached * len(non_member_scores)), len(non_member_scores))
+    return out
+
+
+def clopper_pearson(successes: int, trials: int, confidence: float = CONFIDENCE) -> list[float]:
+    """The exact (Clopper–Pearson) interval of a binomial proportion."""
+    from scipy.stats import binomtest
+
+    if trials == 0:
+        return [0.0, 1.0]
+    found = binomtest(int(successes), int(trials)).proportion_ci(confidence, method="exact")
+    return [float(found.low), float(found.high)]
 
 
 def null_figures(
     member_scores: np.ndarray, non_member_scores: np.ndarray, member_labels: np.ndarray,
     non_member_labels: np.ndarray, seed: int = 0,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, Any]:  # fmt: skip
     """The :data:`NULL_QUANTILE` of each figure over :data:`NULL_DRAWS` shuffles of the member/non-member labels
     within each class, each draw calibrated on its own non-members (:func:`calibrate`) as the real split is: the
     class composition of the two sides stays, so a score that only tells the client's frequent classes from the
     population's (its label distribution, or a noised model's class bias) is in the null, not counted as
-    membership. Takes raw scores."""
+    membership. The shuffles keep each class's non-member count, so the null has the real split's resolution
+    (None where a target is below it). Takes raw scores."""
     rng = np.random.default_rng(seed)
     pooled = np.concatenate([member_scores, non_member_scores])
     classes = np.concatenate([member_labels, non_member_labels])
     is_member = np.concatenate([np.ones(len(member_scores), bool), np.zeros(len(non_member_scores), bool)])
     groups = [np.flatnonzero(classes == c) for c in np.unique(classes)]
+    resolution, _ = fpr_resolution(member_labels, non_member_labels)
     draws = []
     for _ in range(NULL_DRAWS):
         shuffled = is_member.copy()
         for group in groups:
             shuffled[group] = rng.permutation(is_member[group])
         draws.append(roc_figures(*calibrate(pooled[shuffled], pooled[~shuffled], classes[shuffled],
-                                            classes[~shuffled])))  # fmt: skip
-    return {k: float(np.quantile([d[k] for d in draws], NULL_QUANTILE)) for k in draws[0]}
+                                            classes[~shuffled]), resolution))  # fmt: skip
+    return {
+        k: None if draws[0][k] is None else float(np.quantile([d[k] for d in draws], NULL_QUANTILE)) for k in draws[0]
+    }
+
+
+def clears_null(figures: dict[str, Any], null: dict[str, Any]) -> bool:
+    """A finding: AUC beyond its null, and TPR beyond its null at 1% FPR where resolved, else at the resolution."""
+    at = "tpr@0.01" if figures["tpr@0.01"] is not None else "tpr@resolution"
+    return figures["auc"] > null["auc"] and figures[at] > null[at]
 
 
 def infer(
@@ -286,17 +352,19 @@ def infer(
         reference = "the loss drop from the received model"
     null = null_figures(raw_inside, raw_outside, members[1], non_members[1], seed)
     inside, outside = calibrate(raw_inside, raw_outside, members[1], non_members[1])
-    figures = roc_figures(inside, outside)
-    clears = figures["auc"] > null["auc"] and figures["tpr@0.01"] > null["tpr@0.01"]
+    resolution, fewest = fpr_resolution(members[1], non_members[1])
+    figures = roc_figures(inside, outside, resolution)
     result = {
         "members": len(inside),
         "non-members": len(outside),
         "non-member-source": candidates.source,
         "reference": reference,
         **figures,
+        **intervals(inside, outside, resolution),
         "null": null,
-        "clears-null": bool(clears),
-        "fpr-resolution": 1.0 / max(len(outside), 1),
+        "clears-null": bool(clears_null(figures, null)),
+        "fpr-resolution": resolution,  # after calibration: 1 / the fewest non-members of a member's class
+        "non-members-per-class": fewest,
     }
     return result, inside, outside
 

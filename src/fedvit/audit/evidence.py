@@ -88,9 +88,14 @@ def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
                   f"{sum(e['error'] == 0 for e in measured)} of {len(measured)} exactly right")  # fmt: skip
     elif kind == "membership":
         detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f} vs null "
-                  f"{np.mean([e['null']['auc'] for e in measured]):.3f}, TPR@1% FPR "
-                  f"{np.mean([e['tpr@0.01'] for e in measured]):.1%} vs null "
-                  f"{np.mean([e['null']['tpr@0.01'] for e in measured]):.1%}")  # fmt: skip
+                  f"{np.mean([e['null']['auc'] for e in measured]):.3f}")  # fmt: skip
+        resolved = [e for e in measured if e.get("tpr@0.01") is not None]
+        if resolved:
+            detail += (f", TPR@1% FPR {np.mean([e['tpr@0.01'] for e in resolved]):.1%} vs null "
+                       f"{np.mean([e['null']['tpr@0.01'] for e in resolved]):.1%}")  # fmt: skip
+        if len(resolved) < len(measured):  # the verdict read TPR at the resolution there
+            detail += (f"; 1% FPR not resolved in {len(measured) - len(resolved)} (too few non-members per class: "
+                       "TPR read at the resolution)")  # fmt: skip
         on_average = sum(e["auc"] > e["null"]["auc"] and not e["clears"] for e in measured)
         if on_average:  # Carlini et al.: an AUC says the update informs on average, not that any member is exposed
             detail += (f"; AUC alone beyond its null in {on_average}: membership information on average, no "

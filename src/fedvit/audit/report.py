@@ -79,10 +79,22 @@ def evidence_text(e: dict[str, Any]) -> str:
         return (f"error {e['error']:.1%} vs prior {e['null-error']:.1%} (margin {e['margin']:.0%}): {verdict}")
     if "auc" in e:
         null = e["null"]
-        return (f"AUC {e['auc']:.3f} (null {null['auc']:.3f}), TPR@0.1% FPR {e['tpr@0.001']:.1%} "
-                f"(null {null['tpr@0.001']:.1%}), TPR@1% FPR {e['tpr@0.01']:.1%} (null {null['tpr@0.01']:.1%}); "
-                f"{e['members']} members, {e['non-members']} non-members ({e['non-member-source']}): {verdict}")
+        rates = "; ".join(tpr_text(e, f) for f in ("0.001", "0.01"))
+        return (f"AUC {e['auc']:.3f} (null {null['auc']:.3f}); {rates}; {e['members']} members, "
+                f"{e['non-members']} non-members ({e['non-member-source']}), FPR resolution "
+                f"{e['fpr-resolution']:.2%} (the fewest non-members of a member's class: "
+                f"{e['non-members-per-class']}): {verdict}")
     return f"re-identified {e['top1']:.0%} top-1 vs null {e['null-top1']:.0%} (margin {e['margin']:.0%}): {verdict}"
+
+
+def tpr_text(e: dict[str, Any], target: str) -> str:
+    """TPR at one FPR target with its 95% interval and the FPR reached, or what resolving the target needs."""
+    name = f"TPR@{float(target):.1%}".replace(".0%", "%") + " FPR"
+    if e.get(f"tpr@{target}") is None:
+        return f"{name} not resolved (needs ≥ {e[f'tpr@{target}-needs']} non-members per class)"
+    low, high = e[f"tpr@{target}-ci"]
+    return (f"{name} {e[f'tpr@{target}']:.1%} [{low:.1%}, {high:.1%}] at FPR {e[f'fpr@{target}']:.2%} "
+            f"(null {e['null'][f'tpr@{target}']:.1%})")  # fmt: skip
 
 
 GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)
