@@ -114,9 +114,9 @@ def simulate(
     return {n: start[n] - end[n] for n in start}
 
 
-def _per_restart(values: torch.Tensor, reduce: Callable = torch.mean) -> torch.Tensor:
-    """``reduce`` over everything but the leading restart dimension."""
-    return reduce(values.flatten(1), 1)
+def _per_restart(values: torch.Tensor) -> torch.Tensor:
+    """The mean over everything but the leading restart dimension."""
+    return values.flatten(1).mean(1)
 
 
 def match_loss(

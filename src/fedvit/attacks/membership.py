@@ -252,6 +252,19 @@ def operating_point(fpr: np.ndarray, tpr: np.ndarray, target: float) -> tuple[fl
     return float(tpr[best]), float(fpr[best])
 
 
+def resolved(target: float, resolution: float) -> bool:
+    """Whether an FPR ``target`` is at or above the resolution (:func:`fpr_resolution`)."""
+    return target >= resolution - 1e-12
+
+
+def split_roc(member_scores: np.ndarray, non_member_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The ROC curve (FPR, TPR) and AUC of members (positive) against non-members, a higher score meaning member."""
+    y = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
+    s = np.concatenate([member_scores, non_member_scores])
+    fpr, tpr, _ = roc_curve(y, s)
+    return fpr, tpr, float(roc_auc_score(y, s))
+
+
 def needs(target: float) -> int:
     """Non-members per class that resolve an FPR of ``target``."""
     return math.ceil(1.0 / target - 1e-9)
@@ -260,12 +273,10 @@ def needs(target: float) -> int:
 def roc_figures(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float = 0.0) -> dict[str, Any]:
     """ROC AUC, TPR at each of :data:`FPRS` that ``resolution`` (:func:`fpr_resolution`) allows (None below it)
     and TPR at the resolution itself (members positive, a higher score meaning member)."""
-    y = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
-    s = np.concatenate([member_scores, non_member_scores])
-    fpr, tpr, _ = roc_curve(y, s)
-    figures: dict[str, Any] = {"auc": float(roc_auc_score(y, s))}
+    fpr, tpr, auc = split_roc(member_scores, non_member_scores)
+    figures: dict[str, Any] = {"auc": auc}
     for f in FPRS:
-        figures[f"tpr@{f:g}"] = operating_point(fpr, tpr, f)[0] if f >= resolution - 1e-12 else None
+        figures[f"tpr@{f:g}"] = operating_point(fpr, tpr, f)[0] if resolved(f, resolution) else None
     return figures | {"tpr@resolution": operating_point(fpr, tpr, max(resolution, 0.0))[0]}
 
 
@@ -273,11 +284,10 @@ def intervals(member_scores: np.ndarray, non_member_scores: np.ndarray, resoluti
     """Per resolved FPR target (and the resolution): the FPR actually reached, and 95% Clopper–Pearson intervals on
     the TPR (of the members) and on that FPR (of the non-members); per target below the resolution, the
     non-members per class it needs."""
-    y = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
-    fpr, tpr, _ = roc_curve(y, np.concatenate([member_scores, non_member_scores]))
+    fpr, tpr, _ = split_roc(member_scores, non_member_scores)
     out: dict[str, Any] = {}
     for name, target in [*((f"{f:g}", f) for f in FPRS), ("resolution", resolution)]:
-        if target < resolution - 1e-12:
+        if not resolved(target, resolution):
             out[f"tpr@{name}-needs"] = needs(target)
             continue
         rate, reached = operating_point(fpr, tpr, target)
@@ -377,8 +387,7 @@ def save_roc(curves: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> No
         return
     fig, ax = plt.subplots(figsize=(4, 4))
     for label, inside, outside in curves:
-        y = np.concatenate([np.ones(len(inside)), np.zeros(len(outside))])
-        fpr, tpr, _ = roc_curve(y, np.concatenate([inside, outside]))
+        fpr, tpr, _ = split_roc(inside, outside)
         ax.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label=label, lw=1)
     ax.plot([1e-5, 1], [1e-5, 1], "k--", lw=0.7, label="chance")
     ax.set(xscale="log", yscale="log", xlabel="false positive rate", ylabel="true positive rate",

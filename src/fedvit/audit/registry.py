@@ -162,7 +162,7 @@ class Held:
     """What the audit holds for one update beside the observation. Truth (``images``, ``labels``, ``gallery``;
     ``exact`` when they are exactly the update's) reaches only the scoring; ``aux`` (labelled images that are not
     the client's) and ``candidates`` (membership's) are what an attacker may hold. ``found``: what earlier
-    measures left for later ones (the label estimate's simulated counts and momentum)."""
+    measures left for later ones (the class counts the label estimate simulated; its momentum is in the recipe)."""
 
     images: np.ndarray | None
     labels: np.ndarray | None
@@ -215,14 +215,15 @@ class Measure:
 
 def label_counts(obs: Observation, held: Held) -> Finding:
     """The label counts of one update, scored against the client's true labels where exactly known and beside the
-    prior's; leaves the simulation's counts and momentum in ``held.found`` for membership's shadow updates."""
+    prior's; leaves the simulated counts in ``held.found`` for membership's shadow updates (which simulate the
+    recipe's momentum: the record's, or the one estimated here)."""
     started = time.perf_counter()
     try:
         found = recover_labels_and_momentum(obs, held.aux)
     except ValueError as err:  # a diverged update or simulation: said, not raised
         found = Recovered(None, f"not estimated: {err}")
     if found.counts is not None and found.momentum is not None:
-        held.found["label-simulation"] = (found.counts, found.momentum)
+        held.found["simulated-counts"] = found.counts
     finding = _label_finding(obs, held, found.counts, found.note, started)
     if found.momentum_estimate:
         finding.recipe = recipe(obs).with_momentum(found.momentum, found.momentum_estimate)
@@ -267,10 +268,10 @@ def membership_scores(obs: Observation, held: Held) -> Finding:
     """Membership figures against the within-class shuffled null: against shadow updates where the label estimate
     simulated this update's training (and ``held.references`` > 0), else the loss drop."""
     candidates, shadows, pool = held.candidates, None, None
-    simulation = held.found.get("label-simulation")
-    if held.references > 0 and simulation is not None and held.aux is not None:
+    counts = held.found.get("simulated-counts")
+    if held.references > 0 and counts is not None and held.aux is not None:
         candidates, pool = split_for_references(candidates)
-        shadows = reference_updates(obs, pool, *simulation, attacker_seed(obs), held.references)
+        shadows = reference_updates(obs, pool, counts, recipe(obs).momentum, attacker_seed(obs), held.references)
     result, inside, outside = infer(obs, candidates, attacker_seed(obs), shadows, pool)
     if held.references > 0 and shadows is None:  # asked for, not possible here: said
         result["reference"] += (" (shadow updates need a multi-step update whose label counts were estimated "
