@@ -93,12 +93,14 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
 
 
 def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
-    """--membership-references: the label estimate's simulation makes the shadows, on half the non-members; one local
-    step has nothing to simulate and says so."""
-    capture_exchange(tmp_path / "cap", 15, 3, batch=2)  # 4 images, batch 2: two local steps
+    """--membership-references: the label estimate's simulation makes the shadows, on half the non-members, and every
+    score of the family is taken on the other half; each update states its power (a simulated update like it with
+    known members); a node's two rounds are combined. One local step has nothing to simulate and says so."""
+    for server_round in (1, 2):
+        capture_exchange(tmp_path / "cap", 15, 3, server_round, batch=2)  # 4 images, batch 2: two local steps
     data = UserData(DATA.source, {"15": 3}, DATA.decoy_partitions, DATA.app_dir)
     report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data, references=3)
-    (row,) = report["updates"]
+    row = report["updates"][0]
     member = row["leakage"]["membership"]
     assert row["steps"] == 2 and member["status"] == "measured"
     # one recipe: the momentum the label estimate found is the update's, in its recipe line, not among its assumptions
@@ -109,13 +111,29 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     assert not [a for a in row["assumptions"] if a.startswith("momentum")] and "weight decay 0 (assumed)" in (
         row["assumptions"]
     )
-    assert member["reference"].startswith("the update beyond 3 shadow updates, against each image's gradient"), member
+    assert row["attacks"]["membership: shadow alignment"].startswith(
+        "applied: the update beyond 3 shadow updates, against each image's gradient"
+    )
+    assert set(member["scores"]) == {"loss of the sent weights", "loss of the sent weights, per class", "loss drop",
+                                     "shadow alignment"}  # fmt: skip
+    assert member["auc"] == max(s["auc"] for s in member["scores"].values() if s["clears-null"] == member["clears"])
     assert member["members"] == 4 and member["non-member-source"].startswith("the other half of")
+    power = member["power"]
+    assert power["status"] == "measured" and 1 <= power["simulated"]["members"] <= 4, power
+    assert isinstance(power["could-have-seen"], bool) and power["observed-auc"] <= member["auc"] + 1e-12
+    text = (tmp_path / "out" / "audit.md").read_text()
+    assert "power: an update like this one, simulated with" in text and "### Membership per client" in text
+    (client,) = report["clients"]
+    assert client["client"] == "partition 3" and len(client["updates"]) == 2
+    combined = client["membership"]
+    assert combined["status"] == "measured" and combined["reference"].endswith("over 2 update(s)"), combined
+    assert "membership over each client's updates" in report["verdict"]
+
     capture_exchange(tmp_path / "one", 14, 3)  # batch 4: one local step, nothing to simulate
     data = UserData(DATA.source, {"14": 3}, DATA.decoy_partitions, DATA.app_dir)
     (row,) = audit_app_captures(tmp_path / "one", tmp_path / "out1", SPEC, BUDGET, data=data, references=3)["updates"]
-    assert row["leakage"]["membership"]["reference"].startswith("the loss drop from the received model (shadow "
-                                                                "updates need a multi")  # fmt: skip
+    assert row["attacks"]["membership: shadow alignment"].startswith("not applicable: shadow updates need a multi")
+    assert row["leakage"]["membership"]["power"]["status"] == "not measured"
 
 
 def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_path):

@@ -10,8 +10,10 @@ large noise, and each node mapped to the other client's data.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedvit.attacks.label_distribution import BENCHMARKED_ERROR
@@ -22,26 +24,34 @@ SIZES = {PARTITIONS[0]: 1000, PARTITIONS[1]: 1200}  # partition-sizes "1000,1200
 RUN = 'partition-sizes="1000,1200" dirichlet-alpha=0.5 images="textures" batch-size=32 lr=0.01'
 
 
-def tapped(workdir: Path, extra: str) -> Path:
-    done, final, captures = deploy(workdir, through_tap=True, rounds=1, extra=f"{RUN} {extra}")
+def tapped(workdir: Path, extra: str, run: str = RUN) -> Path:
+    done, final, captures = deploy(workdir, through_tap=True, rounds=1, extra=f"{run} {extra}")
     assert final.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     return captures
 
 
-def audit(captures: Path, out: Path, swap: bool = False) -> dict:
-    """``fedvit audit`` with the user's data; each node mapped to its partition (or, ``swap``, to the other's)."""
+def node_partitions(captures: Path, sizes: dict[int, int] = SIZES) -> dict[Path, int]:
+    """Each captured train exchange's manifest and the partition that trained it (told apart by its size)."""
     trains = [m for m in captures.glob("run-*/captures/round-*/node-*.json") if m.stem.split("-")[-1].isdigit()]
-    assert len(trains) == 2
-    mapping = []
+    found = {}
     for manifest in trains:
-        head = json.loads(manifest.read_text())
-        size = head["sent"]["metrics"]["metrics"]["num-examples"]
-        partition = next(p for p, n in SIZES.items() if n == size)
+        size = json.loads(manifest.read_text())["sent"]["metrics"]["metrics"]["num-examples"]
+        found[manifest] = next(p for p, n in sizes.items() if n == size)
+    return found
+
+
+def audit(captures: Path, out: Path, swap: bool = False, sizes: dict[int, int] = SIZES, loader: str = "large",
+          decoys: str = "4-7") -> dict:  # fmt: skip
+    """``fedvit audit`` with the user's data; each node mapped to its partition (or, ``swap``, to the other's)."""
+    found = node_partitions(captures, sizes)
+    assert len(found) == 2
+    mapping = []
+    for manifest, partition in found.items():
         if swap:
-            partition = next(p for p in SIZES if p != partition)
-        mapping.append(f"--partition={head['node']}={partition}")
+            partition = next(p for p in sizes if p != partition)
+        mapping.append(f"--partition={json.loads(manifest.read_text())['node']}={partition}")
     done = fedvit("audit", str(captures), "--out", str(out), "--model", "cnnapp.task:Net", "--app-dir", str(APP),
-                  "--data", "cnnapp_partitions:large", *mapping, "--decoy-partitions", "4-7")  # fmt: skip
+                  "--data", f"cnnapp_partitions:{loader}", *mapping, "--decoy-partitions", decoys)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     print(done.stdout[-2500:])
     return json.loads((out / "audit.json").read_text())
@@ -83,3 +93,54 @@ def test_realistic_rounds_leak_their_label_distribution_and_the_controls_show_no
     noisy = audit(tapped(tmp_path / "dp", "local-epochs=1 local-dp-epsilon=0.1 local-dp-clip=1.0"), tmp_path / "dp-a")
     assert all(u["sent"].startswith("weights") for u in noisy["updates"])
     assert noisy["verdict"].startswith("no evidence at this budget"), noisy["verdict"]
+
+
+MEMORISING = 'partition-sizes="100,120" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=20'
+SMALL = {PARTITIONS[0]: 100, PARTITIONS[1]: 120}
+
+
+def test_a_memorising_client_is_caught_at_least_as_well_as_the_plain_loss_attack(tmp_path):
+    """Small partitions (100 and 120 photograph-like images, IID) trained for 20 local epochs, through the tap: for each
+    client the audit's membership AUC is at least the AUC of the plain loss-threshold attack on its sent weights
+    (one threshold on the cross-entropy, computed here from the capture, on the candidates the audit scores), and
+    the audit's figures clear their null, which accounts for the choice among its scores."""
+    import torch
+    import torch.nn.functional as F
+    from sklearn.metrics import roc_auc_score
+
+    from fedvit.attacks.reidentification import evenly_spaced
+    from fedvit.audit.user_data import OTHERS
+    from fedvit.capture.reader import load_exchanges
+
+    captures = tapped(tmp_path / "memorising", "", MEMORISING)
+    report = audit(captures, tmp_path / "audit", sizes=SMALL, loader="small", decoys="4-43")
+    sys.path.insert(0, str(APP))
+    from cnnapp.task import Net, normalize
+    from cnnapp_partitions import small
+
+    loaded = [small(p) for p in range(4, 44)]
+    others = [np.concatenate(side) for side in zip(*loaded, strict=True)]
+    keep = evenly_spaced(len(others[0]), OTHERS)[1::2]  # the half the audit scores (the other trains its shadows)
+    others = [side[keep] for side in others]
+    exchanges, _ = load_exchanges(captures)
+    assert len(exchanges) == 2 == len(report["updates"])
+    for ex in exchanges:
+        partition = next(p for p, n in SMALL.items() if n == ex.sent_metrics["num-examples"])
+        model = Net()
+        model.load_state_dict({n: torch.as_tensor(w) for n, w in ex.sent.items()})
+        model.eval()
+        sides = [small(partition), others]
+        with torch.no_grad():
+            losses = [F.cross_entropy(model(normalize(torch.as_tensor(x))), torch.as_tensor(y), reduction="none")
+                      for x, y in sides]  # fmt: skip
+        is_member = np.r_[np.ones(len(sides[0][0])), np.zeros(len(sides[1][0]))]
+        threshold_auc = roc_auc_score(is_member, -torch.cat(losses).numpy())
+        update = next(u for u in report["updates"] if str(u["node"]) == str(ex.node))
+        member = update["leakage"]["membership"]
+        assert member["non-member-source"].startswith("the other half of"), member
+        assert member["members"] == len(sides[0][0]) and member["non-members"] == len(keep), member
+        print(f"node {ex.node}: audit AUC {member['auc']:.3f} ({member['score']}), loss threshold {threshold_auc:.3f}")
+        assert member["scores"]["loss of the sent weights"]["auc"] == pytest.approx(threshold_auc, abs=1e-6)
+        assert member["auc"] >= threshold_auc - 1e-9, member
+        assert member["clears"], member
+    assert report["verdict"].startswith("LEAKS") and "membership beyond the null in 2 of 2" in report["verdict"]

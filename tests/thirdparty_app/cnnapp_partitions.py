@@ -17,3 +17,12 @@ def large(partition_id: int):
     """cnnapp's partition as the realistic run makes it (``partition-sizes="1000,1200" dirichlet-alpha=0.5
     images="textures"``: photograph-like images)."""
     return load_data(partition_id, partition_size(LARGE_SIZES, partition_id), SEED, ALPHA, "textures")
+
+
+SMALL_SIZES = "100,120"  # the memorising run: small IID partitions trained for many epochs
+
+
+def small(partition_id: int):
+    """cnnapp's partition as the memorising run makes it (``partition-sizes="100,120" dirichlet-alpha=0
+    images="textures"``: classes uniform)."""
+    return load_data(partition_id, partition_size(SMALL_SIZES, partition_id), SEED, 0.0, "textures")

@@ -85,10 +85,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--decoys", type=int, default=99, help="test-split images beside the true one in the "
                    "re-identification gallery of recorded ground truth (default 99: chance 1%%; 0: off)")  # fmt: skip
     g.add_argument("--membership-references", type=int, default=MEMBERSHIP_REFERENCES, metavar="K",
-                   help="shadow updates behind a multi-step update's membership scores (the client's local "
+                   help="shadow updates behind the shadow-alignment membership score (the client's local "
                    "training simulated on half the non-member images at the estimated class counts; at most "
                    "60 s): each image's gradient against what the update holds beyond them (default "
-                   "%(default)s; 0: the loss drop)")  # fmt: skip
+                   "%(default)s; 0: that score off, the loss scores only)")  # fmt: skip
 
     g = p.add_argument_group("budget (the optimisation attacks)")
     g.add_argument("-c", "--run-config", action="append", default=[], help="key=value or a TOML file: audit.* keys "

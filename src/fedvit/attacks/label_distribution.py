@@ -134,6 +134,7 @@ class Simulation:
     head_change: float
     weights: dict[str, np.ndarray] | None = None  # the simulated client's final state dict (``keep_weights``)
     snapshots: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)  # parameters (``snapshots``)
+    drawn: np.ndarray | None = None  # the auxiliary images it trained on, by index (-1: noise for a class aux lacks)
 
 
 def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
@@ -163,10 +164,13 @@ def simulate(
     labels = np.repeat(np.arange(classes), counts)
     by_class = {k: np.flatnonzero(aux.labels == k) for k in range(classes)}
     shape = input_shape(obs)
-    pool = [
-        aux.images[rng.choice(by_class[k])] if len(by_class[k]) else rng.random(shape)  # a class aux lacks: noise
-        for k in labels
-    ]
+    drawn, pool = np.full(len(labels), -1, dtype=np.int64), []
+    for j, k in enumerate(labels):  # one draw per image, in label order (a class aux lacks: noise)
+        if len(by_class[k]):
+            drawn[j] = rng.choice(by_class[k])
+            pool.append(aux.images[drawn[j]])
+        else:
+            pool.append(rng.random(shape))
     images = torch.as_tensor(np.stack(pool), dtype=torch.float32)
     targets = torch.as_tensor(labels)
     bias, weight = obs.head_bias, head_weight(obs.head_bias)
@@ -224,7 +228,7 @@ def simulate(
     if keep_weights:  # the state dict: the trained parameters with the model's buffers
         final = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
         final.update({n: w.detach().numpy().copy() for n, w in end.items()})
-    return Simulation(system, change, final, kept)
+    return Simulation(system, change, final, kept, drawn)
 
 
 def head_weight(bias: str) -> str:

@@ -1,26 +1,26 @@
 """Membership inference on a captured update: was this image in the client's training data?
 
-Two scores per candidate image. A multi-step update whose class counts were estimated (the label estimate's
-simulation) is scored by gradient alignment (:func:`alignment_scores`): the update, minus the mean of K shadow
-updates (:func:`reference_updates`: the client's local training simulated from the received weights on images that
-are none of the candidates: Carlini et al.'s offline reference models, adapted to one update), is a sum of the
-members' gradients, each η/B per visit, and of what the shadows did not reproduce; the span of the shadow images'
-gradients is projected out of it, and each candidate's gradient, taken at points along the simulated local
-training, is dotted with what remains (the inner-product signal of gradient-level membership attacks: Nasr et al.,
-"Comprehensive Privacy Analysis of Deep Learning", S&P 2019; FedMIA, arXiv 2402.06289). Otherwise (one step, a
-gradient reply, no estimate) the score is how much the update lowered the image's loss: ℓ(w_received, x) −
-ℓ(w_sent, x), a gradient reply turned into the step it implies (w_received − η g, η the recipe's lr, else a step of
-1% of the weights' norm). Candidates are the client's own images (members) and images it never held
-(non-members). Each score is calibrated on the known non-members of its class, as its rank among their scores (Carlini
-et al. calibrate per example; with one update per client the class is the finest reference an eavesdropper has,
-and it removes the class skew a FedAvg update always carries). The report gives ROC AUC and TPR at 0.1% and 1% FPR
-as Carlini et al. ask ("Membership Inference Attacks From First Principles", S&P 2022, arXiv 2112.03570) — only
-at FPRs the calibrated scores resolve (:func:`fpr_resolution`; below it, how many non-members per class the target
+A family of scores per candidate image (:class:`Score`; :mod:`fedvit.audit.registry` runs each as an entry): the
+loss of the sent weights −ℓ(w_sent, x), with one threshold for all classes (the plain loss attack) and calibrated per
+class (:func:`sent_loss_score`); the loss drop ℓ(w_received, x) − ℓ(w_sent, x) (:func:`loss_drop_score`); and, for a
+multi-step update whose class counts were estimated (the label estimate's simulation), gradient alignment
+(:func:`alignment_scores`): the update, minus the mean of K shadow updates (:func:`reference_updates`: the client's
+local training simulated from the received weights on images that are none of the candidates: Carlini et al.'s
+offline reference models, adapted to one update), is a sum of the members' gradients, each η/B per visit, and of what
+the shadows did not reproduce; the span of the shadow images' gradients is projected out of it, and each candidate's
+gradient, taken at points along the simulated local training, is dotted with what remains (the inner-product signal
+of gradient-level membership attacks: Nasr et al., "Comprehensive Privacy Analysis of Deep Learning", S&P 2019;
+FedMIA, arXiv 2402.06289). A gradient reply is turned into the step it implies (w_received − η g, η the recipe's lr,
+else a step of 1% of the weights' norm). Candidates are the client's own images (members) and images it never held
+(non-members). A calibrated score is its rank among the known non-members of its class (Carlini et al. calibrate per
+example; with one update per client the class is the finest reference an eavesdropper has, and it removes the class
+skew a FedAvg update always carries). :func:`judge` reports the strongest score's ROC AUC and TPR at 0.1% and 1% FPR
+as Carlini et al. ask ("Membership Inference Attacks From First Principles", S&P 2022, arXiv 2112.03570) — only at
+FPRs the calibrated scores resolve (:func:`fpr_resolution`; below it, how many non-members per class the target
 needs), with Clopper–Pearson intervals on the TPR and on the FPR actually reached — each beside its null: the same
-figures, calibration included, with the member/non-member labels shuffled within each class (a control that holds
-no information about membership beyond the two sides' class composition), whose 99.9th percentile is the margin a
-finding must clear.
-"""
+figures with the member/non-member labels shuffled within each class (a control that holds no information about
+membership beyond the two sides' class composition), taken over the whole family so that choosing the strongest
+score does not inflate the evidence (:func:`null_figures`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score, roc_curve
+from scipy.stats import norm
 from torch.func import functional_call, grad, vmap
 
 from fedvit.attacks.label_distribution import Auxiliary, Simulation, simulate
@@ -92,12 +92,6 @@ def sent_weights(obs: Observation) -> dict[str, np.ndarray]:
     grad_norm = np.sqrt(sum(float((g**2).sum()) for g in obs.update.values()))
     step = client.lr if client.lr > 0 else 0.01 * norm / max(grad_norm, 1e-12)
     return {n: obs.received[n] - step * g for n, g in obs.update.items()}
-
-
-def loss_drops(obs: Observation, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """ℓ(w_received, x) − ℓ(w_sent, x) per candidate (eval mode: BatchNorm on the received running statistics)."""
-    after = losses(model_with(obs, sent_weights(obs)).float().eval(), images, labels)
-    return losses(received_model(obs).float().eval(), images, labels) - after
 
 
 def per_sample_gradients(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> Iterator[torch.Tensor]:
@@ -258,11 +252,19 @@ def resolved(target: float, resolution: float) -> bool:
 
 
 def split_roc(member_scores: np.ndarray, non_member_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """The ROC curve (FPR, TPR) and AUC of members (positive) against non-members, a higher score meaning member."""
-    y = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
-    s = np.concatenate([member_scores, non_member_scores])
-    fpr, tpr, _ = roc_curve(y, s)
-    return fpr, tpr, float(roc_auc_score(y, s))
+    """The ROC curve (FPR, TPR) of members (positive) against non-members, a higher score meaning member, with a
+    point at every distinct score (none dropped: a collinear threshold can be the best one below an FPR target),
+    and its AUC (the trapezoid rule: the Mann–Whitney statistic, ties counted half). Written out, as a sort and two
+    cumulative sums, for the thousands of calls behind a null."""
+    scores = np.concatenate([member_scores, non_member_scores])
+    is_member = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
+    order = np.argsort(-scores, kind="stable")
+    scores, is_member = scores[order], is_member[order]
+    ends = np.r_[np.flatnonzero(np.diff(scores)), len(scores) - 1]  # the last image at each distinct score
+    true_positives = np.cumsum(is_member)[ends]
+    tpr = np.r_[0.0, true_positives / max(len(member_scores), 1)]
+    fpr = np.r_[0.0, (ends + 1 - true_positives) / max(len(non_member_scores), 1)]
+    return fpr, tpr, float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1])) / 2)
 
 
 def needs(target: float) -> int:
@@ -307,32 +309,108 @@ def clopper_pearson(successes: int, trials: int, confidence: float = CONFIDENCE)
     return [float(found.low), float(found.high)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """One membership score of an update's candidates, a higher value meaning member: its name, how it was
+    computed, its raw values on the members and on the non-members, and whether it is judged calibrated per class
+    (:func:`calibrate`) or as it is (one threshold for every class, as the plain loss attack sets it)."""
+
+    name: str
+    reference: str
+    members: np.ndarray
+    non_members: np.ndarray
+    per_class: bool = True
+
+    def judged(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The values the figures are read from: calibrated per class, or raw."""
+        if not self.per_class:
+            return self.members, self.non_members
+        return calibrate(self.members, self.non_members, member_labels, non_member_labels)
+
+    def resplit(self, is_member: np.ndarray) -> Score:
+        """The same values on another member/non-member split of the pooled candidates (a null's shuffle)."""
+        pooled = np.concatenate([self.members, self.non_members])
+        return dataclasses.replace(self, members=pooled[is_member], non_members=pooled[~is_member])
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundsScore:
+    """One score over a client's captured updates, on the same candidates in each: per update its values ranked
+    among the non-members (of their class where the score is calibrated, else of all), as normal quantiles, summed
+    and divided by √R (Stouffer's combination): an image the client trains on in every round adds up its
+    evidence, as FedMIA combines a client's updates across rounds (Zhu et al., arXiv 2402.06289)."""
+
+    name: str
+    reference: str
+    parts: tuple[Score, ...]
+    per_class: bool = True
+
+    def judged(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        members, non_members = np.zeros(len(member_labels)), np.zeros(len(non_member_labels))
+        floor = 0.5 / max(len(non_member_labels), 1)  # a rank of 0 or 1 is the edge of what the non-members tell
+        for part in self.parts:
+            if part.per_class:
+                ranks = part.judged(member_labels, non_member_labels)
+            else:
+                ranks = class_ranks(part.members, part.non_members), class_ranks(part.non_members, part.non_members)
+            members += norm.ppf(np.clip(ranks[0], floor, 1 - floor))
+            non_members += norm.ppf(np.clip(ranks[1], floor, 1 - floor))
+        return members / math.sqrt(len(self.parts)), non_members / math.sqrt(len(self.parts))
+
+    def resplit(self, is_member: np.ndarray) -> RoundsScore:
+        return dataclasses.replace(self, parts=tuple(p.resplit(is_member) for p in self.parts))
+
+
+def over_rounds(updates: list[list[Score]]) -> list[RoundsScore]:
+    """Each score that every one of a client's updates has, combined over them (:class:`RoundsScore`)."""
+    names = [s.name for s in updates[0] if all(any(o.name == s.name for o in u) for u in updates)]
+    found = [[next(s for s in u if s.name == name) for u in updates] for name in names]
+    return [RoundsScore(name, f"{parts[0].reference}, over {len(parts)} update(s)", tuple(parts), parts[0].per_class)
+            for name, parts in zip(names, found, strict=True)]  # fmt: skip
+
+
 def null_figures(
-    member_scores: np.ndarray, non_member_scores: np.ndarray, member_labels: np.ndarray,
-    non_member_labels: np.ndarray, seed: int = 0,
-) -> dict[str, Any]:  # fmt: skip
-    """The :data:`NULL_QUANTILE` of each figure over :data:`NULL_DRAWS` shuffles of the member/non-member labels
-    within each class, each draw calibrated on its own non-members (:func:`calibrate`) as the real split is: the
-    class composition of the two sides stays, so a score that only tells the client's frequent classes from the
-    population's (its label distribution, or a noised model's class bias) is in the null, not counted as
-    membership. The shuffles keep each class's non-member count, so the null has the real split's resolution
-    (None where a target is below it). Takes raw scores."""
+    scores: list[Score] | list[RoundsScore], member_labels: np.ndarray, non_member_labels: np.ndarray, seed: int = 0
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Per score, the null of each figure across :data:`NULL_DRAWS` shuffles of the member/non-member labels within
+    each class, every score judged on each draw as on the real split (calibrated on the draw's own non-members
+    where it is calibrated). Several scores are one family (Westfall and Young's max-T): each figure is
+    standardised by its score's own draws (mean, spread), the family's threshold is the :data:`NULL_QUANTILE` of the
+    largest standardised figure across the scores in each draw, and each score's null is that threshold in its own
+    units, so choosing the strongest of k scores does not inflate the evidence and no score's null is set by
+    another's (one score alone: the plain quantile). The class composition of the two sides stays, so a score that
+    only tells the client's frequent classes from the population's (its label distribution, a noised model's class
+    bias, the raw loss of a class-skewed client) is in its null, not counted as membership. The shuffles keep each
+    class's non-member count: the null has the real split's resolution (None where a target is below it)."""
     rng = np.random.default_rng(seed)
-    pooled = np.concatenate([member_scores, non_member_scores])
     classes = np.concatenate([member_labels, non_member_labels])
-    is_member = np.concatenate([np.ones(len(member_scores), bool), np.zeros(len(non_member_scores), bool)])
+    is_member = np.concatenate([np.ones(len(member_labels), bool), np.zeros(len(non_member_labels), bool)])
     groups = [np.flatnonzero(classes == c) for c in np.unique(classes)]
     resolution, _ = fpr_resolution(member_labels, non_member_labels)
-    draws = []
+    draws = []  # [draw][score] -> figures
     for _ in range(NULL_DRAWS):
         shuffled = is_member.copy()
         for group in groups:
             shuffled[group] = rng.permutation(is_member[group])
-        draws.append(roc_figures(*calibrate(pooled[shuffled], pooled[~shuffled], classes[shuffled],
-                                            classes[~shuffled]), resolution))  # fmt: skip
-    return {
-        k: None if draws[0][k] is None else float(np.quantile([d[k] for d in draws], NULL_QUANTILE)) for k in draws[0]
-    }
+        labels = classes[shuffled], classes[~shuffled]
+        draws.append([
+            roc_figures(*s.resplit(shuffled).judged(*labels), resolution) for s in scores
+        ])  # fmt: skip
+    nulls: list[dict[str, Any]] = [{} for _ in scores]
+    for figure in draws[0][0]:
+        if draws[0][0][figure] is None:
+            for null in nulls:
+                null[figure] = None
+            continue
+        found = np.array([[d[k][figure] for k in range(len(scores))] for d in draws])  # [draws, scores]
+        if len(scores) == 1:
+            nulls[0][figure] = float(np.quantile(found[:, 0], NULL_QUANTILE))
+            continue
+        centre, spread = found.mean(0), np.maximum(found.std(0), 1e-12)
+        threshold = np.quantile(((found - centre) / spread).max(1), NULL_QUANTILE)
+        for k, null in enumerate(nulls):
+            null[figure] = float(centre[k] + threshold * spread[k])
+    return nulls
 
 
 def clears_null(figures: dict[str, Any], null: dict[str, Any]) -> bool:
@@ -341,42 +419,126 @@ def clears_null(figures: dict[str, Any], null: dict[str, Any]) -> bool:
     return figures["auc"] > null["auc"] and figures[at] > null[at]
 
 
-def infer(
-    obs: Observation, candidates: Candidates, seed: int = 0,
-    shadows: list[Simulation] | None = None, pool: Auxiliary | None = None,
+def judge(
+    scores: list[Score] | list[RoundsScore], candidates: Candidates, seed: int = 0
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
-    """Membership figures of one update (calibrated scores), their null and whether they clear it; and the two
-    calibrated score arrays. ``shadows`` (:func:`reference_updates`) trained on ``pool``, images that are none of the
-    candidates (:func:`split_for_references`): scored by :func:`alignment_scores`, else by :func:`loss_drops`."""
-    members, non_members = evenly(*candidates.members), evenly(*candidates.non_members)
-    if shadows and pool is None:
-        raise ValueError("shadow updates need the pool they were trained on (split_for_references)")
-    if shadows:
-        raw_inside, raw_outside = alignment_scores(obs, shadows, pool, [members, non_members])
-        spanned = min(len(pool.images), projection_pool(received_model(obs)))
-        reference = (f"the update beyond {len(shadows)} shadow updates, against each image's gradient at "
-                     f"{max(1, len(shadows[0].snapshots))} point(s) of the local training ({spanned} shadow "
-                     "images' gradients projected out)")  # fmt: skip
-    else:
-        raw_inside, raw_outside = loss_drops(obs, *members), loss_drops(obs, *non_members)
-        reference = "the loss drop from the received model"
-    null = null_figures(raw_inside, raw_outside, members[1], non_members[1], seed)
-    inside, outside = calibrate(raw_inside, raw_outside, members[1], non_members[1])
-    resolution, fewest = fpr_resolution(members[1], non_members[1])
-    figures = roc_figures(inside, outside, resolution)
+    """Membership figures of one update from its strongest score against that score's null within the family
+    (:func:`null_figures`): the score with the highest AUC among those that clear their null, else the highest AUC
+    of all; every score's figures and null beside it. Returns them and the strongest score's judged values on the
+    members and non-members (``scores`` were taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
+    member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
+    resolution, fewest = fpr_resolution(member_labels, non_member_labels)
+    judged = [s.judged(member_labels, non_member_labels) for s in scores]
+    each = [roc_figures(*values, resolution) for values in judged]
+    nulls = null_figures(scores, member_labels, non_member_labels, seed)
+    cleared = [clears_null(f, n) for f, n in zip(each, nulls, strict=True)]
+    best = max(range(len(scores)), key=lambda k: (cleared[k], each[k]["auc"]))
+    inside, outside = judged[best]
     result = {
         "members": len(inside),
         "non-members": len(outside),
         "non-member-source": candidates.source,
-        "reference": reference,
-        **figures,
+        "score": scores[best].name,
+        "reference": scores[best].reference,
+        **each[best],
         **intervals(inside, outside, resolution),
-        "null": null,
-        "clears-null": bool(clears_null(figures, null)),
+        "null": nulls[best],
+        "clears-null": cleared[best],
         "fpr-resolution": resolution,  # after calibration: 1 / the fewest non-members of a member's class
         "non-members-per-class": fewest,
+        "scores": {
+            s.name: {**{k: f[k] for k in ("auc", "tpr@0.01", "tpr@resolution")}, "null": n, "clears-null": c,
+                     "per-class": s.per_class}
+            for s, f, n, c in zip(scores, each, nulls, cleared, strict=True)
+        },  # fmt: skip
     }
     return result, inside, outside
+
+
+# ---- the scores: each a function of the update and the candidates (fedvit.audit.registry runs them)
+
+SENT_LOSS, SENT_LOSS_PER_CLASS, LOSS_DROP, ALIGNMENT = (
+    "loss of the sent weights", "loss of the sent weights, per class", "loss drop", "shadow alignment"
+)  # fmt: skip
+
+
+def sides(candidates: Candidates) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The members and non-members that are scored (at most :data:`MAX_CANDIDATES` each: :func:`evenly`)."""
+    return evenly(*candidates.members), evenly(*candidates.non_members)
+
+
+def candidate_losses(obs: Observation, candidates: Candidates) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per-image cross-entropy of the scored members and non-members under the received and the sent weights
+    (:func:`sent_weights`; eval mode: BatchNorm on the received running statistics)."""
+    received = received_model(obs).float().eval()
+    sent = model_with(obs, sent_weights(obs)).float().eval()
+    return {name: tuple(losses(model, *side) for side in sides(candidates))
+            for name, model in (("received", received), ("sent", sent))}  # fmt: skip
+
+
+def sent_loss_score(found: dict[str, tuple[np.ndarray, np.ndarray]], per_class: bool) -> Score:
+    """−ℓ(w_sent, x): the loss-threshold attack (Yeom et al., "Privacy Risk in Machine Learning", CSF 2018, arXiv
+    1709.01604) on the model an eavesdropper holds; one threshold for all classes, or per class."""
+    members, non_members = found["sent"]
+    name = SENT_LOSS_PER_CLASS if per_class else SENT_LOSS
+    return Score(name, "the sent model's loss on each image", -members, -non_members, per_class)
+
+
+def loss_drop_score(found: dict[str, tuple[np.ndarray, np.ndarray]]) -> Score:
+    """ℓ(w_received, x) − ℓ(w_sent, x): how much the update lowered each image's loss."""
+    (received_in, received_out), (sent_in, sent_out) = found["received"], found["sent"]
+    return Score(LOSS_DROP, "the loss drop from the received model", received_in - sent_in, received_out - sent_out)
+
+
+def alignment_score(obs: Observation, candidates: Candidates, shadows: list[Simulation], pool: Auxiliary) -> Score:
+    """:func:`alignment_scores` of the scored candidates against ``shadows`` trained on ``pool``."""
+    inside, outside = alignment_scores(obs, shadows, pool, list(sides(candidates)))
+    spanned = min(len(pool.images), projection_pool(received_model(obs)))
+    reference = (f"the update beyond {len(shadows)} shadow updates, against each image's gradient at "
+                 f"{max(1, len(shadows[0].snapshots))} point(s) of the local training ({spanned} shadow "
+                 "images' gradients projected out)")  # fmt: skip
+    return Score(ALIGNMENT, reference, inside, outside)
+
+
+LOSS_SCORES = (SENT_LOSS, SENT_LOSS_PER_CLASS, LOSS_DROP)  # the scores the power simulation runs (no shadows)
+
+
+def loss_scores(found: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[Score]:
+    """The loss-based scores (:data:`LOSS_SCORES`) from the candidates' losses."""
+    return [sent_loss_score(found, False), sent_loss_score(found, True), loss_drop_score(found)]
+
+
+def simulated_power(
+    obs: Observation, pool: Auxiliary, counts: np.ndarray, momentum: float, seed: int, non_members: int
+) -> dict[str, Any]:  # fmt: skip
+    """Membership in an update like this one where membership is known: the client's local training simulated from
+    the received weights with its recipe, ``momentum`` and the estimated class ``counts`` on images drawn from
+    ``pool`` (the label estimate's simulation), then judged as the real update is, by the loss scores
+    (:data:`LOSS_SCORES`), with the drawn images as members and up to ``non_members`` other pool images (as many as
+    the real split scores: the same resolution) as non-members. What the audit could detect in such an update."""
+    simulation = simulate(obs, pool, counts, momentum, seed, keep_weights=True)
+    trained = np.unique(simulation.drawn[simulation.drawn >= 0])
+    rest = np.setdiff1d(np.arange(len(pool.images)), trained)
+    rest = rest[evenly_spaced(len(rest), non_members)] if len(rest) > non_members else rest
+    candidates = Candidates((pool.images[trained], pool.labels[trained]), (pool.images[rest], pool.labels[rest]),
+                            f"{len(rest)} other images of {pool.source}")  # fmt: skip
+    simulated_update = dataclasses.replace(obs, update=simulation.weights)
+    found, _, _ = judge(loss_scores(candidate_losses(simulated_update, candidates)), candidates, seed)
+    return found
+
+
+def infer(
+    obs: Observation, candidates: Candidates, seed: int = 0,
+    shadows: list[Simulation] | None = None, pool: Auxiliary | None = None,
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
+    """One score judged alone (:func:`judge`): :func:`alignment_score` against ``shadows``
+    (:func:`reference_updates`) trained on ``pool``, images that are none of the candidates
+    (:func:`split_for_references`), else :func:`loss_drop_score`."""
+    if shadows and pool is None:
+        raise ValueError("shadow updates need the pool they were trained on (split_for_references)")
+    if shadows:
+        return judge([alignment_score(obs, candidates, shadows, pool)], candidates, seed)
+    return judge([loss_drop_score(candidate_losses(obs, candidates))], candidates, seed)
 
 
 def save_roc(curves: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> None:

@@ -96,6 +96,7 @@ def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
         if len(resolved) < len(measured):  # the verdict read TPR at the resolution there
             detail += (f"; 1% FPR not resolved in {len(measured) - len(resolved)} (too few non-members per class: "
                        "TPR read at the resolution)")  # fmt: skip
+        detail += power_summary([e.get("power") or {} for e in measured], hits)
         on_average = sum(e["auc"] > e["null"]["auc"] and not e["clears"] for e in measured)
         if on_average:  # Carlini et al.: an AUC says the update informs on average, not that any member is exposed
             detail += (f"; AUC alone beyond its null in {on_average}: membership information on average, no "
@@ -106,13 +107,41 @@ def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
     return f"{kind} beyond the null in {hits} of {len(measured)} update(s) ({detail})", hits > 0
 
 
-def verdict(updates: list[dict[str, Any]], nothing: str) -> str:
-    """One line: per leakage type, the evidence against its null. "LEAKS" only where a figure clears its margin;
-    "no evidence at this budget" where everything measured stayed within it; "unverified" where nothing could be
-    checked."""
+def power_summary(powers: list[dict[str, Any]], hits: int) -> str:
+    """What the audit could have seen (each update's simulated power), and how a verdict without a hit reads."""
+    powered = [p for p in powers if p.get("status") == MEASURED]
+    if not powered:
+        return ""
+    seen = sum(p["could-have-seen"] for p in powered)
+    text = (f"; power: simulated updates like these, with known members, clear their null in {seen} of "
+            f"{len(powered)} (AUC {np.mean([p['simulated']['auc'] for p in powered]):.3f})")  # fmt: skip
+    if hits == 0 and seen == len(powered):
+        text += ": the audit could have seen membership like the simulation's, and these updates hold less"
+    elif hits == 0 and seen == 0:
+        text += ": the audit could not have seen membership in such updates at this budget"
+    return text
+
+
+def rounds_part(clients: list[dict[str, Any]]) -> tuple[str, bool | None]:
+    """Membership per client over its updates: the wording and whether it leaks (None: nothing measured)."""
+    measured = [c["membership"] for c in clients if c["membership"]["status"] == MEASURED]
+    if not measured:
+        return "membership over rounds not measured", None
+    hits = sum(e["clears"] for e in measured)
+    return (f"membership over each client's updates beyond the null for {hits} of {len(measured)} client(s) "
+            f"(AUC {np.mean([e['auc'] for e in measured]):.3f} vs null "
+            f"{np.mean([e['null']['auc'] for e in measured]):.3f})", hits > 0)  # fmt: skip
+
+
+def verdict(updates: list[dict[str, Any]], nothing: str, clients: list[dict[str, Any]] | None = None) -> str:
+    """One line: per leakage type, the evidence against its null (and, for clients with several updates, their
+    membership over them). "LEAKS" only where a figure clears its margin; "no evidence at this budget" where
+    everything measured stayed within it; "unverified" where nothing could be checked."""
     if not updates:
         return nothing
     parts = {kind: _part(kind, [u["leakage"][kind] for u in updates]) for kind in ("labels", "membership", "images")}
+    if clients:
+        parts["rounds"] = rounds_part(clients)
     leaks = [text for text, hit in parts.values() if hit]
     rest = [text for text, hit in parts.values() if not hit]
     if leaks:

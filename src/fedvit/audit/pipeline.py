@@ -30,7 +30,7 @@ from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
 from fedvit.audit.evidence import threat_model, verdict
 from fedvit.audit.frontier import frontier_rows, write_frontier
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
-from fedvit.audit.registry import LABELS, MEMBERSHIP, Held, best_image, evidence, measure_all
+from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
 from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
 from fedvit.audit.user_data import Truths, UserData
 from fedvit.capture.reader import (
@@ -286,12 +286,13 @@ def attack_exchange(
         "label-accuracy": labelled["label-accuracy"],
         "attacks": statuses,
         "best-attack": best,
-        "leakage": evidence(findings, held),
+        "leakage": evidence(obs, findings, held),
         "seconds": round(time.perf_counter() - started, 1),
     } | {k: (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
     recs = {n: f.reconstruction for n, f in findings.items() if f.reconstruction is not None}
     ranks = {n: f.scores["reid-ranks"] for n, f in findings.items() if f.reconstruction is not None}
-    return rows, update, {"ranks": ranks, "membership": findings[MEMBERSHIP.name].extra} | recs
+    scores = (membership_scores(findings), held.found["membership-split"]) if "membership-split" in held.found else None
+    return rows, update, {"ranks": ranks, "membership": held.found.get("membership-roc"), "scores": scores} | recs
 
 
 def audit_exchanges(
@@ -302,6 +303,7 @@ def audit_exchanges(
     out.mkdir(parents=True, exist_ok=True)
     reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
     rows, updates, attacked, grid_ranks, budgets, observers, curves = [], [], [], [], {}, [], []
+    by_client: dict[str, list[tuple[str, Any]]] = {}
     for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
         obs = reader.observe(ex, k + 1)
         budget, text = reader.budget(obs)
@@ -318,6 +320,8 @@ def audit_exchanges(
         grid_ranks.append(recs.pop("ranks"))
         if (member_scores := recs.pop("membership")) is not None:
             curves.append((update["update"], *member_scores))
+        if (scores := recs.pop("scores")) is not None and scores[0]:
+            by_client.setdefault(client_of(update), []).append((update["update"], scores))
         attacked.append(Audited(obs, truth[0], recs))
         tqdm.write(f"audit: {update['update']}: labels {update['labels']}; " + (
             "unscored" if update["psnr"] is None else
@@ -327,14 +331,16 @@ def audit_exchanges(
         a.obs.spec.describe() if a.obs.config is None else f"fedvit's {a.obs.config.model.name} (run config)"
         for a in attacked
     )
+    clients = rounds_combined(by_client)
     report = {
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "—",
         "threat-model": threat_model(observers, any(u["assumptions"] for u in updates)),
-        "verdict": verdict(updates, NOTHING_ON_THE_WIRE),
+        "verdict": verdict(updates, NOTHING_ON_THE_WIRE, clients),
         "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
         "budget": list(budgets),
         "updates": updates,
+        "clients": clients,
         "rows": rows,
         "summary": frontier_rows(rows, {}),  # each attack's means per defence and setting
         "notes": list(notes or []) + truths.notes,
@@ -347,6 +353,25 @@ def audit_exchanges(
     save_roc(curves, out / "membership-roc.png")
     write_frontier(rows, out, {})
     return report, attacked
+
+
+def client_of(update: dict[str, Any]) -> str:
+    """Whose update this is: its partition where known, else its node."""
+    return f"partition {update['partition']}" if update.get("partition") is not None else f"node {update['node']}"
+
+
+def rounds_combined(by_client: dict[str, list[tuple[str, Any]]]) -> list[dict[str, Any]]:
+    """Per client with two or more audited updates, its membership over all of them (:func:`judge_rounds`)."""
+    out = []
+    for client, found in by_client.items():
+        if len(found) < 2:
+            continue
+        started = time.perf_counter()
+        tqdm.write(f"audit: {client}: membership over its {len(found)} updates")
+        evidence = judge_rounds([scores for _, scores in found])
+        out.append({"client": client, "updates": [name for name, _ in found], "membership": evidence,
+                    "seconds": round(time.perf_counter() - started, 1)})  # fmt: skip
+    return out
 
 
 def budget_text(text: str, budgets: list[int] | None) -> str:

@@ -9,7 +9,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -19,7 +19,24 @@ from fedvit.attacks.cocktail import cocktail_party
 from fedvit.attacks.inversion import collusion_inversion, fedavg_aware_invert, invert
 from fedvit.attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
 from fedvit.attacks.labels import Recovered, label_accuracy, recover_labels_and_momentum
-from fedvit.attacks.membership import Candidates, infer, reference_updates, split_for_references
+from fedvit.attacks.membership import (
+    ALIGNMENT,
+    LOSS_DROP,
+    LOSS_SCORES,
+    SENT_LOSS,
+    SENT_LOSS_PER_CLASS,
+    Candidates,
+    Score,
+    alignment_score,
+    candidate_losses,
+    judge,
+    loss_drop_score,
+    over_rounds,
+    reference_updates,
+    sent_loss_score,
+    simulated_power,
+    split_for_references,
+)
 from fedvit.attacks.observation import (
     Observation,
     Reconstruction,
@@ -162,7 +179,8 @@ class Held:
     """What the audit holds for one update beside the observation. Truth (``images``, ``labels``, ``gallery``;
     ``exact`` when they are exactly the update's) reaches only the scoring; ``aux`` (labelled images that are not
     the client's) and ``candidates`` (membership's) are what an attacker may hold. ``found``: what earlier
-    measures left for later ones (the class counts the label estimate simulated; its momentum is in the recipe)."""
+    measures left for later ones (the class counts the label estimate simulated, its momentum being in the recipe;
+    the membership scores' split and losses; the strongest membership score's values, for the ROC plot)."""
 
     images: np.ndarray | None
     labels: np.ndarray | None
@@ -174,7 +192,7 @@ class Held:
     candidates: Candidates | None = None
     budgets: list[int] | None = None  # Adam steps per restart, one row each (default: the budget's own)
     device: str | None = None
-    references: int = 0  # shadow updates behind a multi-step update's membership (0: the loss drop)
+    references: int = 0  # shadow updates behind the shadow-alignment membership score (0: that score is off)
     position: str = ""  # "update k/n", for progress bars
     found: dict[str, Any] = field(default_factory=dict)
 
@@ -261,31 +279,140 @@ LABEL_COUNTS = Measure(
 )  # fmt: skip
 
 
-# ---- membership: the client's images against images it never held
+# ---- membership: the client's images against images it never held, one entry per score
 
 
-def membership_scores(obs: Observation, held: Held) -> Finding:
-    """Membership figures against the within-class shuffled null: against shadow updates where the label estimate
-    simulated this update's training (and ``held.references`` > 0), else the loss drop."""
-    candidates, shadows, pool = held.candidates, None, None
-    counts = held.found.get("simulated-counts")
-    if held.references > 0 and counts is not None and held.aux is not None:
-        candidates, pool = split_for_references(candidates)
-        shadows = reference_updates(obs, pool, counts, recipe(obs).momentum, attacker_seed(obs), held.references)
-    result, inside, outside = infer(obs, candidates, attacker_seed(obs), shadows, pool)
-    if held.references > 0 and shadows is None:  # asked for, not possible here: said
-        result["reference"] += (" (shadow updates need a multi-step update whose label counts were estimated "
-                                "on images that are not the client's)")  # fmt: skip
-    return Finding([], None, membership_evidence(result, ""), extra=(inside, outside))
+class MembershipSplit(NamedTuple):
+    """What every membership score of one update is taken on: the candidates, the images that train the shadow
+    updates (None: no shadows) and the seed of the null's shuffles."""
+
+    candidates: Candidates
+    pool: Auxiliary | None
+    seed: int
 
 
-MEMBERSHIP = Measure(
-    "membership", "membership",
-    lambda obs, held: None if held.candidates is not None else (
-        "needs the client's images and others: --data or ground truth"),
-    membership_scores,
-    refused=lambda obs, held, why: Finding([], None, membership_evidence(None, why), applied=False),
-)  # fmt: skip
+def shadows_apply(obs: Observation, held: Held) -> str | None:
+    """Why shadow updates cannot be trained for ``obs`` (None: they can)."""
+    if held.references <= 0:
+        return "no shadow updates asked for (--membership-references 0)"
+    if held.found.get("simulated-counts") is None or held.aux is None:
+        return ("shadow updates need a multi-step update whose label counts were estimated on images that are not "
+                "the client's")  # fmt: skip
+    return None
+
+
+def membership_split(obs: Observation, held: Held) -> MembershipSplit:
+    """Decided once per update, so that every score is judged on one split against one null: where shadow updates
+    apply, half the non-members train them and every score is taken on the other half
+    (:func:`~fedvit.attacks.membership.split_for_references`)."""
+    if "membership-split" not in held.found:
+        candidates, pool = held.candidates, None
+        if shadows_apply(obs, held) is None:
+            candidates, pool = split_for_references(candidates)
+        held.found["membership-split"] = MembershipSplit(candidates, pool, attacker_seed(obs))
+    return held.found["membership-split"]
+
+
+def candidate_losses_of(obs: Observation, held: Held) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The candidates' losses under the received and sent weights, computed once for the loss-based scores."""
+    if "membership-losses" not in held.found:
+        held.found["membership-losses"] = candidate_losses(obs, membership_split(obs, held).candidates)
+    return held.found["membership-losses"]
+
+
+def alignment(obs: Observation, held: Held) -> Score:
+    split = membership_split(obs, held)
+    shadows = reference_updates(obs, split.pool, held.found["simulated-counts"], recipe(obs).momentum, split.seed,
+                                held.references)  # fmt: skip
+    return alignment_score(obs, split.candidates, shadows, split.pool)
+
+
+def needs_candidates(obs: Observation, held: Held) -> str | None:
+    return None if held.candidates is not None else "needs the client's images and others: --data or ground truth"
+
+
+def membership_measure(name: str, score: Callable[[Observation, Held], Score],
+                       why_not: Callable[[Observation, Held], str | None] = needs_candidates) -> Measure:  # fmt: skip
+    """A membership score as a registry entry: its scores of the update's candidates, judged with the other
+    membership entries' by :func:`judge_membership`."""
+
+    def run(obs: Observation, held: Held) -> Finding:
+        found = score(obs, held)
+        return Finding([], f"applied: {found.reference}", extra=found)
+
+    return Measure(f"membership: {name}", "membership", why_not, run)
+
+
+MEMBERSHIP_SCORES: tuple[Measure, ...] = (
+    membership_measure(SENT_LOSS, lambda obs, held: sent_loss_score(candidate_losses_of(obs, held), False)),
+    membership_measure(SENT_LOSS_PER_CLASS, lambda obs, held: sent_loss_score(candidate_losses_of(obs, held), True)),
+    membership_measure(LOSS_DROP, lambda obs, held: loss_drop_score(candidate_losses_of(obs, held))),
+    membership_measure(ALIGNMENT, alignment, lambda obs, held: needs_candidates(obs, held) or shadows_apply(obs, held)),
+)
+
+
+def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, Any]:
+    """The strongest membership score against the null of the same maximum (:func:`fedvit.attacks.membership.judge`);
+    leaves the strongest score's judged values in ``held.found["membership-roc"]`` for the ROC plot."""
+    scores = [f.extra for f in findings.values() if f.applied]
+    if not scores:
+        return membership_evidence(None, next(iter(findings.values())).status.removeprefix("not applicable: "))
+    split = held.found["membership-split"]
+    result, inside, outside = judge(scores, split.candidates, split.seed)
+    held.found["membership-roc"] = (inside, outside)
+    return membership_evidence(result | {"power": power(obs, held, result)}, "")
+
+
+def power_applies(obs: Observation, held: Held) -> str | None:
+    """Why the power simulation cannot run for ``obs`` (None: it can)."""
+    if held.found.get("simulated-counts") is None or held.aux is None:
+        return ("needs the update's class counts estimated by simulating its local training on labelled images that "
+                "are not the client's")  # fmt: skip
+    if recipe(obs).sends_gradient:
+        return "a gradient reply: the simulation is of weight updates"
+    return None
+
+
+def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any]:
+    """What the audit could have seen in this update (:func:`~fedvit.attacks.membership.simulated_power`), beside
+    what it saw with the same scores."""
+    if (why := power_applies(obs, held)) is not None:
+        return {"status": "not measured", "why": why}
+    split = held.found["membership-split"]
+    simulated = simulated_power(obs, held.aux, held.found["simulated-counts"], recipe(obs).momentum, split.seed,
+                                result["non-members"])  # fmt: skip
+    observed = max(result["scores"][name]["auc"] for name in LOSS_SCORES if name in result["scores"])
+    return {
+        "status": "measured",
+        "scores": f"the strongest of: {', '.join(LOSS_SCORES)}",
+        "simulated": {k: simulated[k] for k in ("auc", "tpr@0.01", "tpr@resolution", "null", "clears-null",
+                                                "members", "non-members", "score")},
+        "observed-auc": observed,
+        "could-have-seen": simulated["clears-null"],
+    }
+
+
+def membership_scores(findings: dict[str, Finding]) -> list[Score]:
+    """The membership scores one update's findings hold (the entries that applied)."""
+    names = {m.name for m in MEMBERSHIP_SCORES}
+    return [f.extra for n, f in findings.items() if n in names and f.applied]
+
+
+def judge_rounds(updates: list[tuple[list[Score], MembershipSplit]]) -> dict[str, Any]:
+    """One client's membership over its captured updates (:func:`fedvit.attacks.membership.over_rounds`), against
+    the same family null with each shuffle applied to every update alike. Needs the same candidates in each
+    update (the client's images and the non-members, as ``--data`` maps them)."""
+    first = updates[0][1].candidates
+    for _, split in updates[1:]:
+        other = split.candidates
+        if not all(np.array_equal(a, b) for a, b in zip((*first.members, *first.non_members),
+                                                        (*other.members, *other.non_members), strict=True)):
+            return membership_evidence(None, "the updates' membership candidates differ")
+    scores = over_rounds([u[0] for u in updates])
+    if not scores:
+        return membership_evidence(None, "no membership score ran on every update")
+    result, _, _ = judge(scores, first, updates[0][1].seed)
+    return membership_evidence(result, "")
 
 
 # ---- the image attacks, each scored against the client's images and re-identified among decoys
@@ -331,7 +458,7 @@ def run_attack(attack: Attack, obs: Observation, budget: AuditConfig, device: st
         return attack.run(obs, budget, progress, device)
 
 
-MEASURES: tuple[Measure, ...] = (LABEL_COUNTS, MEMBERSHIP, *(image_measure(a) for a in IMAGE_ATTACKS))
+MEASURES: tuple[Measure, ...] = (LABEL_COUNTS, *MEMBERSHIP_SCORES, *(image_measure(a) for a in IMAGE_ATTACKS))
 
 
 # ---- evidence per leakage type
@@ -344,16 +471,16 @@ def best_image(findings: dict[str, Finding]) -> tuple[str | None, dict[str, Any]
     return best, scored.get(best)
 
 
-def _images(findings: dict[str, Finding], held: Held) -> dict[str, Any]:
+def _images(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, Any]:
     _, scores = best_image(findings)
     why = "no image attack ran" if scores is None and held.images is not None else "no ground truth and no --data"
     return image_evidence(scores, len(as_batch(held.images) or []) or 1, why)
 
 
 # leakage type -> its evidence against its null from the findings of its measures
-JUDGES: dict[str, Callable[[dict[str, Finding], Held], dict[str, Any]]] = {
-    "labels": lambda findings, held: findings[LABELS].evidence,
-    "membership": lambda findings, held: findings[MEMBERSHIP.name].evidence,
+JUDGES: dict[str, Callable[[Observation, dict[str, Finding], Held], dict[str, Any]]] = {
+    "labels": lambda obs, findings, held: findings[LABELS].evidence,
+    "membership": judge_membership,
     "images": _images,
 }
 
@@ -371,8 +498,8 @@ def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Fi
     return obs, findings
 
 
-def evidence(findings: dict[str, Finding], held: Held) -> dict[str, dict[str, Any]]:
+def evidence(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, dict[str, Any]]:
     """Per leakage type, its figures against its null (:data:`JUDGES`)."""
     kinds = {m.name: m.leakage for m in MEASURES}
     of_kind = lambda kind: {n: f for n, f in findings.items() if kinds[n] == kind}  # noqa: E731
-    return {kind: judge(of_kind(kind), held) for kind, judge in JUDGES.items()}
+    return {kind: judge(obs, of_kind(kind), held) for kind, judge in JUDGES.items()}

@@ -14,7 +14,7 @@ from fedvit.audit.frontier import fmt, reid_cell
 from fedvit.audit.metrics import as_batch, match_batch
 
 TOP_LEVEL_KEYS = (
-    "title", "model", "threat-model", "verdict", "metrics", "budget", "updates", "rows", "summary", "notes"
+    "title", "model", "threat-model", "verdict", "metrics", "budget", "updates", "clients", "rows", "summary", "notes"
 )
 
 
@@ -24,6 +24,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"Threat model: {report['threat-model']}", ""]  # fmt: skip
     lines += [f"Model: {report['model']}", "", f"Budget: {'; '.join(report['budget'])}", ""]
     lines += update_lines(report["updates"])
+    lines += client_lines(report["clients"])
     lines += [
         "## Attacks (mean over updates)",
         "",
@@ -70,6 +71,16 @@ def update_lines(updates: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def client_lines(clients: list[dict[str, Any]]) -> list[str]:
+    """Per client with several updates: its membership over all of them."""
+    if not clients:
+        return []
+    lines = ["### Membership per client, its updates combined", ""]
+    lines += [f"- **{c['client']}** ({len(c['updates'])} updates: {', '.join(c['updates'])}): "
+              f"{evidence_text(c['membership'])}" for c in clients]  # fmt: skip
+    return lines + [""]
+
+
 def evidence_text(e: dict[str, Any]) -> str:
     """One leakage type of one update: the figure beside its null and margin (see :mod:`fedvit.audit.evidence`)."""
     if e["status"] != "measured":
@@ -80,11 +91,28 @@ def evidence_text(e: dict[str, Any]) -> str:
     if "auc" in e:
         null = e["null"]
         rates = "; ".join(tpr_text(e, f) for f in ("0.001", "0.01"))
-        return (f"AUC {e['auc']:.3f} (null {null['auc']:.3f}); {rates}; {e['members']} members, "
+        others = ", ".join(f"{name} {s['auc']:.3f}" for name, s in e["scores"].items() if name != e["score"])
+        return (f"strongest of {len(e['scores'])} score(s): {e['score']}" + (f" (AUC of the others: {others})"
+                if others else "") + f"; AUC {e['auc']:.3f} (null {null['auc']:.3f}, the choice among "
+                f"{len(e['scores'])} accounted for); {rates}; {e['members']} members, "
                 f"{e['non-members']} non-members ({e['non-member-source']}), FPR resolution "
                 f"{e['fpr-resolution']:.2%} (the fewest non-members of a member's class: "
-                f"{e['non-members-per-class']}): {verdict}")
+                f"{e['non-members-per-class']}): {verdict}" + power_text(e.get("power")))
     return f"re-identified {e['top1']:.0%} top-1 vs null {e['null-top1']:.0%} (margin {e['margin']:.0%}): {verdict}"
+
+
+def power_text(power: dict[str, Any] | None) -> str:
+    """What the audit could have seen: the simulated update with known members beside this one (same scores)."""
+    if not power:
+        return ""
+    if power["status"] != "measured":
+        return f"; power not measured ({power['why']})"
+    sim = power["simulated"]
+    return (f"; power: an update like this one, simulated with {sim['members']} known members, shows AUC "
+            f"{sim['auc']:.3f} (null {sim['null']['auc']:.3f}; {sim['score']}), "
+            + ("beyond" if power["could-have-seen"] else "within") + " its null: the audit "
+            + ("could" if power["could-have-seen"] else "could not") + " have seen membership like it; this one "
+            f"shows AUC {power['observed-auc']:.3f} with the same scores")  # fmt: skip
 
 
 def tpr_text(e: dict[str, Any], target: str) -> str:
