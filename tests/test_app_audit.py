@@ -66,6 +66,69 @@ def capture_exchange(
     add_direction(stem, "sent", reply, **head)
 
 
+DP_STEPS, DP_LR, DP_NOISE, DP_DELTA = 100, 3.0, 35.0, 1e-5
+
+
+def capture_dp_exchange(root: Path, node: int, partition: int, noise: float) -> float:
+    """One train exchange of a DP-GD client (the test app's ``train_dp``: full batch, per-image clipping to 1,
+    noise multiplier ``noise``) on its 50 images and the canaries it included, captured with the claim its reply
+    metrics make in Opacus' names: the ε of noise multiplier :data:`DP_NOISE` whatever ``noise`` it ran with.
+    Returns the claimed ε."""
+    from cnnapp.task import gdp_epsilon, train_dp
+    from cnnapp_partitions import canaries, dp
+
+    torch.manual_seed(1)
+    model = Net()
+    received = ArrayRecord(model.state_dict())
+    (images, labels), (planted, planted_labels, included) = dp(partition), canaries(partition)
+    x, y = np.concatenate([images, planted[included]]), np.concatenate([labels, planted_labels[included]])
+    config = ConfigRecord({"lr": DP_LR, "local-epochs": DP_STEPS, "server-round": 1})
+    instruction = Message(RecordDict({"arrays": received, "config": config}), dst_node_id=node, message_type="train")
+    loss = train_dp(model, x, y, DP_STEPS, DP_LR, 1.0, noise, seed=1)
+    epsilon = gdp_epsilon(DP_STEPS, DP_NOISE, DP_DELTA)
+    metrics = MetricRecord({"train_loss": loss, "num-examples": len(y), "epsilon": epsilon,
+                            "target_delta": DP_DELTA, "noise_multiplier": DP_NOISE, "max_grad_norm": 1.0})  # fmt: skip
+    reply = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=instruction)
+    stem = capture_stem(root, 5, 1, node, "train")
+    head = {"run-id": 5, "round": 1, "node": node, "run_config": {"batch-size": len(y)}}  # full batch
+    add_direction(stem, "received", instruction, **head)
+    add_direction(stem, "sent", reply, **head)
+    return epsilon
+
+
+def test_a_dp_claim_is_read_and_tested_against_planted_canaries(tmp_path):
+    """A DP-GD client that reports its ε (Opacus' metric names) with 128 canaries planted, each included with
+    probability ½: the audit reads the claim and, scoring the canaries (included against left out), finds it
+    consistent; the same client with its noise switched off, still claiming the noisy run's ε, memorises its
+    canaries and is flagged: the empirical ε (a 95% Clopper–Pearson lower bound) exceeds the claim."""
+    claimed = {}
+    for name, noise in (("noisy", DP_NOISE), ("noiseless", 0.0)):
+        claimed[name] = capture_dp_exchange(tmp_path / name, 21, 1, noise)
+    assert 0.5 < claimed["noisy"] == claimed["noiseless"] < 1.5
+    data = UserData("cnnapp_partitions:dp", {"21": 1}, tuple(range(4, 40)), str(APP),
+                    canaries="cnnapp_partitions:canaries")  # fmt: skip
+    reports = {name: audit_app_captures(tmp_path / name, tmp_path / f"{name}-out", SPEC, BUDGET, data=data,
+                                        references=0) for name in claimed}  # fmt: skip
+    for name, report in reports.items():
+        (row,) = report["updates"]
+        assert f"privacy claim ε {claimed[name]:g}, δ 1e-05, noise multiplier 35, clipping norm 1 (reply metrics)" in (
+            row["recipe"])  # fmt: skip
+        member = row["leakage"]["membership"]
+        assert member["non-member-source"].startswith("canaries left out") or "canaries left out of 128" in (
+            member["non-member-source"]), member  # fmt: skip
+        assert member["members"] + member["non-members"] == 128
+        assert row["attacks"]["membership: shadow alignment"].startswith("not applicable")
+        privacy = member["privacy"]
+        assert privacy["claimed-epsilon"] == pytest.approx(claimed[name]) and privacy["delta"] == DP_DELTA
+    noisy, noiseless = (reports[n]["updates"][0]["leakage"]["membership"]["privacy"] for n in ("noisy", "noiseless"))
+    assert noisy["consistent"] and noisy["empirical-epsilon"] <= claimed["noisy"], noisy
+    assert not noiseless["consistent"] and noiseless["empirical-epsilon"] > claimed["noiseless"], noiseless
+    assert "consistent with the claimed ε in 1 of 1" in reports["noisy"]["verdict"]
+    assert reports["noiseless"]["verdict"].startswith("LEAKS") and "DP claim violated in 1 of 1" in (
+        reports["noiseless"]["verdict"])  # fmt: skip
+    assert "violates the claimed ε" in (tmp_path / "noiseless-out" / "audit.md").read_text()
+
+
 def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_partitions(tmp_path):
     for node, partition in ((11, 0), (12, 1), (13, 2), (14, 3)):  # B = 1, 2, 3, 4: one local step each
         capture_exchange(tmp_path / "cap", node, partition)

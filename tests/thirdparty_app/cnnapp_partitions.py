@@ -1,7 +1,7 @@
 """The user's side of ``fedvit audit --data``: cnnapp's partition ``i`` as its default run config makes it
 (``partition-sizes = "1,2,3,4"``, ``seed = 7``); partitions beyond those serve as decoys."""
 
-from cnnapp.task import load_data, partition_size
+from cnnapp.task import load_data, make_canaries, partition_size
 
 SIZES, SEED = "1,2,3,4", 7
 
@@ -26,3 +26,17 @@ def small(partition_id: int):
     """cnnapp's partition as the memorising run makes it (``partition-sizes="100,120" dirichlet-alpha=0
     images="textures"``: classes uniform)."""
     return load_data(partition_id, partition_size(SMALL_SIZES, partition_id), SEED, 0.0, "textures")
+
+
+DP_SIZE, CANARIES = 50, 128  # the DP-SGD runs: 50 photograph-like images per client, 128 canaries planted
+
+
+def dp(partition_id: int):
+    """cnnapp's partition as the DP-SGD runs make it (``partition-sizes="50" images="textures"``, IID)."""
+    return load_data(partition_id, DP_SIZE, SEED, 0.0, "textures")
+
+
+def canaries(partition_id: int):
+    """The canaries the DP-SGD runs plant in partition ``partition_id`` (``canaries=128``): (images, labels,
+    included)."""
+    return make_canaries(partition_id, CANARIES, SEED)

@@ -82,6 +82,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--data-option", action="append", default=[], help="with a dataset name: KEY=VALUE of fedvit's "
                    "data.* settings or seed, e.g. partitioner=dirichlet (repeatable)")  # fmt: skip
     g.add_argument("--decoy-partitions", help="with a loader: partitions whose images are decoys, e.g. 4-40")
+    g.add_argument("--canaries", help="package.module:loader, loader(partition_id) -> (images, labels, included): "
+                   "canaries planted in that partition's training, each included with probability 1/2; membership "
+                   "then scores them (included against left out) and tests the update's DP claim")  # fmt: skip
     g.add_argument("--decoys", type=int, default=99, help="test-split images beside the true one in the "
                    "re-identification gallery of recorded ground truth (default 99: chance 1%%; 0: off)")  # fmt: skip
     g.add_argument("--membership-references", type=int, default=MEMBERSHIP_REFERENCES, metavar="K",
@@ -247,7 +250,7 @@ def user_data(args: argparse.Namespace, values: dict[str, Any], spec: Any) -> An
     data_values = dict(values.get("data", {}))
     source = args.data or data_values.get("loader") or data_values.get("name")
     if not source:
-        extra = given(args, ("partition", "num_partitions", "data_option", "decoy_partitions"))
+        extra = given(args, ("partition", "num_partitions", "data_option", "decoy_partitions", "canaries"))
         if extra:
             raise ValueError(f"{', '.join(extra)}: these describe the clients' data: give --data as well")
         return None
@@ -269,7 +272,7 @@ def user_data(args: argparse.Namespace, values: dict[str, Any], spec: Any) -> An
     decoys = parse_selection(args.decoy_partitions or str(data_values.get("decoy-partitions", ""))) or ()
     data = UserData(
         source, partitions, tuple(sorted(decoys)), spec.app_dir if spec else args.app_dir, settings,
-        None if count is None else int(count), shape[1] if shape else 32,
+        None if count is None else int(count), shape[1] if shape else 32, args.canaries or data_values.get("canaries"),
     )  # fmt: skip
     if data.named:
         data.config()  # a wrong data.* setting fails here, before any attack runs

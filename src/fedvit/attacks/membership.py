@@ -57,11 +57,13 @@ GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the
 
 @dataclasses.dataclass(frozen=True)
 class Candidates:
-    """Member and non-member images [n, C, H, W] in [0, 1] with their labels, and where the non-members came from."""
+    """Member and non-member images [n, C, H, W] in [0, 1] with their labels, and where the non-members came from;
+    ``canaries``: planted images, each in the client's training with probability ½ (members: those included)."""
 
     members: tuple[np.ndarray, np.ndarray]
     non_members: tuple[np.ndarray, np.ndarray]
     source: str
+    canaries: bool = False
 
 
 def evenly(images: np.ndarray, labels: np.ndarray, most: int = MAX_CANDIDATES) -> tuple[np.ndarray, np.ndarray]:
@@ -420,12 +422,13 @@ def clears_null(figures: dict[str, Any], null: dict[str, Any]) -> bool:
 
 
 def judge(
-    scores: list[Score] | list[RoundsScore], candidates: Candidates, seed: int = 0
+    scores: list[Score] | list[RoundsScore], candidates: Candidates, seed: int = 0, delta: float | None = None
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
     """Membership figures of one update from its strongest score against that score's null within the family
     (:func:`null_figures`): the score with the highest AUC among those that clear their null, else the highest AUC
-    of all; every score's figures and null beside it. Returns them and the strongest score's judged values on the
-    members and non-members (``scores`` were taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
+    of all; every score's figures and null beside it; with a ``delta``, the :func:`empirical_epsilon` the family
+    proves. Returns them and the strongest score's judged values on the members and non-members (``scores`` were
+    taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
     member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
     resolution, fewest = fpr_resolution(member_labels, non_member_labels)
     judged = [s.judged(member_labels, non_member_labels) for s in scores]
@@ -452,7 +455,40 @@ def judge(
             for s, f, n, c in zip(scores, each, nulls, cleared, strict=True)
         },  # fmt: skip
     }
+    if delta is not None:
+        result["empirical-epsilon"] = empirical_epsilon(judged, delta)
     return result, inside, outside
+
+
+def empirical_epsilon(judged: list[tuple[np.ndarray, np.ndarray]], delta: float,
+                      confidence: float = CONFIDENCE) -> dict[str, Any]:  # fmt: skip
+    """A lower bound on the ε of any (ε, δ)-DP training that the membership test refutes below it. A threshold test
+    of (ε, δ)-DP training has TPR ≤ e^ε FPR + δ and TNR ≤ e^ε FNR + δ (Kairouz et al., ICML 2015), so
+    ε ≥ ln((TPR − δ) / FPR) and ε ≥ ln((TNR − δ) / FNR) (Jagielski et al., arXiv 2006.07709; Nasr et al., arXiv
+    2101.04535). Each rate is taken at its Clopper–Pearson bound (TPR, TNR from below; FPR, FNR from above) with
+    the error ``1 − confidence`` split over every threshold of every score examined and both bounds (Bonferroni),
+    so the largest ε over them holds at ``confidence``. ``judged``: each score's values on members and non-members."""
+    from scipy.stats import beta
+
+    counts = []
+    for members, non_members in judged:
+        fpr, tpr, _ = split_roc(members, non_members)
+        counts.append((np.round(tpr * len(members)), len(members), np.round(fpr * len(non_members)), len(non_members)))
+    tests = sum(len(c[0]) for c in counts)
+    alpha = (1 - confidence) / (2 * max(tests, 1))
+    best, at = 0.0, None
+    for true_pos, n1, false_pos, n0 in counts:
+        tpr_low = np.nan_to_num(beta.ppf(alpha, true_pos, n1 - true_pos + 1))  # 0 positives: bound 0
+        fpr_high = np.nan_to_num(beta.ppf(1 - alpha, false_pos + 1, n0 - false_pos), nan=1.0)
+        tnr_low = np.nan_to_num(beta.ppf(alpha, n0 - false_pos, false_pos + 1))
+        fnr_high = np.nan_to_num(beta.ppf(1 - alpha, n1 - true_pos + 1, true_pos), nan=1.0)
+        for high_rate, low_rate in ((tpr_low, fpr_high), (tnr_low, fnr_high)):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                found = np.where(high_rate > delta, np.log((high_rate - delta) / low_rate), 0.0)
+            k = int(np.argmax(found))
+            if found[k] > best:
+                best, at = float(found[k]), {"tpr": float(true_pos[k] / n1), "fpr": float(false_pos[k] / n0)}
+    return {"epsilon-lower": best, "delta": delta, "confidence": confidence, "thresholds": tests, "at": at}
 
 
 # ---- the scores: each a function of the update and the candidates (fedvit.audit.registry runs them)

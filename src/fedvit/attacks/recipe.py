@@ -27,6 +27,51 @@ RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run conf
 }
 
 
+PRIVACY_KEYS = {  # differential-privacy claim -> names apps use for it (Opacus' in Flower's example, then hyphenated)
+    "epsilon": ("epsilon", "dp-epsilon", "dp_epsilon"),
+    "delta": ("target_delta", "delta", "dp-delta", "target-delta"),
+    "noise-multiplier": ("noise_multiplier", "noise-multiplier"),
+    "clipping-norm": ("max_grad_norm", "max-grad-norm", "clipping-norm", "clipping_norm"),
+}
+
+
+@dataclass(frozen=True)
+class PrivacyClaim:
+    """The (ε, δ) differential privacy a client claims for its training data, and the DP-SGD parameters it states
+    (None where no record carries them); ``source``: where the claim was read."""
+
+    epsilon: float
+    delta: float
+    noise_multiplier: float | None
+    clipping_norm: float | None
+    source: str
+
+    def described(self) -> str:
+        extra = "".join(f", {name} {value:g}" for name, value in (("noise multiplier", self.noise_multiplier),
+                                                                   ("clipping norm", self.clipping_norm))
+                        if value is not None)  # fmt: skip
+        return f"ε {self.epsilon:g}, δ {self.delta:g}{extra} ({self.source})"
+
+
+def read_privacy_claim(ex: Exchange) -> PrivacyClaim | None:
+    """The DP claim an update carries (:data:`PRIVACY_KEYS` in its reply metrics, ConfigRecord or run config), or
+    None without an ε. A claim without a δ is read as pure ε-DP (δ = 0)."""
+    for source, values in (("reply metrics", ex.sent_metrics), ("ConfigRecord", ex.received_config),
+                           ("run config", ex.run_config)):  # fmt: skip
+        found = {}
+        for key, aliases in PRIVACY_KEYS.items():
+            hit = next((values[a] for a in aliases if a in values and values[a] not in ("", None)), None)
+            if hit is not None:
+                try:
+                    found[key] = float(hit)
+                except (TypeError, ValueError) as err:
+                    raise AuditInputError(f"{ex.label}: {key} = {hit!r} ({source}) is not a number") from err
+        if "epsilon" in found:
+            return PrivacyClaim(found["epsilon"], found.get("delta", 0.0), found.get("noise-multiplier"),
+                                found.get("clipping-norm"), source)  # fmt: skip
+    return None
+
+
 @dataclass(frozen=True)
 class ClientRecipe:
     """The client's local work as the attacker reads it (run config, ConfigRecord, reply metrics)."""
@@ -43,6 +88,7 @@ class ClientRecipe:
     momentum_known: bool = True  # False: no record carries the momentum (``momentum`` is then assumed)
     # (value, where it came from) as the report states them, e.g. ("lr", "0.05 (ConfigRecord)"); empty: run config
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    privacy: PrivacyClaim | None = None  # the DP the client claims (its records), tested by the membership audit
 
     def described(self) -> str:
         """Every value with where it came from ("lr 0.05 (ConfigRecord); momentum 0 (assumed plain SGD); ...")."""
@@ -149,12 +195,16 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
         sources["num-examples"] = f"{examples} (local-steps × batch-size)"
     examples = int(examples if examples is not None else batch)
     batch = int(min(batch or examples, examples))
+    claim = read_privacy_claim(ex)
+    if claim is not None:
+        sources["privacy claim"] = claim.described()
     if kind == "gradient":  # FedSGD: one step on every example; lr, epochs and momentum play no part
         sources["sent"] = "a gradient: one step on all examples"
-        return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True, sources=tuple(sources.items()))
+        return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True, sources=tuple(sources.items()),
+                            privacy=claim)  # fmt: skip
     epochs = 1 if steps is not None else int(take("epochs", 1, "assumed"))
     lr = take("lr", None, "scale estimated for labels; 0.01 simulated")
     momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0
     lr_known = lr is not None
     return ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
-                        momentum_known="momentum" in found, sources=tuple(sources.items()))  # fmt: skip
+                        momentum_known="momentum" in found, sources=tuple(sources.items()), privacy=claim)  # fmt: skip

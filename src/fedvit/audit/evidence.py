@@ -72,6 +72,36 @@ def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, An
     return {"status": MEASURED, **result, "clears": result["clears-null"]}
 
 
+DEFAULT_DELTA = 1e-5  # the δ of the empirical ε where canaries are audited without a claim
+
+
+def privacy_evidence(claim: Any, found: dict[str, Any]) -> dict[str, Any]:
+    """The empirical lower bound on ε (:func:`fedvit.attacks.membership.empirical_epsilon`) beside the client's
+    claim (a :class:`fedvit.attacks.recipe.PrivacyClaim`, or None): consistent while the bound stays at or below
+    the claimed ε; a bound above it violates the claim at the bound's confidence."""
+    out = {"empirical-epsilon": found["epsilon-lower"], "delta": found["delta"], "confidence": found["confidence"],
+           "thresholds": found["thresholds"], "at": found["at"]}  # fmt: skip
+    if claim is None:
+        return out | {"claimed-epsilon": None}
+    return out | {"claimed-epsilon": claim.epsilon, "claim": claim.described(),
+                  "consistent": bool(found["epsilon-lower"] <= claim.epsilon)}  # fmt: skip
+
+
+def privacy_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
+    """The DP claims over the updates: their wording and whether one is violated (None: no claim tested)."""
+    claimed = [e["privacy"] for e in items if e.get("privacy", {}).get("claimed-epsilon") is not None]
+    if not claimed:
+        return "", None
+    broken = [p for p in claimed if not p["consistent"]]
+    bound = max(p["empirical-epsilon"] for p in claimed)
+    confidence = claimed[0]["confidence"]
+    if broken:
+        return (f"DP claim violated in {len(broken)} of {len(claimed)} update(s): empirical ε ≥ {bound:.2f} at "
+                f"{confidence:.0%} confidence against the claimed {broken[0]['claim']}"), True  # fmt: skip
+    return (f"consistent with the claimed ε in {len(claimed)} of {len(claimed)} update(s) (empirical ε ≥ "
+            f"{bound:.2f} at {confidence:.0%} confidence; claimed {claimed[0]['claim']})"), False  # fmt: skip
+
+
 def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
     """One leakage type over the updates: its wording and whether it leaks (None: nothing measured)."""
     measured = [e for e in items if e["status"] == MEASURED]
@@ -142,6 +172,9 @@ def verdict(updates: list[dict[str, Any]], nothing: str, clients: list[dict[str,
     parts = {kind: _part(kind, [u["leakage"][kind] for u in updates]) for kind in ("labels", "membership", "images")}
     if clients:
         parts["rounds"] = rounds_part(clients)
+    privacy = privacy_part([u["leakage"]["membership"] for u in updates])
+    if privacy[1] is not None:
+        parts["privacy"] = privacy
     leaks = [text for text, hit in parts.values() if hit]
     rest = [text for text, hit in parts.values() if not hit]
     if leaks:

@@ -48,7 +48,7 @@ from fedvit.attacks.observation import (
 )
 from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
-from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence
+from fedvit.audit.evidence import DEFAULT_DELTA, image_evidence, label_evidence, membership_evidence, privacy_evidence
 from fedvit.audit.metrics import as_batch, score
 from fedvit.core.config import AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
@@ -307,7 +307,7 @@ def membership_split(obs: Observation, held: Held) -> MembershipSplit:
     (:func:`~fedvit.attacks.membership.split_for_references`)."""
     if "membership-split" not in held.found:
         candidates, pool = held.candidates, None
-        if shadows_apply(obs, held) is None:
+        if alignment_applies(obs, held) is None:
             candidates, pool = split_for_references(candidates)
         held.found["membership-split"] = MembershipSplit(candidates, pool, attacker_seed(obs))
     return held.found["membership-split"]
@@ -331,6 +331,13 @@ def needs_candidates(obs: Observation, held: Held) -> str | None:
     return None if held.candidates is not None else "needs the client's images and others: --data or ground truth"
 
 
+def alignment_applies(obs: Observation, held: Held) -> str | None:
+    if (why := needs_candidates(obs, held) or shadows_apply(obs, held)) is not None:
+        return why
+    return "canaries: the loss scores only (half the excluded canaries would train the shadows)" if (
+        held.candidates.canaries) else None  # fmt: skip
+
+
 def membership_measure(name: str, score: Callable[[Observation, Held], Score],
                        why_not: Callable[[Observation, Held], str | None] = needs_candidates) -> Measure:  # fmt: skip
     """A membership score as a registry entry: its scores of the update's candidates, judged with the other
@@ -347,7 +354,7 @@ MEMBERSHIP_SCORES: tuple[Measure, ...] = (
     membership_measure(SENT_LOSS, lambda obs, held: sent_loss_score(candidate_losses_of(obs, held), False)),
     membership_measure(SENT_LOSS_PER_CLASS, lambda obs, held: sent_loss_score(candidate_losses_of(obs, held), True)),
     membership_measure(LOSS_DROP, lambda obs, held: loss_drop_score(candidate_losses_of(obs, held))),
-    membership_measure(ALIGNMENT, alignment, lambda obs, held: needs_candidates(obs, held) or shadows_apply(obs, held)),
+    membership_measure(ALIGNMENT, alignment, alignment_applies),
 )
 
 
@@ -357,10 +364,14 @@ def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held)
     scores = [f.extra for f in findings.values() if f.applied]
     if not scores:
         return membership_evidence(None, next(iter(findings.values())).status.removeprefix("not applicable: "))
-    split = held.found["membership-split"]
-    result, inside, outside = judge(scores, split.candidates, split.seed)
+    split, claim = held.found["membership-split"], recipe(obs).privacy
+    delta = claim.delta if claim is not None else DEFAULT_DELTA if split.candidates.canaries else None
+    result, inside, outside = judge(scores, split.candidates, split.seed, delta)
     held.found["membership-roc"] = (inside, outside)
-    return membership_evidence(result | {"power": power(obs, held, result)}, "")
+    result["power"] = power(obs, held, result)
+    if delta is not None:
+        result["privacy"] = privacy_evidence(claim, result.pop("empirical-epsilon"))
+    return membership_evidence(result, "")
 
 
 def power_applies(obs: Observation, held: Held) -> str | None:

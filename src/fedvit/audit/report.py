@@ -97,8 +97,20 @@ def evidence_text(e: dict[str, Any]) -> str:
                 f"{len(e['scores'])} accounted for); {rates}; {e['members']} members, "
                 f"{e['non-members']} non-members ({e['non-member-source']}), FPR resolution "
                 f"{e['fpr-resolution']:.2%} (the fewest non-members of a member's class: "
-                f"{e['non-members-per-class']}): {verdict}" + power_text(e.get("power")))
+                f"{e['non-members-per-class']}): {verdict}" + power_text(e.get("power"))
+                + privacy_text(e.get("privacy")))
     return f"re-identified {e['top1']:.0%} top-1 vs null {e['null-top1']:.0%} (margin {e['margin']:.0%}): {verdict}"
+
+
+def privacy_text(privacy: dict[str, Any] | None) -> str:
+    """The empirical ε the membership test proves, against the client's DP claim where it makes one."""
+    if not privacy:
+        return ""
+    text = (f"; empirical ε ≥ {privacy['empirical-epsilon']:.2f} (δ {privacy['delta']:g}, "
+            f"{privacy['confidence']:.0%} confidence over {privacy['thresholds']} thresholds)")  # fmt: skip
+    if privacy["claimed-epsilon"] is None:
+        return text
+    return text + (": consistent with" if privacy["consistent"] else ": violates") + f" the claimed {privacy['claim']}"
 
 
 def power_text(power: dict[str, Any] | None) -> str:

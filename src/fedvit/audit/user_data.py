@@ -36,6 +36,7 @@ class UserData:
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     num_partitions: int | None = None
     image_size: int = 32  # a named dataset's images are resized to the model's input (square)
+    canaries: str | None = None  # package.module:loader, loader(partition_id) -> (images, labels, included)
     _loaded: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
@@ -63,6 +64,25 @@ class UserData:
                 images, labels = import_callable(self.source, self.app_dir, "--data")(partition)
             self._loaded[partition] = normalized(images, labels, f"--data {self.source}({partition})")
         return self._loaded[partition]
+
+    def planted(self, partition: int) -> Candidates:
+        """The canaries planted in partition ``partition``'s training as membership candidates: members the ones
+        it included, non-members the ones it left out (each in with probability ½, Steinke et al., arXiv
+        2305.08846)."""
+        found = import_callable(self.canaries, self.app_dir, "--canaries")(partition)
+        what = f"--canaries {self.canaries}({partition})"
+        if not isinstance(found, tuple) or len(found) != 3:
+            raise AuditInputError(f"{what} returned {type(found).__name__}: expected (images, labels, included)")
+        images, labels = normalized(found[0], found[1], what)
+        included = np.asarray(found[2])
+        if included.dtype != bool or included.shape != labels.shape:
+            raise AuditInputError(f"{what}: included must be {len(labels)} booleans (one per canary), got "
+                                  f"{_described(found[2])}")  # fmt: skip
+        if included.all() or not included.any():
+            raise AuditInputError(f"{what}: every canary is {'in' if included.all() else 'out'}: none to compare")
+        return Candidates((images[included], labels[included]), (images[~included], labels[~included]),
+                          f"{int((~included).sum())} canaries left out of {len(included)} planted ({self.canaries})",
+                          canaries=True)  # fmt: skip
 
     def _named_partition(self, partition: int, count: int | None) -> tuple[np.ndarray, np.ndarray]:
         from fedvit.core.data import DatasetUnavailableError, client_data
@@ -239,7 +259,11 @@ class Truths:
 
     def candidates(self, ex: Exchange, obs: Observation, members: np.ndarray | None,
                    labels: np.ndarray | None) -> Candidates | None:  # fmt: skip
-        """Membership candidates: the client's images (the scored truth) and :meth:`others` (None if either lacks)."""
+        """Membership candidates: the client's images (the scored truth) and :meth:`others` (None if either lacks);
+        with ``--canaries``, the canaries planted in its partition instead."""
+        if self.data is not None and self.data.canaries is not None:
+            partition = self.data.partitions.get(str(ex.node), ex.partition)
+            return None if partition is None else self.data.planted(partition)
         found = None if members is None or labels is None else self.others(ex, obs)
         return None if found is None else Candidates((members, labels), found[:2], found[2])
 

@@ -125,3 +125,54 @@ def test(net: Net, images: np.ndarray, labels: np.ndarray) -> tuple[float, float
         loss = F.cross_entropy(logits, torch.as_tensor(labels)).item()
         accuracy = (logits.argmax(1).numpy() == labels).mean()
     return float(loss), float(accuracy)
+
+
+def make_canaries(partition_id: int, count: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``count`` canaries for a partition: uniform-noise images (out of distribution) with random labels, each
+    included in the client's training with probability 1/2 (Steinke, Nasr and Jagielski, arXiv 2305.08846);
+    returns (images, labels, included)."""
+    rng = np.random.default_rng([seed, partition_id, 424242])
+    images = rng.random((count, 3, 32, 32)).astype(np.float32)
+    return images, rng.integers(0, NUM_CLASSES, count), rng.random(count) < 0.5
+
+
+def train_dp(net: Net, images: np.ndarray, labels: np.ndarray, steps: int, lr: float, clip: float,
+             noise_multiplier: float, seed: int) -> float:  # fmt: skip
+    """DP-GD (Abadi et al., 2016, full batch): per step each image's gradient clipped to norm ``clip``, summed,
+    Gaussian noise of std ``noise_multiplier * clip`` added, divided by the batch, one SGD step; returns the mean
+    loss."""
+    from torch.func import functional_call, grad, vmap
+
+    generator = torch.Generator().manual_seed(seed)
+    x, y = normalize(torch.as_tensor(images)), torch.as_tensor(labels)
+    params = {n: p.detach() for n, p in net.named_parameters()}
+
+    def loss_of(weights, image, label):
+        return F.cross_entropy(functional_call(net, weights, (image[None],)), label[None])
+
+    per_image = vmap(grad(loss_of), in_dims=(None, 0, 0))
+    losses = []
+    for _ in range(steps):
+        grads = per_image(params, x, y)
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads.values()))
+        scale = (clip / (norms + 1e-12)).clamp(max=1.0)
+        for n, p in params.items():
+            summed = (grads[n] * scale.view(-1, *[1] * (grads[n].dim() - 1))).sum(0)
+            noise = torch.randn(p.shape, generator=generator) * noise_multiplier * clip
+            params[n] = p - lr * (summed + noise) / len(y)
+        with torch.no_grad():
+            losses.append(F.cross_entropy(functional_call(net, params, (x,)), y).item())
+    net.load_state_dict(params, strict=False)
+    return float(np.mean(losses))
+
+
+def gdp_epsilon(steps: int, noise_multiplier: float, delta: float) -> float:
+    """The app's accountant for DP-GD without subsampling: each step is a Gaussian mechanism of sensitivity 1 in
+    units of the clipping norm, so T steps are μ-GDP with μ = √T / σ (Dong, Roth and Su, arXiv 1905.02383), and
+    (ε, δ)-DP for the ε solving δ = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    mu = np.sqrt(steps) / noise_multiplier
+    gap = lambda eps: norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta  # noqa: E731
+    return float(brentq(gap, 0.0, 500.0))
