@@ -24,8 +24,8 @@ SIZES = {PARTITIONS[0]: 1000, PARTITIONS[1]: 1200}  # partition-sizes "1000,1200
 RUN = 'partition-sizes="1000,1200" dirichlet-alpha=0.5 images="textures" batch-size=32 lr=0.01'
 
 
-def tapped(workdir: Path, extra: str, run: str = RUN) -> Path:
-    done, final, captures = deploy(workdir, through_tap=True, rounds=1, extra=f"{run} {extra}")
+def tapped(workdir: Path, extra: str, run: str = RUN, rounds: int = 1) -> Path:
+    done, final, captures = deploy(workdir, through_tap=True, rounds=rounds, extra=f"{run} {extra}")
     assert final.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     return captures
 
@@ -43,13 +43,13 @@ def node_partitions(captures: Path, sizes: dict[int, int] = SIZES) -> dict[Path,
 def audit(captures: Path, out: Path, swap: bool = False, sizes: dict[int, int] = SIZES, loader: str = "large",
           decoys: str = "4-7") -> dict:  # fmt: skip
     """``fedvit audit`` with the user's data; each node mapped to its partition (or, ``swap``, to the other's)."""
-    found = node_partitions(captures, sizes)
-    assert len(found) == 2
+    nodes = {json.loads(manifest.read_text())["node"]: p for manifest, p in node_partitions(captures, sizes).items()}
+    assert len(nodes) == 2
     mapping = []
-    for manifest, partition in found.items():
+    for node, partition in nodes.items():
         if swap:
             partition = next(p for p in sizes if p != partition)
-        mapping.append(f"--partition={json.loads(manifest.read_text())['node']}={partition}")
+        mapping.append(f"--partition={node}={partition}")
     done = fedvit("audit", str(captures), "--out", str(out), "--model", "cnnapp.task:Net", "--app-dir", str(APP),
                   "--data", f"cnnapp_partitions:{loader}", *mapping, "--decoy-partitions", decoys)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -144,3 +144,26 @@ def test_a_memorising_client_is_caught_at_least_as_well_as_the_plain_loss_attack
         assert member["auc"] >= threshold_auc - 1e-9, member
         assert member["clears"], member
     assert report["verdict"].startswith("LEAKS") and "membership beyond the null in 2 of 2" in report["verdict"]
+
+
+ROUNDS_RUN = 'partition-sizes="300,360" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=1'
+MEDIUM = {PARTITIONS[0]: 300, PARTITIONS[1]: 360}
+
+
+def test_a_clients_rounds_combined_show_at_least_its_best_round(tmp_path):
+    """Two IID clients (300 and 360 photograph-like images) over 5 rounds of 1 local epoch, through the tap: each
+    client's membership over its 5 updates (each score's per-update ranks combined, against the same shuffles on
+    every update) has an AUC at least its best single update's, and the report and verdict carry it."""
+    captures = tapped(tmp_path / "rounds", "", ROUNDS_RUN, rounds=5)
+    report = audit(captures, tmp_path / "audit", sizes=MEDIUM, loader="medium", decoys="4-23")
+    assert len(report["updates"]) == 10 and len(report["clients"]) == 2, report["clients"]
+    for client in report["clients"]:
+        partition = int(client["client"].removeprefix("partition "))
+        own = [u for u in report["updates"] if u["partition"] == partition]
+        assert len(own) == 5 == len(client["updates"])
+        best = max(u["leakage"]["membership"]["auc"] for u in own)
+        combined = client["membership"]
+        print(f"{client['client']}: combined AUC {combined['auc']:.3f} ({combined['score']}), best update {best:.3f}")
+        assert combined["status"] == "measured" and combined["reference"].endswith("over 5 update(s)"), combined
+        assert combined["auc"] >= best, (combined, [u["leakage"]["membership"]["auc"] for u in own])
+    assert "membership over each client's updates beyond the null for" in report["verdict"]

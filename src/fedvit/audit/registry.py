@@ -359,8 +359,10 @@ MEMBERSHIP_SCORES: tuple[Measure, ...] = (
 
 
 def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, Any]:
-    """The strongest membership score against the null of the same maximum (:func:`fedvit.attacks.membership.judge`);
-    leaves the strongest score's judged values in ``held.found["membership-roc"]`` for the ROC plot."""
+    """The strongest membership score against its null within the family (:func:`fedvit.attacks.membership.judge`),
+    what a simulated update like this one shows (:func:`power`) and, where the update claims DP or canaries are
+    scored, the empirical ε; leaves the strongest score's judged values in ``held.found["membership-roc"]`` for the
+    ROC plot."""
     scores = [f.extra for f in findings.values() if f.applied]
     if not scores:
         return membership_evidence(None, next(iter(findings.values())).status.removeprefix("not applicable: "))
@@ -381,6 +383,8 @@ def power_applies(obs: Observation, held: Held) -> str | None:
                 "are not the client's")  # fmt: skip
     if recipe(obs).sends_gradient:
         return "a gradient reply: the simulation is of weight updates"
+    if held.candidates.canaries:
+        return "canaries are scored: the simulation stands for the client's own images"
     return None
 
 
