@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.stats import norm
+from scipy.special import ndtri
 from torch.func import functional_call, grad, vmap
 
 from fedvit.attacks.label_distribution import Auxiliary, Simulation, simulate
@@ -219,13 +219,27 @@ def calibrate(
     granularity) and a null split centres on 0.5 however skewed a class's scores are (a mean/std standardisation
     does not: with most members in a long-tailed class it gives 0.50 where the within-class AUC is 0.63,
     tests/test_label_distribution.py). A class with fewer than two non-members is ranked among all non-members."""
-    members, non_members = np.empty(len(member_scores)), np.empty(len(non_member_scores))
-    for c in np.unique(np.concatenate([member_labels, non_member_labels])):
-        inside, outside = member_labels == c, non_member_labels == c
-        reference = non_member_scores[outside] if outside.sum() >= 2 else non_member_scores
-        members[inside] = class_ranks(member_scores[inside], reference)
-        non_members[outside] = class_ranks(non_member_scores[outside], reference)
-    return members, non_members
+    # One sort for every class: each score becomes its rank among all scores, keyed by class (class × n + rank), so a
+    # class's non-members are one contiguous run of the sorted keys (the null calls this thousands of times).
+    scores = np.concatenate([member_scores, non_member_scores])
+    labels = np.concatenate([member_labels, non_member_labels]).astype(np.int64)
+    order = np.unique(scores, return_inverse=True)[1].astype(np.int64)
+    span = len(scores) + 1
+    keys = labels * span + order
+    reference = np.sort(keys[len(member_scores):])
+    classes, of_class = np.unique(labels, return_inverse=True)
+    starts = np.searchsorted(reference, classes * span, "left")
+    first, count = starts[of_class], (np.searchsorted(reference, classes * span + span, "left") - starts)[of_class]
+    by_key = np.argsort(keys, kind="stable")  # sorted queries: searchsorted walks the reference once
+    below, through = np.empty(len(keys), np.int64), np.empty(len(keys), np.int64)
+    below[by_key] = np.searchsorted(reference, keys[by_key], "left")
+    through[by_key] = np.searchsorted(reference, keys[by_key], "right")
+    below, tied = below - first, through - below
+    ranks = (below + 0.5 * tied) / np.maximum(count, 1)
+    few = count < 2  # ranked among all non-members
+    if few.any():
+        ranks[few] = class_ranks(scores[few], non_member_scores)
+    return ranks[: len(member_scores)], ranks[len(member_scores) :]
 
 
 def fpr_resolution(member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[float, int]:
@@ -355,8 +369,8 @@ class RoundsScore:
                 ranks = part.judged(member_labels, non_member_labels)
             else:
                 ranks = class_ranks(part.members, part.non_members), class_ranks(part.non_members, part.non_members)
-            members += norm.ppf(np.clip(ranks[0], floor, 1 - floor))
-            non_members += norm.ppf(np.clip(ranks[1], floor, 1 - floor))
+            members += ndtri(np.clip(ranks[0], floor, 1 - floor))  # the normal quantile
+            non_members += ndtri(np.clip(ranks[1], floor, 1 - floor))
         return members / math.sqrt(len(self.parts)), non_members / math.sqrt(len(self.parts))
 
     def resplit(self, is_member: np.ndarray) -> RoundsScore:
