@@ -429,6 +429,25 @@ def test_calibration_ranks_each_class_among_its_non_members():
     assert np.isclose(inside[2], 3 / 5)  # class 2 has one non-member: ranked among all five
 
 
+def test_calibration_in_one_sort_is_each_class_ranked_on_its_own():
+    """The one-sort calibration equals ranking each class's scores among that class's non-members (all non-members
+    for a class with fewer than two), ties included."""
+    from fedvit.attacks.membership import calibrate, class_ranks
+
+    rng = np.random.default_rng(0)
+    for case in range(200):
+        sizes = rng.integers(1, 60), rng.integers(1, 80)
+        draw = (lambda n: rng.integers(0, 12, n).astype(float)) if case % 2 else (lambda n: rng.normal(size=n))
+        inside, outside = draw(sizes[0]), draw(sizes[1])
+        member_labels, outsider_labels = rng.integers(0, 6, sizes[0]), rng.integers(0, 6, sizes[1])
+        found = calibrate(inside, outside, member_labels, outsider_labels)
+        for c in range(6):
+            reference = outside[outsider_labels == c] if (outsider_labels == c).sum() >= 2 else outside
+            assert np.array_equal(found[0][member_labels == c], class_ranks(inside[member_labels == c], reference))
+            assert np.array_equal(found[1][outsider_labels == c], class_ranks(outside[outsider_labels == c],
+                                                                              reference))  # fmt: skip
+
+
 def test_calibrated_auc_is_the_within_class_auc_however_skewed_the_classes():
     """A class holding most members with a long-tailed score, another holding most non-members: the pooled
     calibrated AUC is the member-weighted within-class AUC, and a null split centres on 0.5 (a mean/std
