@@ -228,3 +228,25 @@ def test_outside_references_are_caught():
     if ignored_by_git(["benchmarks/results/x.json"]):
         assert any("git ignores" in p for p in problems)
 
+
+
+def test_the_worked_verdict_example_quotes_the_committed_tables():
+    """docs/audit.md's worked example: its membership and ε figures are the committed benchmark rows'."""
+    text = " ".join((DOCS / "audit.md").read_text().split())
+    example = text[text.index("**A worked example**") : text.index("**The frontier's verdict**")]
+    power = {(r["data"], r["partition"], r["local epochs"]): r
+             for r in csv.DictReader((DOCS / "results" / "data" / "membership-power.csv").open())}  # fmt: skip
+    early, late = power[("textures", "IID", "3")], power[("textures", "IID", "30")]
+    assert early["observed clears"] == "False" == early["simulated clears"] and late["observed clears"] == "True"
+    for row, keys in ((early, ("observed AUC", "observed null AUC", "simulated AUC")),
+                      (late, ("observed AUC", "observed null AUC", "simulated AUC"))):  # fmt: skip
+        for key in keys:
+            assert f"{float(row[key]):.3f}" in example, (key, row[key])
+    for row, key in ((early, "observed TPR@1% FPR"), (late, "observed TPR@1% FPR"), (late, "simulated TPR@1% FPR")):
+        assert f"{float(row[key]):.1%}" in example, (key, row[key])
+    epsilon = list(csv.DictReader((DOCS / "results" / "data" / "dp-epsilon.csv").open()))
+    noisy = [float(r["empirical ε ≥ (95%)"]) for r in epsilon if r["noise multiplier"] == "35.0"]
+    noiseless = [float(r["empirical ε ≥ (95%)"]) for r in epsilon if r["noise multiplier"] == "0.0"]
+    claimed = {r["claimed ε (δ 1e-5)"] for r in epsilon if r["noise multiplier"] == "35.0"}
+    assert f"ε ≥ {min(noisy):.2f} to {max(noisy):.2f}" in example and f"ε ≥ {min(noiseless):.1f}" in example
+    assert claimed == {"1.073"} and "claims ε 1.07" in example
