@@ -227,6 +227,8 @@ def test_arrays_map_by_name_or_order_and_mismatches_are_listed():
     assert map_state(state, model, "x").keys() == state.keys()
     by_order = map_state({str(i): a for i, a in enumerate(state.values())}, model, "x")
     assert list(by_order) == list(state)
+    wrapped = {f"_module.{n}": a for n, a in state.items()}  # an Opacus GradSampleModule's state_dict
+    assert map_state(wrapped, model, "x").keys() == state.keys()
     renamed = {("features." + n if n.startswith("conv") else n): a for n, a in state.items()}
     with pytest.raises(AuditInputError, match=r"missing \['conv1.weight'.*unexpected \['features.conv1.weight'"):
         map_state(renamed, model, "x")

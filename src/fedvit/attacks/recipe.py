@@ -117,12 +117,18 @@ class ClientRecipe:
         return not self.sends_gradient and self.steps > 1
 
 
+OPACUS_PREFIX = "_module."  # Opacus' GradSampleModule keeps the wrapped model under ``_module``
+
+
 def map_state(arrays: dict[str, np.ndarray], model: nn.Module, what: str) -> dict[str, np.ndarray]:
-    """``arrays`` keyed by the model's ``state_dict`` names: by name when the keys are the state_dict's; by order
+    """``arrays`` keyed by the model's ``state_dict`` names (an Opacus-wrapped model's ``_module.`` prefix
+    removed): by name when the keys are the state_dict's; by order
     (all of the state_dict, or its parameters only) when no key is a state_dict name (e.g. "0", "1", ... from a
     list of arrays) and every shape agrees; else one error that lists the keys and shapes that do not match."""
     state = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     params = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    if arrays and not set(arrays) & set(state) and all(n.startswith(OPACUS_PREFIX) for n in arrays):
+        arrays = {n.removeprefix(OPACUS_PREFIX): a for n, a in arrays.items()}  # an Opacus-wrapped model's state_dict
     got = {n: tuple(a.shape) for n, a in arrays.items()}
     if set(got) <= set(state) and set(params) <= set(got):
         wrong = [f"{n}: captured {got[n]}, model {state[n]}" for n in got if got[n] != state[n]]
