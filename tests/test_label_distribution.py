@@ -163,6 +163,33 @@ def test_tpr_is_given_only_at_fprs_the_calibration_resolves_with_exact_intervals
     assert clopper_pearson(50, 100)[0] == pytest.approx(0.3983, abs=1e-4)
 
 
+def test_below_the_resolution_a_gaussian_fit_gives_tpr_at_0_1_percent_where_it_agrees_with_the_data():
+    """90 non-members per class resolve neither 0.1% nor 1% FPR; LiRA's offline route fits a Gaussian to each class's
+    non-member scores. Where they are Gaussian (members N(3, 1), non-members N(0, 1): true TPR at 0.1% FPR 46.4%) the
+    fit's TPR comes within sampling error and its check against the empirical CDF agrees; where they are
+    long-tailed (exponential) the check disagrees and the report gives no parametric figure."""
+    from scipy.stats import norm
+
+    from fedvit.attacks.membership import Score, judge
+    from fedvit.audit.report import tpr_text
+
+    rng = np.random.default_rng(0)
+    member_labels, outsider_labels = np.repeat(np.arange(10), 50), np.repeat(np.arange(10), 90)
+    candidates = Candidates((np.zeros((500, 1)), member_labels), (np.zeros((900, 1)), outsider_labels), "test")
+    gaussian = Score("gaussian", "", rng.normal(3, 1, 500), rng.normal(0, 1, 900))
+    found = judge([gaussian], candidates)[0]
+    truth = 1 - norm.cdf(norm.ppf(0.999) - 3)
+    assert found["tpr@0.001"] is None and found["tpr@0.01"] is None
+    assert abs(found["tpr@0.001-parametric"] - truth) < 0.07 and found["fit-check"]["agrees"], found
+    assert found["null"]["tpr@0.001-parametric"] < 0.05
+    assert "; parametric " in tpr_text(found, "0.001") and "agreeing with the empirical CDF" in tpr_text(found, "0.001")
+    tailed = Score("tailed", "", rng.exponential(1, 500) ** 3 + 3, rng.exponential(1, 900) ** 3)
+    found = judge([tailed], candidates)[0]
+    assert not found["fit-check"]["agrees"], found["fit-check"]
+    assert "disagrees with the empirical CDF" in tpr_text(found, "0.001") and "; parametric " not in tpr_text(
+        found, "0.001")  # fmt: skip
+
+
 def test_the_verdict_says_leaks_only_beyond_a_null():
     measured = {"status": "measured", "error": 0.3, "null-error": 0.32, "margin": 0.05, "clears": False}
     none = {"status": "not measured", "why": "no candidates"}

@@ -52,6 +52,8 @@ REFERENCES = 8  # shadow updates per multi-step update (fewer where REFERENCE_SE
 REFERENCE_SECONDS = 60.0
 ALIGNMENT_POINTS = 3  # weights along the local training where the candidates' gradients are taken
 PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is cleared of
+FIT_MINIMUM = 20  # non-members of a class a Gaussian fit of their scores needs (LiRA's offline test)
+PARAMETRIC = "tpr@0.001-parametric"  # TPR at 0.1% FPR of the per-class Gaussian fit
 GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the pool and the chunks on large models
 
 
@@ -343,6 +345,29 @@ class Score:
             return self.members, self.non_members
         return calibrate(self.members, self.non_members, member_labels, non_member_labels)
 
+    def fitted(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both sides' values as z-scores under a Gaussian fitted to the non-members of their class (LiRA's offline
+        test, Carlini et al., arXiv 2112.03570): a calibration that reaches below one over the class's non-members.
+        None for a score judged raw, or where a member's class has fewer than :data:`FIT_MINIMUM` non-members."""
+        if not self.per_class:
+            return None
+        classes = int(max(member_labels.max(initial=0), non_member_labels.max(initial=0))) + 1
+        count = np.bincount(non_member_labels, minlength=classes).astype(float)
+        if (count[np.unique(member_labels)] < FIT_MINIMUM).any():
+            return None
+        mean = np.bincount(non_member_labels, self.non_members, classes) / np.maximum(count, 1)
+        spread = np.bincount(non_member_labels, (self.non_members - mean[non_member_labels]) ** 2, classes)
+        spread = np.sqrt(spread / np.maximum(count - 1, 1)) + 1e-12
+        return ((self.members - mean[member_labels]) / spread[member_labels],
+                (self.non_members - mean[non_member_labels]) / spread[non_member_labels])  # fmt: skip
+
+    def figures(self, member_labels: np.ndarray, non_member_labels: np.ndarray, resolution: float) -> dict[str, Any]:
+        """:func:`roc_figures` of the judged values, and the TPR at 0.1% FPR of the Gaussian fit (:meth:`fitted`;
+        None without one)."""
+        found = roc_figures(*self.judged(member_labels, non_member_labels), resolution)
+        fit = self.fitted(member_labels, non_member_labels)
+        return found | {PARAMETRIC: None if fit is None else float(np.mean(fit[0] > ndtri(1 - FPRS[0])))}
+
     def resplit(self, is_member: np.ndarray) -> Score:
         """The same values on another member/non-member split of the pooled candidates (a null's shuffle)."""
         pooled = np.concatenate([self.members, self.non_members])
@@ -372,6 +397,9 @@ class RoundsScore:
             members += ndtri(np.clip(ranks[0], floor, 1 - floor))  # the normal quantile
             non_members += ndtri(np.clip(ranks[1], floor, 1 - floor))
         return members / math.sqrt(len(self.parts)), non_members / math.sqrt(len(self.parts))
+
+    def figures(self, member_labels: np.ndarray, non_member_labels: np.ndarray, resolution: float) -> dict[str, Any]:
+        return roc_figures(*self.judged(member_labels, non_member_labels), resolution) | {PARAMETRIC: None}
 
     def resplit(self, is_member: np.ndarray) -> RoundsScore:
         return dataclasses.replace(self, parts=tuple(p.resplit(is_member) for p in self.parts))
@@ -409,23 +437,20 @@ def null_figures(
         for group in groups:
             shuffled[group] = rng.permutation(is_member[group])
         labels = classes[shuffled], classes[~shuffled]
-        draws.append([
-            roc_figures(*s.resplit(shuffled).judged(*labels), resolution) for s in scores
-        ])  # fmt: skip
-    nulls: list[dict[str, Any]] = [{} for _ in scores]
-    for figure in draws[0][0]:
-        if draws[0][0][figure] is None:
-            for null in nulls:
-                null[figure] = None
+        draws.append([s.resplit(shuffled).figures(*labels, resolution) for s in scores])
+    nulls: list[dict[str, Any]] = [dict.fromkeys(draws[0][0]) for _ in scores]
+    for figure in draws[0][0]:  # a figure a score lacks (below the resolution, no fit) is None in every draw
+        present = [k for k in range(len(scores)) if draws[0][k][figure] is not None]
+        if not present:
             continue
-        found = np.array([[d[k][figure] for k in range(len(scores))] for d in draws])  # [draws, scores]
-        if len(scores) == 1:
-            nulls[0][figure] = float(np.quantile(found[:, 0], NULL_QUANTILE))
+        found = np.array([[d[k][figure] for k in present] for d in draws])  # [draws, scores]
+        if len(present) == 1:
+            nulls[present[0]][figure] = float(np.quantile(found[:, 0], NULL_QUANTILE))
             continue
         centre, spread = found.mean(0), np.maximum(found.std(0), 1e-12)
         threshold = np.quantile(((found - centre) / spread).max(1), NULL_QUANTILE)
-        for k, null in enumerate(nulls):
-            null[figure] = float(centre[k] + threshold * spread[k])
+        for j, k in enumerate(present):
+            nulls[k][figure] = float(centre[j] + threshold * spread[j])
     return nulls
 
 
@@ -446,7 +471,7 @@ def judge(
     member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
     resolution, fewest = fpr_resolution(member_labels, non_member_labels)
     judged = [s.judged(member_labels, non_member_labels) for s in scores]
-    each = [roc_figures(*values, resolution) for values in judged]
+    each = [s.figures(member_labels, non_member_labels, resolution) for s in scores]
     nulls = null_figures(scores, member_labels, non_member_labels, seed)
     cleared = [clears_null(f, n) for f, n in zip(each, nulls, strict=True)]
     best = max(range(len(scores)), key=lambda k: (cleared[k], each[k]["auc"]))
@@ -464,14 +489,26 @@ def judge(
         "fpr-resolution": resolution,  # after calibration: 1 / the fewest non-members of a member's class
         "non-members-per-class": fewest,
         "scores": {
-            s.name: {**{k: f[k] for k in ("auc", "tpr@0.01", "tpr@resolution")}, "null": n, "clears-null": c,
-                     "per-class": s.per_class}
+            s.name: {**{k: f[k] for k in ("auc", "tpr@0.01", "tpr@resolution", PARAMETRIC)}, "null": n,
+                     "clears-null": c, "per-class": s.per_class}
             for s, f, n, c in zip(scores, each, nulls, cleared, strict=True)
         },  # fmt: skip
     }
+    fit = scores[best].fitted(member_labels, non_member_labels) if isinstance(scores[best], Score) else None
+    if fit is not None:
+        result["fit-check"] = fit_check(fit[1])
     if delta is not None:
         result["empirical-epsilon"] = empirical_epsilon(judged, delta)
     return result, inside, outside
+
+
+def fit_check(non_members: np.ndarray, target: float = FPRS[1]) -> dict[str, Any]:
+    """The per-class Gaussian fit against the empirical CDF where both apply: the share of non-members its ``target``
+    FPR threshold passes, with its Clopper–Pearson interval; the fit agrees when the interval holds ``target``."""
+    passed = int(np.sum(non_members > ndtri(1 - target)))
+    low, high = clopper_pearson(passed, len(non_members))
+    return {"target": target, "found": passed / max(len(non_members), 1), "ci": [low, high],
+            "agrees": bool(low <= target <= high)}  # fmt: skip
 
 
 def empirical_epsilon(judged: list[tuple[np.ndarray, np.ndarray]], delta: float,
@@ -527,11 +564,21 @@ def candidate_losses(obs: Observation, candidates: Candidates) -> dict[str, tupl
 
 
 def sent_loss_score(found: dict[str, tuple[np.ndarray, np.ndarray]], per_class: bool) -> Score:
-    """−ℓ(w_sent, x): the loss-threshold attack (Yeom et al., "Privacy Risk in Machine Learning", CSF 2018, arXiv
-    1709.01604) on the model an eavesdropper holds; one threshold for all classes, or per class."""
+    """−ℓ(w_sent, x), as :func:`confidence_logit`: the loss-threshold attack (Yeom et al., "Privacy Risk in Machine
+    Learning", CSF 2018, arXiv 1709.01604) on the model an eavesdropper holds; one threshold for all classes, or per
+    class."""
     members, non_members = found["sent"]
     name = SENT_LOSS_PER_CLASS if per_class else SENT_LOSS
-    return Score(name, "the sent model's loss on each image", -members, -non_members, per_class)
+    return Score(name, "the sent model's loss on each image", confidence_logit(members), confidence_logit(non_members),
+                 per_class)  # fmt: skip
+
+
+def confidence_logit(loss: np.ndarray) -> np.ndarray:
+    """log(p / (1 − p)) of the true class's probability p = e^−ℓ: decreasing in the loss, so every rank and ROC figure
+    is the loss's; LiRA scales confidences so because the result is close to Gaussian per example and class, which
+    the parametric fit (:meth:`Score.fitted`) assumes (Carlini et al., arXiv 2112.03570)."""
+    loss = np.maximum(loss, 1e-12)
+    return -loss - np.log(-np.expm1(-loss))
 
 
 def loss_drop_score(found: dict[str, tuple[np.ndarray, np.ndarray]]) -> Score:

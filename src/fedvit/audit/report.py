@@ -113,6 +113,18 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
     return text + (": consistent with" if privacy["consistent"] else ": violates") + f" the claimed {privacy['claim']}"
 
 
+def parametric_text(e: dict[str, Any]) -> str:
+    """TPR at 0.1% FPR from the per-class Gaussian fit (LiRA's offline test), where it agrees with the empirical CDF."""
+    check, value = e.get("fit-check"), e.get("tpr@0.001-parametric")
+    if check is None or value is None:
+        return ""
+    passed = f"{check['found']:.2%} of the non-members pass its {check['target']:.0%} threshold"
+    if not check["agrees"]:
+        return f"; a per-class Gaussian fit disagrees with the empirical CDF ({passed}): no parametric figure"
+    return (f"; parametric {value:.1%} (null {e['null']['tpr@0.001-parametric']:.1%}; a per-class Gaussian fit of the "
+            f"non-members, LiRA's offline test, agreeing with the empirical CDF: {passed})")  # fmt: skip
+
+
 def power_text(power: dict[str, Any] | None) -> str:
     """What the audit could have seen: the simulated update with known members beside this one (same scores)."""
     if not power:
@@ -131,7 +143,8 @@ def tpr_text(e: dict[str, Any], target: str) -> str:
     """TPR at one FPR target with its 95% interval and the FPR reached, or what resolving the target needs."""
     name = f"TPR@{float(target):.1%}".replace(".0%", "%") + " FPR"
     if e.get(f"tpr@{target}") is None:
-        return f"{name} not resolved (needs ≥ {e[f'tpr@{target}-needs']} non-members per class)"
+        return f"{name} not resolved (needs ≥ {e[f'tpr@{target}-needs']} non-members per class)" + (
+            parametric_text(e) if target == "0.001" else "")
     low, high = e[f"tpr@{target}-ci"]
     return (f"{name} {e[f'tpr@{target}']:.1%} [{low:.1%}, {high:.1%}] at FPR {e[f'fpr@{target}']:.2%} "
             f"(null {e['null'][f'tpr@{target}']:.1%})")  # fmt: skip
