@@ -143,12 +143,12 @@ def power_summary(powers: list[dict[str, Any]], hits: int) -> str:
     if not powered:
         return ""
     seen = sum(p["could-have-seen"] for p in powered)
-    text = (f"; power: simulated updates like these, with known members, clear their null in {seen} of "
-            f"{len(powered)} (AUC {np.mean([p['simulated']['auc'] for p in powered]):.3f})")  # fmt: skip
+    text = (f"; power of the loss scores: simulated updates like these, with known members, clear their null in "
+            f"{seen} of {len(powered)} (AUC {np.mean([p['simulated']['auc'] for p in powered]):.3f})")  # fmt: skip
     if hits == 0 and seen == len(powered):
         text += ": the audit could have seen membership like the simulation's, and these updates hold less"
     elif hits == 0 and seen == 0:
-        text += ": the audit could not have seen membership in such updates at this budget"
+        text += ": with these scores the audit could not have seen membership in such updates at this budget"
     return text
 
 

@@ -132,7 +132,8 @@ def power_text(power: dict[str, Any] | None) -> str:
     if power["status"] != "measured":
         return f"; power not measured ({power['why']})"
     sim = power["simulated"]
-    return (f"; power: an update like this one, simulated with {sim['members']} known members, shows AUC "
+    return (f"; power of the loss scores: an update like this one, simulated with {sim['members']} known members, "
+            f"shows AUC "
             f"{sim['auc']:.3f} (null {sim['null']['auc']:.3f}; {sim['score']}), "
             + ("beyond" if power["could-have-seen"] else "within") + " its null: the audit "
             + ("could" if power["could-have-seen"] else "could not") + " have seen membership like it; this one "
