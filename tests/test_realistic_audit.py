@@ -95,12 +95,12 @@ def test_realistic_rounds_leak_their_label_distribution_and_the_controls_show_no
     assert noisy["verdict"].startswith("no evidence at this budget"), noisy["verdict"]
 
 
-MEMORISING = 'partition-sizes="100,120" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=20'
+MEMORISING = 'partition-sizes="100,120" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=10'
 SMALL = {PARTITIONS[0]: 100, PARTITIONS[1]: 120}
 
 
 def test_a_memorising_client_is_caught_at_least_as_well_as_the_plain_loss_attack(tmp_path):
-    """Small partitions (100 and 120 photograph-like images, IID) trained for 20 local epochs, through the tap: for each
+    """Small partitions (100 and 120 photograph-like images, IID) trained for 10 local epochs, through the tap: for each
     client the audit's membership AUC is at least the AUC of the plain loss-threshold attack on its sent weights
     (one threshold on the cross-entropy, computed here from the capture, on the candidates the audit scores), and
     the audit's figures clear their null, which accounts for the choice among its scores."""
@@ -146,12 +146,12 @@ def test_a_memorising_client_is_caught_at_least_as_well_as_the_plain_loss_attack
     assert report["verdict"].startswith("LEAKS") and "membership beyond the null in 2 of 2" in report["verdict"]
 
 
-ROUNDS_RUN = 'partition-sizes="300,360" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=1'
-MEDIUM = {PARTITIONS[0]: 300, PARTITIONS[1]: 360}
+ROUNDS_RUN = 'partition-sizes="150,180" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=1'
+MEDIUM = {PARTITIONS[0]: 150, PARTITIONS[1]: 180}
 
 
 def test_a_clients_rounds_combined_show_at_least_its_best_round(tmp_path):
-    """Two IID clients (300 and 360 photograph-like images) over 5 rounds of 1 local epoch, through the tap: each
+    """Two IID clients (150 and 180 photograph-like images) over 5 rounds of 1 local epoch, through the tap: each
     client's membership over its 5 updates (each score's per-update ranks combined, against the same shuffles on
     every update) has an AUC at least its best single update's, and the report and verdict carry it."""
     captures = tapped(tmp_path / "rounds", "", ROUNDS_RUN, rounds=5)

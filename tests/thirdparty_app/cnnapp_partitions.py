@@ -28,11 +28,11 @@ def small(partition_id: int):
     return load_data(partition_id, partition_size(SMALL_SIZES, partition_id), SEED, 0.0, "textures")
 
 
-MEDIUM_SIZES = "300,360"  # the rounds run: IID partitions, 1 local epoch per round
+MEDIUM_SIZES = "150,180"  # the rounds run: IID partitions, 1 local epoch per round
 
 
 def medium(partition_id: int):
-    """cnnapp's partition as the rounds run makes it (``partition-sizes="300,360" dirichlet-alpha=0
+    """cnnapp's partition as the rounds run makes it (``partition-sizes="150,180" dirichlet-alpha=0
     images="textures"``)."""
     return load_data(partition_id, partition_size(MEDIUM_SIZES, partition_id), SEED, 0.0, "textures")
 
