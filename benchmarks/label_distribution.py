@@ -66,6 +66,17 @@ def epochs_of(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, se
         yield epoch
 
 
+def epochs_at(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, seed: int, wanted: tuple[int, ...]
+) -> Iterator[int]:  # fmt: skip
+    """The epochs of :func:`epochs_of` that are in ``wanted`` (the model trained that far), ending after the last."""
+    for epoch in epochs_of(model, images, labels, seed):
+        if epoch > max(wanted):
+            return
+        if epoch in wanted:
+            yield epoch
+
+
 def train(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, epochs: int, seed: int) -> None:
     """``epochs`` epochs of :func:`epochs_of`."""
     for done in epochs_of(model, images, labels, seed):

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import ROOT, write_csv
-from benchmarks.label_distribution import BATCH, DRAWS, LR, MOMENTUM, PARTITIONS, epochs_of, models
+from benchmarks.label_distribution import BATCH, DRAWS, LR, MOMENTUM, PARTITIONS, epochs_at, models
 from fedvit.attacks.membership import Candidates, infer, reference_updates, split_for_references
 from fedvit.attacks.model_spec import head_bias
 from fedvit.attacks.observation import Observation
@@ -75,11 +75,7 @@ def rows(case: tuple[str, str, str, int, int], threads: int, references: int = 0
     skeleton = spec.build(10)
     snapshots = REFERENCE_EPOCHS if references else EPOCHS
     out = []
-    for epoch in epochs_of(model, images, labels, seed):
-        if epoch > max(snapshots):
-            break
-        if epoch not in snapshots:
-            continue
+    for epoch in epochs_at(model, images, labels, seed, snapshots):
         sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
         client = ClientRecipe(size, BATCH, epoch, LR, 0.0, 0.0, 0, False, True, momentum_known=False)
         obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,

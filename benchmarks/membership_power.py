@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import ROOT, write_csv
-from benchmarks.label_distribution import BATCH, LR, MOMENTUM, PARTITIONS, epochs_of, models
+from benchmarks.label_distribution import BATCH, LR, MOMENTUM, PARTITIONS, epochs_at, models
 from benchmarks.membership_onset import images_of
 from fedvit.attacks.label_distribution import Auxiliary
 from fedvit.attacks.membership import Candidates, candidate_losses, judge, loss_scores, simulated_power
@@ -45,11 +45,7 @@ def rows(data: str, partition: str, seed: int = 0) -> list[dict]:
     candidates = Candidates((images, labels), images_of(data, OTHERS, 999, 0.0), "other images")
     pool = Auxiliary(*images_of(data, POOL, 555, 0.0), "4,000 other labelled images")
     skeleton, out = spec.build(10), []
-    for epoch in epochs_of(model, images, labels, seed):
-        if epoch > max(EPOCHS):
-            break
-        if epoch not in EPOCHS:
-            continue
+    for epoch in epochs_at(model, images, labels, seed, EPOCHS):
         sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
         client = ClientRecipe(SIZE, BATCH, epoch, LR, MOMENTUM, 0.0, 0, False, True)
         obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,

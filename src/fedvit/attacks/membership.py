@@ -361,13 +361,6 @@ class Score:
         return ((self.members - mean[member_labels]) / spread[member_labels],
                 (self.non_members - mean[non_member_labels]) / spread[non_member_labels])  # fmt: skip
 
-    def figures(self, member_labels: np.ndarray, non_member_labels: np.ndarray, resolution: float) -> dict[str, Any]:
-        """:func:`roc_figures` of the judged values, and the TPR at 0.1% FPR of the Gaussian fit (:meth:`fitted`;
-        None without one)."""
-        found = roc_figures(*self.judged(member_labels, non_member_labels), resolution)
-        fit = self.fitted(member_labels, non_member_labels)
-        return found | {PARAMETRIC: None if fit is None else float(np.mean(fit[0] > ndtri(1 - FPRS[0])))}
-
     def resplit(self, is_member: np.ndarray) -> Score:
         """The same values on another member/non-member split of the pooled candidates (a null's shuffle)."""
         pooled = np.concatenate([self.members, self.non_members])
@@ -398,11 +391,22 @@ class RoundsScore:
             non_members += ndtri(np.clip(ranks[1], floor, 1 - floor))
         return members / math.sqrt(len(self.parts)), non_members / math.sqrt(len(self.parts))
 
-    def figures(self, member_labels: np.ndarray, non_member_labels: np.ndarray, resolution: float) -> dict[str, Any]:
-        return roc_figures(*self.judged(member_labels, non_member_labels), resolution) | {PARAMETRIC: None}
+    def fitted(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> None:
+        """No parametric fit: a combination of ranks has no per-class Gaussian to fit."""
+        return None
 
     def resplit(self, is_member: np.ndarray) -> RoundsScore:
         return dataclasses.replace(self, parts=tuple(p.resplit(is_member) for p in self.parts))
+
+
+def score_figures(
+    score: Score | RoundsScore, member_labels: np.ndarray, non_member_labels: np.ndarray, resolution: float
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`roc_figures` of the score's judged values, and the TPR at 0.1% FPR of its Gaussian fit
+    (:meth:`Score.fitted`; None without one)."""
+    found = roc_figures(*score.judged(member_labels, non_member_labels), resolution)
+    fit = score.fitted(member_labels, non_member_labels)
+    return found | {PARAMETRIC: None if fit is None else float(np.mean(fit[0] > ndtri(1 - FPRS[0])))}
 
 
 def over_rounds(updates: list[list[Score]]) -> list[RoundsScore]:
@@ -437,7 +441,7 @@ def null_figures(
         for group in groups:
             shuffled[group] = rng.permutation(is_member[group])
         labels = classes[shuffled], classes[~shuffled]
-        draws.append([s.resplit(shuffled).figures(*labels, resolution) for s in scores])
+        draws.append([score_figures(s.resplit(shuffled), *labels, resolution) for s in scores])
     nulls: list[dict[str, Any]] = [dict.fromkeys(draws[0][0]) for _ in scores]
     for figure in draws[0][0]:  # a figure a score lacks (below the resolution, no fit) is None in every draw
         present = [k for k in range(len(scores)) if draws[0][k][figure] is not None]
@@ -471,7 +475,7 @@ def judge(
     member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
     resolution, fewest = fpr_resolution(member_labels, non_member_labels)
     judged = [s.judged(member_labels, non_member_labels) for s in scores]
-    each = [s.figures(member_labels, non_member_labels, resolution) for s in scores]
+    each = [score_figures(s, member_labels, non_member_labels, resolution) for s in scores]
     nulls = null_figures(scores, member_labels, non_member_labels, seed)
     cleared = [clears_null(f, n) for f, n in zip(each, nulls, strict=True)]
     best = max(range(len(scores)), key=lambda k: (cleared[k], each[k]["auc"]))
@@ -494,8 +498,7 @@ def judge(
             for s, f, n, c in zip(scores, each, nulls, cleared, strict=True)
         },  # fmt: skip
     }
-    fit = scores[best].fitted(member_labels, non_member_labels) if isinstance(scores[best], Score) else None
-    if fit is not None:
+    if (fit := scores[best].fitted(member_labels, non_member_labels)) is not None:
         result["fit-check"] = fit_check(fit[1])
     if delta is not None:
         result["empirical-epsilon"] = empirical_epsilon(judged, delta)

@@ -53,19 +53,25 @@ class PrivacyClaim:
         return f"ε {self.epsilon:g}, δ {self.delta:g}{extra} ({self.source})"
 
 
+def recorded_number(ex: Exchange, key: str, names: tuple[str, ...], source: str, values: dict) -> float | None:
+    """The first of ``names`` that ``values`` (one record of ``source``) holds, as a number (None: none holds one;
+    a value that is not a number is refused, naming ``key`` and ``source``)."""
+    hit = next((values[a] for a in names if a in values and values[a] not in ("", None)), None)
+    if hit is None:
+        return None
+    try:
+        return float(hit)
+    except (TypeError, ValueError) as err:
+        raise AuditInputError(f"{ex.label}: {key} = {hit!r} ({source}) is not a number") from err
+
+
 def read_privacy_claim(ex: Exchange) -> PrivacyClaim | None:
     """The DP claim an update carries (:data:`PRIVACY_KEYS` in its reply metrics, ConfigRecord or run config), or
     None without an ε. A claim without a δ is read as pure ε-DP (δ = 0)."""
     for source, values in (("reply metrics", ex.sent_metrics), ("ConfigRecord", ex.received_config),
                            ("run config", ex.run_config)):  # fmt: skip
-        found = {}
-        for key, aliases in PRIVACY_KEYS.items():
-            hit = next((values[a] for a in aliases if a in values and values[a] not in ("", None)), None)
-            if hit is not None:
-                try:
-                    found[key] = float(hit)
-                except (TypeError, ValueError) as err:
-                    raise AuditInputError(f"{ex.label}: {key} = {hit!r} ({source}) is not a number") from err
+        found = {key: value for key, names in PRIVACY_KEYS.items()
+                 if (value := recorded_number(ex, key, names, source, values)) is not None}  # fmt: skip
         if "epsilon" in found:
             return PrivacyClaim(found["epsilon"], found.get("delta", 0.0), found.get("noise-multiplier"),
                                 found.get("clipping-norm"), source)  # fmt: skip
@@ -174,12 +180,8 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
         sources = [("override", overrides), ("ConfigRecord", ex.received_config), ("run config", ex.run_config),
                    ("reply metrics", ex.sent_metrics)]  # fmt: skip
         for source, values in sources:
-            hit = next((values[a] for a in (key, *aliases) if a in values and values[a] not in ("", None)), None)
-            if hit is not None:
-                try:
-                    found[key] = (float(hit), source)
-                except (TypeError, ValueError) as err:
-                    raise AuditInputError(f"{ex.label}: {key} = {hit!r} ({source}) is not a number") from err
+            if (value := recorded_number(ex, key, (key, *aliases), source, values)) is not None:
+                found[key] = (value, source)
                 break
     sources: dict[str, str] = {}
 

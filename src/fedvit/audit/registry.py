@@ -295,10 +295,16 @@ def shadows_apply(obs: Observation, held: Held) -> str | None:
     """Why shadow updates cannot be trained for ``obs`` (None: they can)."""
     if held.references <= 0:
         return "no shadow updates asked for (--membership-references 0)"
-    if held.found.get("simulated-counts") is None or held.aux is None:
+    if not counts_simulated(held):
         return ("shadow updates need a multi-step update whose label counts were estimated on images that are not "
                 "the client's")  # fmt: skip
     return None
+
+
+def counts_simulated(held: Held) -> bool:
+    """Whether the label estimate simulated this update's training on labelled images that are not the client's
+    (what the shadow updates and the power twin repeat)."""
+    return held.found.get("simulated-counts") is not None and held.aux is not None
 
 
 def membership_split(obs: Observation, held: Held) -> MembershipSplit:
@@ -363,7 +369,7 @@ def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held)
     what a simulated update like this one shows (:func:`power`) and, where the update claims DP or canaries are
     scored, the empirical ε; leaves the strongest score's judged values in ``held.found["membership-roc"]`` for the
     ROC plot."""
-    scores = [f.extra for f in findings.values() if f.applied]
+    scores = membership_scores(findings)
     if not scores:
         return membership_evidence(None, next(iter(findings.values())).status.removeprefix("not applicable: "))
     split, claim = held.found["membership-split"], recipe(obs).privacy
@@ -378,7 +384,7 @@ def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held)
 
 def power_applies(obs: Observation, held: Held) -> str | None:
     """Why the power simulation cannot run for ``obs`` (None: it can)."""
-    if held.found.get("simulated-counts") is None or held.aux is None:
+    if not counts_simulated(held):
         return ("needs the update's class counts estimated by simulating its local training on labelled images that "
                 "are not the client's")  # fmt: skip
     if recipe(obs).sends_gradient:
