@@ -1,7 +1,22 @@
-"""Test setup: a Flower task identity so strategies can build messages outside the runtime."""
+"""Test setup: one thread per xdist worker, and a Flower task identity so strategies can build messages outside
+the runtime."""
+
+import os
 
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker (and every process it starts: Flower's, the audit's) computes on one thread:
+    the workers already fill the cores, and two workers' thread pools on the same cores slow both (torch's threads
+    spin while they wait)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[name] = "1"
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

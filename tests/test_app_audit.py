@@ -611,3 +611,96 @@ def test_a_factory_with_arguments_is_built_from_the_command_line_or_the_toml(tmp
     assert main([*base, "--model-arg", "num_classes"]) == 2 and "--model-arg takes KEY=VALUE" in capsys.readouterr().err
     (tmp_path / "cap" / "fedvit-audit.toml").write_text("[model.args]\nnum_classes = 10\n")
     assert main(base) == 0
+
+
+class HeadOnBackbone(torch.nn.Module):
+    """The shape of Flower's ViT fine-tuning example: a public backbone (the test app's CNN layers, fixed by a seed in
+    place of a pretrained download) and a classifier under ``heads.head``; the app federates ``model.heads`` only."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # the public weights: every build the same
+        net = Net()
+        relu = torch.nn.ReLU()
+        self.backbone = torch.nn.Sequential(
+            net.conv1, relu, net.pool, net.conv2, relu, net.pool, torch.nn.Flatten(), net.fc1, relu, net.fc2, relu
+        )
+        self.heads = torch.nn.Sequential()
+        self.heads.add_module("head", torch.nn.Linear(84, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.heads(self.backbone(x))
+
+
+def capture_head_exchange(root: Path, node: int, partition: int, server_round: int, as_list: bool = False) -> None:
+    """One train exchange of a head-only app: the server sends ``model.heads``' arrays (by name, or ``as_list``), the
+    client trains the head on its frozen backbone (SGD, momentum 0.9, batch 2, 1 epoch) and replies with them."""
+    model = HeadOnBackbone()
+    torch.manual_seed(100 + server_round)
+    model.heads.head.reset_parameters()
+    model.backbone.requires_grad_(False)
+
+    def arrays() -> ArrayRecord:
+        state = model.heads.state_dict()
+        return ArrayRecord([t.numpy() for t in state.values()]) if as_list else ArrayRecord(state)
+
+    config = ConfigRecord({"lr": 0.05, "local-epochs": 1, "server-round": server_round})
+    instruction = Message(RecordDict({"arrays": arrays(), "config": config}), dst_node_id=node, message_type="train")
+    images, labels = load_data(partition, partition_size("1,2,3,4", partition), 7)
+    train(model, images, labels, epochs=1, lr=0.05, batch_size=2, seed=server_round)
+    metrics = MetricRecord({"num-examples": len(labels)})
+    reply = Message(RecordDict({"arrays": arrays(), "metrics": metrics}), reply_to=instruction)
+    stem = capture_stem(root, 6, server_round, node, "train")
+    head = {"run-id": 6, "round": server_round, "node": node, "run_config": {"batch-size": 2, "seed": 7}}
+    add_direction(stem, "received", instruction, **head)
+    add_direction(stem, "sent", reply, **head)
+
+
+def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path):
+    """A capture of ``model.heads`` only maps onto that submodule (by name or as a list), the rest of the model is
+    the --model weights; the simulations train the head alone (the backbone of a shadow stays as received), labels
+    and membership are measured and image inversion says what it would need."""
+    from fedvit.attacks.label_distribution import Auxiliary, simulate
+    from fedvit.audit.pipeline import Reader
+    from fedvit.capture.reader import load_exchanges
+
+    spec = ModelSpec("tests.test_app_audit:HeadOnBackbone", app_dir=str(APP))
+    for server_round in (1, 2):
+        capture_head_exchange(tmp_path / "cap", 21, 3, server_round, as_list=server_round == 2)
+    data = UserData(DATA.source, {"21": 3}, DATA.decoy_partitions, DATA.app_dir)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", spec, BUDGET, data=data, references=3)
+    assert len(report["updates"]) == 2
+    for row in report["updates"]:
+        assert "of heads only (2 of 10 parameter tensors)" in row["sent"], row["sent"]
+        assert row["leakage"]["labels"]["status"] == "measured", row["leakage"]["labels"]
+        assert row["leakage"]["membership"]["status"] == "measured", row["leakage"]["membership"]
+        assert row["attacks"]["membership: shadow alignment"].startswith("applied: the update beyond 3 shadow")
+        assert "the update covers only 2 parameter tensor(s)" in row["attacks"][
+            "gradient matching (optimisation, defence-aware)"
+        ]
+
+    exchanges, _ = load_exchanges(tmp_path / "cap")
+    obs = Reader(AuditOptions(spec=spec, budget=BUDGET)).observe(exchanges[0])
+    assert obs.trained == ("heads.head.weight", "heads.head.bias")
+    images, labels = load_data(5, 20, 7)
+    shadow = simulate(obs, Auxiliary(images, labels, "partition 5"), np.array([2, 2] + [0] * 8), 0.9, 0,
+                      keep_weights=True)  # fmt: skip
+    public = HeadOnBackbone().state_dict()
+    for name, value in shadow.weights.items():
+        if name.startswith("backbone."):
+            np.testing.assert_array_equal(value, public[name].numpy(), err_msg=name)
+    assert not np.array_equal(shadow.weights["heads.head.weight"], obs.received["heads.head.weight"])
+
+
+def test_a_partial_capture_that_fits_several_parts_of_the_model_is_refused():
+    from fedvit.attacks.recipe import map_part
+
+    model = HeadOnBackbone()
+    fc = model.backbone[7].state_dict()  # weight and bias keys fit every Linear whose shapes agree: only fc1
+    mapped, part = map_part({k: v.numpy() for k, v in fc.items()}, model, "capture")
+    assert part == "backbone.7" and set(mapped) == {"backbone.7.weight", "backbone.7.bias"}
+    twins = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with pytest.raises(AuditInputError, match=r"fit several parts of the model \(0, 1\)"):
+        map_part({k: v.numpy() for k, v in twins[0].state_dict().items()}, twins, "capture")
+    with pytest.raises(AuditInputError, match="match the model neither by name nor by order"):
+        map_part({"x": np.zeros(3)}, model, "capture")

@@ -28,7 +28,8 @@ from fedvit.app.deployment.credentials import write_credentials
 from fedvit.app.deployment.topology import SUPERLINK_PORT, processes
 from tests.docker_engine import compose_env, docker_engine, install_missing
 
-pytestmark = pytest.mark.compose
+# xdist: one Docker stack at a time
+pytestmark = [pytest.mark.compose, pytest.mark.xdist_group("docker")]
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "fedvit-compose-test"
 NODES = 5  # the compose file's SuperNodes

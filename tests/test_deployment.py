@@ -22,7 +22,8 @@ from fedvit.app.deployment.loopback import LoopbackDeployment
 from fedvit.app.deployment.topology import processes
 from fedvit.app.flower_processes import executable, free_ports
 
-pytestmark = pytest.mark.deployment
+# xdist: the module's deployment is started once
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("loopback")]
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 3
 REJECT_TIMEOUT_S = 90

@@ -31,7 +31,8 @@ from fedvit.app.deployment.topology import SUPERLINK_PORT
 from tests.docker_engine import compose_env, docker_engine, install_missing
 from tests.test_compose import APP_UID, copy_app, metrics, port_free
 
-pytestmark = pytest.mark.compose
+# xdist: one Docker stack at a time
+pytestmark = [pytest.mark.compose, pytest.mark.xdist_group("docker")]
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = 3
 PREFIX = "fedvit-mh"  # compose project names: fedvit-mh-server, fedvit-mh-client-1, ...

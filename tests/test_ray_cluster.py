@@ -18,7 +18,8 @@ import pytest
 
 from fedvit.app.flower_processes import private_superlink_env, stop_local_superlink
 
-pytestmark = pytest.mark.deployment
+# xdist: a running Ray cluster is joined by any local ray.init()
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("ray")]
 ROOT = Path(__file__).parents[1]
 PLACEMENT = re.compile(r"round (\d+), partition (\d+): on Ray node ([0-9a-f]+)")
 

@@ -57,6 +57,23 @@ def test_decoys_never_include_the_clients_own_images():
     assert score_batch(dict(enumerate(truths)), truths, gallery, truths)["reid-top1"] == 1.0
 
 
+def test_a_decoy_is_removed_exactly_when_some_batch_image_is_within_the_tolerance_everywhere():
+    """The gallery compares only decoys whose mean is near a batch image's: it removes what the pixel-by-pixel test
+    of every pair removes, copies shifted just inside and just outside the tolerance included."""
+    from fedvit.attacks.reidentification import SAME_IMAGE_TOLERANCE
+
+    rng = np.random.default_rng(0)
+    batch = list(rng.random((40, 3, 8, 8)))
+    inside = np.clip(batch[3] + 0.9 * SAME_IMAGE_TOLERANCE, 0, None)
+    outside = batch[5].copy()
+    outside[0, 0, 0] += 1.1 * SAME_IMAGE_TOLERANCE  # one pixel past the tolerance, the mean barely moved
+    decoys = np.concatenate([rng.random((60, 3, 8, 8)), np.stack([batch[0], inside, outside, batch[39]])])
+    brute = [not any(np.abs(d - b).max() <= SAME_IMAGE_TOLERANCE for b in batch) for d in decoys]
+    kept = Gallery(decoys, "mixed").without(batch).decoys
+    assert len(kept) == sum(brute) == 61
+    np.testing.assert_array_equal(kept, decoys[np.array(brute)])
+
+
 def test_the_gallery_comes_from_the_test_split_of_the_runs_dataset():
     config = parse_config(SYNTHETIC)
     gallery = gallery_from_test_split(config, 32, 20)

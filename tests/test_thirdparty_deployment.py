@@ -23,7 +23,8 @@ from fedvit.app.deployment.credentials import write_credentials
 from fedvit.app.deployment.loopback import wait_for_port
 from fedvit.app.flower_processes import executable, flower_env, free_ports
 
-pytestmark = pytest.mark.deployment
+# xdist: the module's deployment is started once
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("thirdparty-deployment")]
 APP = Path(__file__).parent / "thirdparty_app"
 PARTITIONS = (0, 3)  # partition-sizes "1,2,3,4": one image and four
 sys.path.insert(0, str(APP))

@@ -46,7 +46,14 @@ import torch.nn.functional as F
 from scipy.optimize import nnls
 
 from fedvit.attacks.local_sgd import local_sgd
-from fedvit.attacks.observation import Observation, input_shape, model_with, received_model, recipe
+from fedvit.attacks.observation import (
+    Observation,
+    input_shape,
+    model_with,
+    received_model,
+    recipe,
+    trained_names,
+)
 from fedvit.core.model import classify, normalize
 
 MOMENTA = (0.0, 0.9)  # the values tried when no record carries the momentum (plain SGD; the common default)
@@ -174,7 +181,8 @@ def simulate(
     images = torch.as_tensor(np.stack(pool), dtype=torch.float32)
     targets = torch.as_tensor(labels)
     bias, weight = obs.head_bias, head_weight(obs.head_bias)
-    params = {n: p.detach() for n, p in model.named_parameters()}
+    trained = set(trained_names(obs))  # a partial update: the frozen layers stay as received
+    params = {n: p.detach() for n, p in model.named_parameters() if n in trained}
     per_epoch = math.ceil(len(labels) / client.batch)
     weights = step_weights(per_epoch * client.epochs, momentum)
     seen, probs_sum, feat_sum, cross_sum = np.zeros(classes), None, None, None

@@ -38,7 +38,7 @@ from scipy.special import ndtri
 from torch.func import functional_call, grad, vmap
 
 from fedvit.attacks.label_distribution import Auxiliary, Simulation, simulate
-from fedvit.attacks.observation import Observation, model_with, received_model, recipe
+from fedvit.attacks.observation import Observation, model_with, received_model, recipe, trained_names
 from fedvit.attacks.reidentification import evenly_spaced
 from fedvit.core.model import classify, normalize
 
@@ -98,21 +98,26 @@ def sent_weights(obs: Observation) -> dict[str, np.ndarray]:
     return {n: obs.received[n] - step * g for n, g in obs.update.items()}
 
 
-def per_sample_gradients(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> Iterator[torch.Tensor]:
-    """∇_w ℓ(w, x_i) of each image, flattened over ``model``'s parameters, in chunks [b, P] of up to :data:`BATCH`
-    (a quarter of :data:`GRADIENT_BYTES` each; ``torch.func``: one vectorised backward pass per chunk; eval mode;
-    ``model`` is switched to timm's explicit attention)."""
+def per_sample_gradients(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, names: list[str] | None = None
+) -> Iterator[torch.Tensor]:
+    """∇_w ℓ(w, x_i) of each image, flattened over ``model``'s parameters (``names`` only, in the model's order,
+    when given: a partial update's), in chunks [b, P] of up to :data:`BATCH` (a quarter of :data:`GRADIENT_BYTES`
+    each; ``torch.func``: one vectorised backward pass per chunk; eval mode; ``model`` is switched to timm's
+    explicit attention)."""
     for module in model.modules():  # timm's fused attention has no batching rule (vmap would loop over images)
         if hasattr(module, "fused_attn"):
             module.fused_attn = False
-    params = {n: p.detach() for n, p in model.named_parameters()}
+    chosen = None if names is None else set(names)
+    params = {n: p.detach() for n, p in model.named_parameters() if chosen is None or n in chosen}
+    frozen = {n: p.detach() for n, p in model.named_parameters() if n not in params}  # constants of the gradient
 
     def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, weights, (x[None],))
+        out = functional_call(model, frozen | weights, (x[None],))
         return F.cross_entropy(getattr(out, "logits", out), y[None])
 
     per_image = vmap(grad(loss), in_dims=(None, 0, 0))
-    chunk = max(1, min(BATCH, GRADIENT_BYTES // 4 // (4 * parameter_count(model))))
+    chunk = max(1, min(BATCH, GRADIENT_BYTES // 4 // (4 * parameter_count(model, names))))
     for first in range(0, len(images), chunk):
         x = normalize(model, torch.as_tensor(images[first : first + chunk], dtype=torch.float32))
         y = torch.as_tensor(labels[first : first + chunk], dtype=torch.int64)
@@ -120,21 +125,23 @@ def per_sample_gradients(model: torch.nn.Module, images: np.ndarray, labels: np.
         yield torch.cat([grads[n].flatten(1) for n in params], 1)
 
 
-def parameter_count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+def parameter_count(model: torch.nn.Module, names: list[str] | None = None) -> int:
+    """Entries of ``model``'s parameters (of ``names`` only, when given)."""
+    return sum(p.numel() for n, p in model.named_parameters() if names is None or n in names)
 
 
-def projection_pool(model: torch.nn.Module) -> int:
-    """How many pool images' gradients span the projection: :data:`PROJECTION_POOL`, fewer where their float32
-    gradients would exceed half of :data:`GRADIENT_BYTES` (large models: reported with the result)."""
-    return max(1, min(PROJECTION_POOL, GRADIENT_BYTES // 2 // (4 * parameter_count(model))))
+def projection_pool(model: torch.nn.Module, names: list[str] | None = None) -> int:
+    """How many pool images' gradients (over ``names``, when given) span the projection: :data:`PROJECTION_POOL`,
+    fewer where their float32 gradients would exceed half of :data:`GRADIENT_BYTES` (large models: reported with
+    the result)."""
+    return max(1, min(PROJECTION_POOL, GRADIENT_BYTES // 2 // (4 * parameter_count(model, names))))
 
 
 def residual(obs: Observation, shadows: list[Simulation]) -> torch.Tensor:
     """r = mean_k w_k − w_sent over the model's parameters, flattened in their order: the shadows' common drift (e.g.
     the client's class prior) cancels; each member's gradients remain, η/B per visit."""
     sent = sent_weights(obs)
-    names = [n for n, _ in received_model(obs).named_parameters()]
+    names = trained_names(obs)
     mean = {n: np.mean([s.weights[n] for s in shadows], axis=0) for n in names}
     return torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
 
@@ -146,7 +153,9 @@ def residual_direction(
     :func:`residual` ``r`` with the span of the pool images' gradients at ``point`` projected out (r − Gᵀ(GGᵀ)⁺G r:
     whatever any non-member's gradient could have put there, shadow noise included)."""
     model = model_with(obs, point).float().eval()
-    g = torch.cat(list(per_sample_gradients(model, *evenly(pool.images, pool.labels, projection_pool(model)))))
+    names = trained_names(obs)
+    chosen = evenly(pool.images, pool.labels, projection_pool(model, names))
+    g = torch.cat(list(per_sample_gradients(model, *chosen, names)))
     gram = (g @ g.T).double()
     coefficients = torch.linalg.pinv(gram, hermitian=True, rtol=1e-10) @ (g.double() @ r)
     return model, (r - g.T.double() @ coefficients).float()
@@ -173,7 +182,8 @@ def alignment_scores(
     r = residual(obs, shadows)
     for point in alignment_points(obs, shadows):
         model, direction = residual_direction(obs, r, point, pool)
-        found = [np.concatenate([(g @ direction).double().numpy() for g in per_sample_gradients(model, *side)])
+        names = trained_names(obs)
+        found = [np.concatenate([(g @ direction).double().numpy() for g in per_sample_gradients(model, *side, names)])
                  for side in sides]  # fmt: skip
         spread = max(float(found[-1].std()), 1e-30)
         totals = [t + f / spread for t, f in zip(totals, found, strict=True)]
@@ -593,7 +603,7 @@ def loss_drop_score(found: dict[str, tuple[np.ndarray, np.ndarray]]) -> Score:
 def alignment_score(obs: Observation, candidates: Candidates, shadows: list[Simulation], pool: Auxiliary) -> Score:
     """:func:`alignment_scores` of the scored candidates against ``shadows`` trained on ``pool``."""
     inside, outside = alignment_scores(obs, shadows, pool, list(sides(candidates)))
-    spanned = min(len(pool.images), projection_pool(received_model(obs)))
+    spanned = min(len(pool.images), projection_pool(received_model(obs), trained_names(obs)))
     reference = (f"the update beyond {len(shadows)} shadow updates, against each image's gradient at "
                  f"{max(1, len(shadows[0].snapshots))} point(s) of the local training ({spanned} shadow "
                  "images' gradients projected out)")  # fmt: skip

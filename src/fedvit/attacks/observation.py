@@ -60,6 +60,9 @@ class Observation:
     client: ClientRecipe | None = None  # the recipe read from the capture (fedvit's app: resolved from ``config``)
     head_bias: str = HEAD_BIAS  # the classifier bias, whose gradient gives the labels away
     start_seed: int | None = None  # another app's update: one generator for all random starts (None: fedvit's)
+    # a partial update (a head fine-tuned on a frozen backbone): the parameters the client sent and trained, the
+    # rest public (the user's --model weights); None: the whole model
+    trained: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.config is not None:  # fedvit's app: the model and the recipe its public run config names
@@ -179,8 +182,27 @@ def normalization(obs: Observation) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(cfg.get("mean", (0.5,) * 3)), np.asarray(cfg.get("std", (0.5,) * 3))
 
 
+def trained_names(obs: Observation) -> list[str]:
+    """The parameters the client trained, in the model's order: those a partial update covers, else all."""
+    names = [n for n, _ in public_model(obs).named_parameters()]
+    return names if obs.trained is None else [n for n in names if n in obs.trained]
+
+
+def partial_update(obs: Observation) -> str | None:
+    """Why an image attack does not apply to a partial update (None for a whole-model update)."""
+    if obs.trained is None:
+        return None
+    return (
+        f"the update covers only {len(obs.trained)} parameter tensor(s) (the rest frozen at the public weights): "
+        "images would have to be inverted from the trained part's inputs, through the frozen layers (feature "
+        "inversion), which fedvit does not attempt"
+    )
+
+
 def has_vit_embeddings(obs: Observation) -> str | None:
     """Why the ViT closed forms do not apply (None when the update has a patch and a position embedding)."""
+    if (why := partial_update(obs)) is not None:
+        return why
     if POS_EMBED in obs.update and PATCH_EMBED_WEIGHT in obs.update:
         return None
     return "no patch embedding and position embedding (APRIL's closed forms need a ViT's)"

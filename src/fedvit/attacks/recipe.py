@@ -154,6 +154,34 @@ def map_state(arrays: dict[str, np.ndarray], model: nn.Module, what: str) -> dic
     )
 
 
+def map_part(arrays: dict[str, np.ndarray], model: nn.Module, what: str) -> tuple[dict[str, np.ndarray], str]:
+    """(``arrays`` keyed by the model's ``state_dict`` names, the submodule they cover: "" for the whole model).
+    A capture of part of the model (a head fine-tuned on a frozen backbone, sent as ``model.heads.state_dict()``
+    or as its list of arrays) is mapped onto the one submodule it fits as :func:`map_state` fits a model; the
+    whole model's error when none does, one that names the candidates when several do."""
+    try:
+        return map_state(arrays, model, what), ""
+    except AuditInputError as whole:
+        fits: dict[tuple[str, ...], tuple[str, dict[str, np.ndarray]]] = {}  # a head and its only child: one fit
+        for name, module in model.named_modules():
+            if name and any(True for _ in module.parameters()):
+                try:
+                    mapped = {f"{name}.{key}": value for key, value in map_state(arrays, module, what).items()}
+                except AuditInputError:
+                    continue
+                fits.setdefault(tuple(mapped), (name, mapped))
+        if len(fits) == 1:
+            name, mapped = next(iter(fits.values()))
+            return mapped, name
+        if fits:
+            raise AuditInputError(
+                f"{what}: the captured arrays fit several parts of the model "
+                f"({', '.join(n for n, _ in list(fits.values())[:8])}): "
+                "send them keyed by their state_dict names"
+            ) from None
+        raise whole
+
+
 # ---------------------------------------------------------------------------- the client's recipe
 
 

@@ -61,9 +61,18 @@ class Gallery:
         """The gallery with every decoy that is one of ``batch``'s images removed (decoys never include them)."""
         if not len(self.decoys) or not batch:
             return self
-        stacked = np.stack(batch).astype(np.float64)
-        diff = np.abs(self.decoys[:, None].astype(np.float64) - stacked[None]).reshape(len(self.decoys), len(batch), -1)
-        keep = ~(diff.max(axis=2) <= SAME_IMAGE_TOLERANCE).any(axis=1)
+        stacked = np.stack(batch).astype(np.float64).reshape(len(batch), -1)
+        decoys = self.decoys.astype(np.float64).reshape(len(self.decoys), -1)
+        # Two images within the tolerance everywhere have means within it too: only decoys whose mean is that close
+        # to a batch image's are compared pixel by pixel (the slack covers the means' rounding).
+        order = np.argsort(means := stacked.mean(axis=1))
+        reach = SAME_IMAGE_TOLERANCE + 1e-9
+        low = np.searchsorted(means[order], decoys.mean(axis=1) - reach, side="left")
+        high = np.searchsorted(means[order], decoys.mean(axis=1) + reach, side="right")
+        keep = np.ones(len(decoys), dtype=bool)
+        for i in np.flatnonzero(high > low):
+            near = stacked[order[low[i] : high[i]]]
+            keep[i] = not (np.abs(near - decoys[i]).max(axis=1) <= SAME_IMAGE_TOLERANCE).any()
         return Gallery(self.decoys[keep], self.source)
 
 

@@ -25,7 +25,7 @@ from fedvit.attacks.label_distribution import Auxiliary
 from fedvit.attacks.membership import REFERENCES, Candidates, save_roc
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, dense_update, model_skeleton, recipe
-from fedvit.attacks.recipe import map_state, read_recipe, sent_kind
+from fedvit.attacks.recipe import map_part, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
 from fedvit.audit.evidence import threat_model, verdict
 from fedvit.audit.frontier import frontier_rows, write_frontier
@@ -194,9 +194,19 @@ class Reader:
             self._skeleton = spec.build(num_classes=int(list(ex.received.values())[-1].shape[0]))
         base = self._skeleton
         names = [n for n, _ in base.named_parameters()]
-        received = map_state(ex.received, base, f"{ex.label} (received)")
-        sent = map_state(ex.sent, base, f"{ex.label} (sent)")
-        kind, evidence = sent_kind(received, sent, names)
+        received, part = map_part(ex.received, base, f"{ex.label} (received)")
+        sent, sent_part = map_part(ex.sent, base, f"{ex.label} (sent)")
+        if sent_part != part:
+            raise AuditInputError(
+                f"{ex.label}: the received arrays fit {part or 'the whole model'}, the sent ones "
+                f"{sent_part or 'the whole model'}"
+            )
+        trained = None
+        if part:  # a partial update: the rest of the model is the --model weights, public and frozen
+            public = {n: t.detach().numpy() for n, t in base.state_dict().items()}
+            received, sent = public | received, public | sent
+            trained = tuple(n for n in names if n in sent and n.startswith(f"{part}."))
+        kind, evidence = sent_kind(received, sent, list(trained or names))
         told = self.options.sent_as != "auto"
         if kind == "ambiguous" and not told:
             raise AuditInputError(
@@ -210,7 +220,10 @@ class Reader:
         meta = {
             "label": f"r{ex.round} n{ex.node}",
             "num-examples": client.examples,
-            "sent": f"{kind} ({evidence})" + (", as told" if told else ""),
+            "sent": f"{kind} ({evidence})" + (", as told" if told else "") + (
+                f"; of {part} only ({len(trained)} of {len(names)} parameter tensors): the rest is --model's "
+                "weights, taken as the public weights the client froze" if trained else ""
+            ),
         }
         return Observation(
             update={n: sent[n] for n in names},
@@ -223,6 +236,7 @@ class Reader:
             client=client,
             head_bias=bias or "",
             start_seed=index,
+            trained=trained,
         )
 
     def budget(self, obs: Observation) -> tuple[AuditConfig, str]:

@@ -43,6 +43,7 @@ from fedvit.attacks.observation import (
     as_gradient,
     attacker_seed,
     has_vit_embeddings,
+    partial_update,
     recipe,
     simulated,
 )
@@ -102,8 +103,9 @@ MAX_IMAGES = 64  # published image recovery from FedAvg updates: ≲ 50 images p
 
 def optimisable(obs: Observation) -> str | None:
     """Why the optimisation attack is not attempted: a recipe it cannot simulate, or more images than any published
-    inversion recovers from one update (it would spend its budget on a few steps and report noise)."""
-    if (why := simulated(obs)) is not None:
+    inversion recovers from one update (it would spend its budget on a few steps and report noise), or a partial
+    update."""
+    if (why := simulated(obs) or partial_update(obs)) is not None:
         return why
     client = recipe(obs)
     if client.examples > MAX_IMAGES:
