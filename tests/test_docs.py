@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
+import shlex
 import shutil
 import subprocess
 import tomllib
@@ -250,3 +252,23 @@ def test_the_worked_verdict_example_quotes_the_committed_tables():
     claimed = {r["claimed ε (δ 1e-5)"] for r in epsilon if r["noise multiplier"] == "35.0"}
     assert f"ε ≥ {min(noisy):.2f} to {max(noisy):.2f}" in example and f"ε ≥ {min(noiseless):.1f}" in example
     assert claimed == {"1.073"} and "claims ε 1.07" in example
+
+
+def test_the_tutorial_quotes_its_committed_report_and_runs_real_options():
+    """docs/tutorial.md: the verdict it quotes is the committed report's, the figures it reads out are that report's,
+    the pictures are there, and every ``fedvit`` command it shows parses with the real command line."""
+    text = (DOCS / "tutorial.md").read_text()
+    report = json.loads((DOCS / "_static" / "tutorial" / "audit.json").read_text())
+    assert f"> {report['verdict']}\n" in text
+    for u in report["updates"]:
+        assert f"{u['leakage']['labels']['error']:.1%}" in text, u["leakage"]["labels"]
+        assert f"{u['leakage']['membership']['auc']:.2f}" in text, u["leakage"]["membership"]["auc"]
+        assert f"--partition={u['node']}={u['partition']}" in text
+    for picture in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+        assert (DOCS / picture).is_file(), picture
+    commands = [" ".join(c.replace("\\\n", " ").split()) for c in re.findall(r"^fedvit (.+?)(?<!\\)$", text,
+                                                                            flags=re.M | re.S)]  # fmt: skip
+    assert len(commands) == 2, commands
+    parser = build_parser()
+    for command in commands:
+        parser.parse_args(shlex.split(command))

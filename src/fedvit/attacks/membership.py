@@ -664,7 +664,6 @@ def save_roc(curves: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> No
     ax.plot([1e-5, 1], [1e-5, 1], "k--", lw=0.7, label="chance")
     ax.set(xscale="log", yscale="log", xlabel="false positive rate", ylabel="true positive rate",
            xlim=(1e-4, 1), ylim=(1e-4, 1), title="membership inference (per update)")  # fmt: skip
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: long update names fit
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
