@@ -184,6 +184,10 @@ def test_results_tables_come_from_committed_data_with_provenance():
             assert re.search(r"\*\*Measured\*\*: \d{4}-\d\d-\d\d, commit `[0-9a-f]{7,40}`", before), data
     unused = {p for p in (DOCS / "results" / "data").glob("*.csv")} - used
     assert not unused, f"data files no page reads: {sorted(p.name for p in unused)}"
+    pages = [p for p in (DOCS / "results").glob("*.md") if p.name != "index.md"]  # the index: headlines, links
+    typed = [f"{p.name}:{n}" for p in pages
+             for n, line in enumerate(prose(p.read_text()).splitlines(), 1) if line.startswith("|")]  # fmt: skip
+    assert not typed, f"tables typed into a results page instead of read from committed data: {typed[:5]}"
 
 
 # ---------------------------------------------------------------------------- the checks catch drift
