@@ -704,3 +704,49 @@ def test_a_partial_capture_that_fits_several_parts_of_the_model_is_refused():
         map_part({k: v.numpy() for k, v in twins[0].state_dict().items()}, twins, "capture")
     with pytest.raises(AuditInputError, match="match the model neither by name nor by order"):
         map_part({"x": np.zeros(3)}, model, "capture")
+
+
+def capture_adam_exchange(root: Path, node: int, partition: int) -> None:
+    """One train exchange of a client that trains with Adam (lr 0.01, batch 2, 1 epoch) and names its optimiser in
+    the run config, as apps built on Flower's ViT example do."""
+    torch.manual_seed(3)
+    model = Net()
+    config = ConfigRecord({"lr": 0.01, "local-epochs": 1, "server-round": 1})
+    instruction = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config}),
+                          dst_node_id=node, message_type="train")  # fmt: skip
+    images, labels = load_data(partition, partition_size("1,2,3,4", partition), 7)
+    optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = (torch.as_tensor(images) - 0.5) / 0.5, torch.as_tensor(labels)
+    for first in range(0, len(y), 2):
+        optimiser.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[first : first + 2]), y[first : first + 2]).backward()
+        optimiser.step()
+    metrics = MetricRecord({"num-examples": len(labels)})
+    sent = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+    reply = Message(sent, reply_to=instruction)
+    stem = capture_stem(root, 8, 1, node, "train")
+    head = {"run-id": 8, "round": 1, "node": node, "run_config": {"batch-size": 2, "optimizer": "Adam"}}
+    add_direction(stem, "received", instruction, **head)
+    add_direction(stem, "sent", reply, **head)
+
+
+def test_an_optimiser_on_record_that_the_simulations_do_not_model_is_said_everywhere_it_matters(tmp_path, capsys):
+    """A client that names Adam: the recipe states it (not assumed), the label counts say they rest on SGD's update,
+    the shadow updates and the power twin (SGD simulations) do not run and say why; the loss scores still do. An
+    unknown --recipe key is refused, naming the keys."""
+    from fedvit.app.cli import main
+
+    capture_adam_exchange(tmp_path / "cap", 31, 3)
+    data = UserData(DATA.source, {"31": 3}, DATA.decoy_partitions, DATA.app_dir)
+    (row,) = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data, references=3)["updates"]
+    why = "the client's optimiser is adam (on record); fedvit simulates SGD with momentum"
+    assert "optimiser adam (run config)" in row["recipe"] and "optimiser SGD (assumed)" not in row["assumptions"]
+    assert f"{why}: these counts rest on SGD's update" in row["attacks"]["labels (head-bias gradient)"]
+    assert row["attacks"]["membership: shadow alignment"] == f"not applicable: {why}"
+    member = row["leakage"]["membership"]
+    assert member["status"] == "measured" and "shadow alignment" not in member["scores"]
+    assert member["power"] == {"status": "not measured", "why": why}
+    base = ["audit", str(tmp_path / "cap"), "--out", str(tmp_path / "o2"), "--app-dir", str(APP),
+            "--model", "cnnapp.task:Net"]  # fmt: skip
+    assert main([*base, "--recipe", "learning_rat=0.1"]) == 2
+    assert "--recipe learning_rat: not a recipe key (one of" in capsys.readouterr().err

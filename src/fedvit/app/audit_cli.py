@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--sent", choices=("auto", "gradient", "weights"), help="what another app's replies carry "
                    "(default auto: read from their per-layer norm against the received weights)")  # fmt: skip
     g.add_argument("--recipe", action="append", default=[], help="KEY=VALUE of another app's client recipe: lr, "
-                   "local-epochs, local-steps, batch-size, momentum, num-examples (repeatable)")  # fmt: skip
+                   "local-epochs, local-steps, batch-size, momentum, num-examples, optimizer (repeatable)")  # fmt: skip
 
     g = p.add_argument_group("model (captures of another app; fedvit's captures name their own)")
     g.add_argument("--model", help="package.module:factory returning the app's nn.Module, or a timm model name")
@@ -240,6 +240,11 @@ def other_app_options(args: argparse.Namespace, options: Any) -> Any:
     if spec is None and given(args, MODEL_FLAGS):
         raise ValueError(f"{', '.join(given(args, MODEL_FLAGS))} describe the model: give --model as well")
     overrides = {str(k): str(v) for k, v in values.get("recipe", {}).items()} | _pairs(args.recipe, "--recipe")
+    from fedvit.attacks.recipe import OPTIMISER_KEYS, RECIPE_KEYS  # torch: not at --help
+
+    known = {name for key, aliases in RECIPE_KEYS.items() for name in (key, *aliases)} | set(OPTIMISER_KEYS)
+    if unknown := sorted(set(overrides) - known):
+        raise ValueError(f"--recipe {', '.join(unknown)}: not a recipe key (one of {', '.join(sorted(known))})")
     return dataclasses.replace(options, spec=spec, overrides=overrides, data=user_data(args, values, spec))
 
 

@@ -50,6 +50,7 @@ from fedvit.attacks.observation import (
     Observation,
     input_shape,
     model_with,
+    other_optimiser,
     received_model,
     recipe,
     trained_names,
@@ -414,7 +415,10 @@ def prior_accuracy(prior: np.ndarray, true_labels: np.ndarray) -> float:
 
 
 def benchmarked_error(obs: Observation) -> str:
-    """The error this method had in fedvit's benchmark for this model family at the nearest number of epochs."""
+    """The error this method had in fedvit's benchmark for this model family at the nearest number of epochs (none
+    for a client whose optimiser the benchmark did not use)."""
+    if (why := other_optimiser(obs)) is not None:
+        return f"none: {why}"
     family = "vit" if hasattr(received_model(obs), "patch_embed") else "cnn"
     table = BENCHMARKED_ERROR[family]
     epochs = min(table, key=lambda e: abs(e - recipe(obs).epochs))

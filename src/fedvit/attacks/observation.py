@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec
-from fedvit.attacks.recipe import ClientRecipe
+from fedvit.attacks.recipe import SIMULATED_OPTIMISERS, ClientRecipe
 from fedvit.core.config import Config
 from fedvit.core.masks import decode
 from fedvit.core.model import set_weights
@@ -248,6 +248,15 @@ def simulated(obs: Observation) -> str | None:
     if obs.config is not None and obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
         return f"strategy {obs.config.strategy!r} is not modelled by the attacks"
     return None
+
+
+def other_optimiser(obs: Observation) -> str | None:
+    """Why a simulation of local training does not model this client (None when it does): a record names an
+    optimiser the simulations do not implement (they run SGD with momentum)."""
+    name = recipe(obs).optimiser
+    if name is None or name in SIMULATED_OPTIMISERS:
+        return None
+    return f"the client's optimiser is {name} (on record); fedvit simulates SGD with momentum"
 
 
 def as_gradient(obs: Observation) -> Observation:

@@ -25,6 +25,8 @@ RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run conf
     "momentum": ("momentum",),
     "num-examples": ("num-examples", "num_examples"),
 }
+OPTIMISER_KEYS = ("optimizer", "optimiser", "optim")  # a name: "sgd", "adam", "adamw", ...
+SIMULATED_OPTIMISERS = ("sgd",)  # what fedvit's simulations of local training model (with momentum)
 
 
 PRIVACY_KEYS = {  # differential-privacy claim -> names apps use for it (Opacus' in Flower's example, then hyphenated)
@@ -95,6 +97,7 @@ class ClientRecipe:
     # (value, where it came from) as the report states them, e.g. ("lr", "0.05 (ConfigRecord)"); empty: run config
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     privacy: PrivacyClaim | None = None  # the DP the client claims (its records), tested by the membership audit
+    optimiser: str | None = None  # the optimiser a record names (lower case); None: none does (SGD assumed)
 
     def described(self) -> str:
         """Every value with where it came from ("lr 0.05 (ConfigRecord); momentum 0 (assumed plain SGD); ...")."""
@@ -199,6 +202,17 @@ def sent_kind(received: dict[str, np.ndarray], sent: dict[str, np.ndarray], name
     return kind, f"median ‖sent‖/‖received‖ {median:.3g}, {sum(side)} of {len(ratios)} layers agree"
 
 
+def recorded_optimiser(ex: Exchange, overrides: dict[str, str]) -> tuple[str, str] | None:
+    """(the optimiser's name in lower case, where it was read) from the overrides, the ConfigRecord, the run config
+    or the reply's metrics (:data:`OPTIMISER_KEYS`); None where no record names one."""
+    for source, values in (("override", overrides), ("ConfigRecord", ex.received_config),
+                           ("run config", ex.run_config), ("reply metrics", ex.sent_metrics)):  # fmt: skip
+        hit = next((values[k] for k in OPTIMISER_KEYS if values.get(k) not in ("", None)), None)
+        if hit is not None:
+            return str(hit).strip().lower().removeprefix("torch.optim."), source
+    return None
+
+
 def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRecipe:
     """The recipe from (first found) the overrides, the received ConfigRecord, the run config, the reply's
     metrics; defaults: full batch, one epoch, no momentum. ``local-steps`` (when given) fixes the images
@@ -234,13 +248,17 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
     claim = read_privacy_claim(ex)
     if claim is not None:
         sources["privacy claim"] = claim.described()
+    optimiser = recorded_optimiser(ex, overrides)
+    if optimiser is not None:
+        sources["optimiser"] = f"{optimiser[0]} ({optimiser[1]})"
     if kind == "gradient":  # FedSGD: one step on every example; lr, epochs and momentum play no part
         sources["sent"] = "a gradient: one step on all examples"
         return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True, sources=tuple(sources.items()),
-                            privacy=claim)  # fmt: skip
+                            privacy=claim, optimiser=optimiser and optimiser[0])  # fmt: skip
     epochs = 1 if steps is not None else int(take("epochs", 1, "assumed"))
     lr = take("lr", None, "scale estimated for labels; 0.01 simulated")
     momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0
     lr_known = lr is not None
     return ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
-                        momentum_known="momentum" in found, sources=tuple(sources.items()), privacy=claim)  # fmt: skip
+                        momentum_known="momentum" in found, sources=tuple(sources.items()), privacy=claim,
+                        optimiser=optimiser and optimiser[0])  # fmt: skip

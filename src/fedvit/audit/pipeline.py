@@ -25,7 +25,7 @@ from fedvit.attacks.label_distribution import Auxiliary
 from fedvit.attacks.membership import REFERENCES, Candidates, save_roc
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, dense_update, model_skeleton, recipe
-from fedvit.attacks.recipe import map_part, read_recipe, sent_kind
+from fedvit.attacks.recipe import ClientRecipe, map_part, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
 from fedvit.audit.evidence import threat_model, verdict
 from fedvit.audit.frontier import frontier_rows, write_frontier
@@ -49,6 +49,11 @@ from fedvit.core.results import atomic_write
 OLD_LAYOUT_COMMIT = "154885d"  # the last fedvit that wrote and read captures/round-N/partition-P
 # what no record of another app carries and the attacks take as given (the update's own math may contradict them)
 UNRECORDED = ("weight decay 0 (assumed)", "optimiser SGD (assumed)", "no data augmentation (assumed)")
+
+
+def unrecorded(client: ClientRecipe) -> list[str]:
+    """What another app's update is assumed to do that no record says (an optimiser on record is not assumed)."""
+    return [a for a in UNRECORDED if not (a.startswith("optimiser") and client.optimiser is not None)]
 
 
 @dataclasses.dataclass
@@ -295,7 +300,7 @@ def attack_exchange(
         "examples": client.examples,
         "recipe": client.described(),
         # recipe values no record carries and nothing estimated, and (another app) what no record can carry
-        "assumptions": client.assumed() + (list(UNRECORDED) if obs.config is None else []),
+        "assumptions": client.assumed() + (unrecorded(client) if obs.config is None else []),
         "labels": labelled["labels"],
         "label-accuracy": labelled["label-accuracy"],
         "attacks": statuses,

@@ -43,6 +43,7 @@ from fedvit.attacks.observation import (
     as_gradient,
     attacker_seed,
     has_vit_embeddings,
+    other_optimiser,
     partial_update,
     recipe,
     simulated,
@@ -105,7 +106,7 @@ def optimisable(obs: Observation) -> str | None:
     """Why the optimisation attack is not attempted: a recipe it cannot simulate, or more images than any published
     inversion recovers from one update (it would spend its budget on a few steps and report noise), or a partial
     update."""
-    if (why := simulated(obs) or partial_update(obs)) is not None:
+    if (why := simulated(obs) or partial_update(obs) or other_optimiser(obs)) is not None:
         return why
     client = recipe(obs)
     if client.examples > MAX_IMAGES:
@@ -253,6 +254,8 @@ def label_counts(obs: Observation, held: Held) -> Finding:
 def _label_finding(
     obs: Observation, held: Held, counts: np.ndarray | None, note: str, started: float, applied: bool = True
 ) -> Finding:
+    if counts is not None and (why := other_optimiser(obs)) is not None:
+        note = f"{note}; {why}: these counts rest on SGD's update, not benchmarked for it".lstrip("; ")
     truth = held.labels if held.exact else None
     accuracy = None if counts is None or truth is None else label_accuracy(counts, truth)
     aux = held.aux
@@ -297,6 +300,8 @@ def shadows_apply(obs: Observation, held: Held) -> str | None:
     """Why shadow updates cannot be trained for ``obs`` (None: they can)."""
     if held.references <= 0:
         return "no shadow updates asked for (--membership-references 0)"
+    if (why := other_optimiser(obs)) is not None:
+        return why
     if not counts_simulated(held):
         return ("shadow updates need a multi-step update whose label counts were estimated on images that are not "
                 "the client's")  # fmt: skip
@@ -391,6 +396,8 @@ def power_applies(obs: Observation, held: Held) -> str | None:
                 "are not the client's")  # fmt: skip
     if recipe(obs).sends_gradient:
         return "a gradient reply: the simulation is of weight updates"
+    if (why := other_optimiser(obs)) is not None:
+        return why
     if held.candidates.canaries:
         return "canaries are scored: the simulation stands for the client's own images"
     return None
