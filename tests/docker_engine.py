@@ -40,6 +40,24 @@ def install_missing() -> list[str]:
     return packages
 
 
+PID_FILE = Path("/var/run/docker.pid")
+
+
+def remove_stale_pid_file() -> None:
+    """dockerd refuses to start while its pid file exists; one left by a daemon that was killed (its PID gone) is
+    removed, one whose process lives is left for dockerd to report."""
+    try:
+        pid = int(PID_FILE.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        PID_FILE.unlink(missing_ok=True)
+    except PermissionError:
+        pass
+
+
 def engine_answers() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
 
@@ -50,6 +68,7 @@ def docker_engine(log_dir: Path) -> Iterator[str]:
     if engine_answers():
         yield "running"
         return
+    remove_stale_pid_file()
     log = open(log_dir / "dockerd.log", "w")  # noqa: SIM115 (kept open for the daemon's lifetime)
     daemon = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

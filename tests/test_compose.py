@@ -138,6 +138,8 @@ def stack(tmp_path_factory):
             for top in [*WRITABLE, *private]:
                 for path in [app / top, *(app / top).rglob("*")]:
                     os.chown(path, APP_UID, APP_UID)
+            # an earlier run killed mid-way leaves this project's containers behind (same names): remove them first
+            s.sh("docker", "compose", "down", "-v", "--remove-orphans", check=False, timeout=300)
             s.timed("build superexec image", "docker", "compose", "build")
             s.timed("up -d", "docker", "compose", "up", "-d")
             s.timed("register", sys.executable, "-m", "fedvit.app.cli", "deploy", "register",

@@ -146,6 +146,8 @@ def federation(tmp_path_factory):
                    "--source", str(app))  # fmt: skip
             for path in [bundles, *bundles.rglob("*")]:  # each bundle README's one root step
                 os.chown(path, APP_UID, APP_UID)
+            for host in ["server"] + [f"client-{i}" for i in range(1, CLIENTS + 1)]:  # an earlier run's leftovers
+                fed.compose(host, "down", "-v", "--remove-orphans", check=False)
             fed.compose("server", "build")
             fed.compose("server", "up", "-d")
             fed.sh(sys.executable, "-m", "fedvit.app.cli", "deploy", "register", "--connection", CONNECTION,
