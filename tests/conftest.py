@@ -19,6 +19,21 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that must share one worker (one deployment, Docker stack or Ray cluster at a time) carry an
+    ``xdist_group``; pytest-xdist's ``--dist loadgroup`` keeps them together by appending the group to their node
+    id. A pytest that ignores that would spread them over the workers without a word: refuse to run instead."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("loadgroup", False):  # set in workers
+        return
+    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} drops pytest-xdist's group of {lost[0]} (and {len(lost) - 1} more): "
+            "grouped tests would run side by side; use the pytest uv.lock pins (uv sync --frozen)"
+        )
+
+
 @pytest.fixture(autouse=True)
 def _client_state(tmp_path, monkeypatch):
     """Client-private files (mask seeds, locked masks) go to a per-test folder, never ~/.fedvit."""
