@@ -17,8 +17,7 @@ from safetensors.numpy import load_file
 
 from fedvit.app.flower_processes import private_superlink_env, stop_local_superlink
 
-# xdist: one local SuperLink for the module
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
+pytestmark = pytest.mark.e2e  # spread over the xdist workers: each worker's module fixture has its own SuperLink
 ROOT = Path(__file__).parents[1]
 FEDERATION = "num-supernodes=3 client-resources-num-cpus=1"
 
