@@ -180,9 +180,9 @@ def alignment_scores(
     that point, so each point weighs alike."""
     totals = [np.zeros(len(images)) for images, _ in sides]
     r = residual(obs, shadows)
+    names = trained_names(obs)
     for point in alignment_points(obs, shadows):
         model, direction = residual_direction(obs, r, point, pool)
-        names = trained_names(obs)
         found = [np.concatenate([(g @ direction).double().numpy() for g in per_sample_gradients(model, *side, names)])
                  for side in sides]  # fmt: skip
         spread = max(float(found[-1].std()), 1e-30)

@@ -202,11 +202,17 @@ def sent_kind(received: dict[str, np.ndarray], sent: dict[str, np.ndarray], name
     return kind, f"median ‖sent‖/‖received‖ {median:.3g}, {sum(side)} of {len(ratios)} layers agree"
 
 
+def recipe_records(ex: Exchange, overrides: dict[str, str]) -> list[tuple[str, dict]]:
+    """(source, values) in the order a recipe value is looked up: the overrides, the received ConfigRecord, the run
+    config, the reply's metrics."""
+    return [("override", overrides), ("ConfigRecord", ex.received_config), ("run config", ex.run_config),
+            ("reply metrics", ex.sent_metrics)]  # fmt: skip
+
+
 def recorded_optimiser(ex: Exchange, overrides: dict[str, str]) -> tuple[str, str] | None:
     """(the optimiser's name in lower case, where it was read) from the overrides, the ConfigRecord, the run config
     or the reply's metrics (:data:`OPTIMISER_KEYS`); None where no record names one."""
-    for source, values in (("override", overrides), ("ConfigRecord", ex.received_config),
-                           ("run config", ex.run_config), ("reply metrics", ex.sent_metrics)):  # fmt: skip
+    for source, values in recipe_records(ex, overrides):
         hit = next((values[k] for k in OPTIMISER_KEYS if values.get(k) not in ("", None)), None)
         if hit is not None:
             return str(hit).strip().lower().removeprefix("torch.optim."), source
@@ -219,9 +225,7 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
     processed to steps × batch size. The recipe holds, per value, where it came from (``sources``)."""
     found: dict[str, tuple[float, str]] = {}
     for key, aliases in RECIPE_KEYS.items():
-        sources = [("override", overrides), ("ConfigRecord", ex.received_config), ("run config", ex.run_config),
-                   ("reply metrics", ex.sent_metrics)]  # fmt: skip
-        for source, values in sources:
+        for source, values in recipe_records(ex, overrides):
             if (value := recorded_number(ex, key, (key, *aliases), source, values)) is not None:
                 found[key] = (value, source)
                 break
