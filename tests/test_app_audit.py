@@ -6,6 +6,7 @@ capture path; the audit sees only the capture folder and the model factory."""
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fedvit.app.audit_cli import find_spec_file, read_spec_file, spec_from
 from fedvit.attacks.model_spec import ModelSpec, SpecError, model_settings
-from fedvit.attacks.recipe import map_state, sent_kind
+from fedvit.attacks.observation import Observation
+from fedvit.attacks.recipe import ClientRecipe, map_state, sent_kind
 from fedvit.audit.pipeline import AuditOptions, audit_captures
 from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
@@ -656,11 +658,13 @@ def capture_head_exchange(root: Path, node: int, partition: int, server_round: i
     add_direction(stem, "sent", reply, **head)
 
 
-def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path):
+def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path, monkeypatch):
     """A capture of ``model.heads`` only maps onto that submodule (by name or as a list), the rest of the model is
     the --model weights; the simulations train the head alone (the backbone of a shadow stays as received), labels
-    and membership are measured and image inversion says what it would need."""
+    and membership are measured and image inversion says what it would need. The backbone's features are computed
+    once and the head runs alone: the same figures as the whole model's."""
     from fedvit.attacks.label_distribution import Auxiliary, simulate
+    from fedvit.audit import registry
     from fedvit.audit.pipeline import Reader
     from fedvit.capture.reader import load_exchanges
 
@@ -678,6 +682,17 @@ def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path)
         assert "the update covers only 2 parameter tensor(s)" in row["attacks"][
             "gradient matching (optimisation, defence-aware)"
         ]
+        assert row["frozen-features"].startswith("the frozen layers' outputs computed once for 154 auxiliary and 94")
+    assert "frozen backbone: the frozen layers' outputs computed once" in (tmp_path / "out" / "audit.md").read_text()
+    monkeypatch.setattr(registry, "on_features", lambda *args: "switched off")
+    whole = audit_app_captures(tmp_path / "cap", tmp_path / "whole", spec, BUDGET, data=data, references=3)
+    for cached, full in zip(report["updates"], whole["updates"], strict=True):
+        assert full["frozen-features"] == "the whole model runs: switched off"
+        assert cached["labels"] == full["labels"]
+        figures = [{k: v["auc"] for k, v in u["leakage"]["membership"]["scores"].items()} for u in (cached, full)]
+        assert figures[0] == pytest.approx(figures[1], abs=1e-9)
+        power = [u["leakage"]["membership"]["power"]["simulated"]["auc"] for u in (cached, full)]
+        assert power[0] == pytest.approx(power[1], abs=1e-9)
 
     exchanges, _ = load_exchanges(tmp_path / "cap")
     obs = Reader(AuditOptions(spec=spec, budget=BUDGET)).observe(exchanges[0])
@@ -690,6 +705,39 @@ def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path)
         if name.startswith("backbone."):
             np.testing.assert_array_equal(value, public[name].numpy(), err_msg=name)
     assert not np.array_equal(shadow.weights["heads.head.weight"], obs.received["heads.head.weight"])
+
+
+class ScaledHead(HeadOnBackbone):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
+def test_frozen_features_are_refused_where_the_backbone_is_not_deterministic_or_the_head_is_not_last():
+    """BatchNorm, dropout or a layer after the head: the whole model runs, and the reason is said."""
+    from fedvit.attacks.frozen_features import on_features
+    from fedvit.attacks.label_distribution import Auxiliary
+
+    images, labels = load_data(5, 8, 7)
+    aux = Auxiliary(images, labels, "partition 5")
+
+    def observed(model: torch.nn.Module) -> Observation:
+        state = {k: v.numpy() for k, v in model.state_dict().items()}
+        spec = ModelSpec("custom", builder=lambda: copy.deepcopy(model))
+        client = ClientRecipe(8, 2, 1, 0.1, 0.0, 0.0, 0, False)
+        return Observation(state, state, None, 10, spec=spec, skeleton=spec.build(), client=client,
+                           trained=("heads.head.weight", "heads.head.bias"))  # fmt: skip
+
+    plain = HeadOnBackbone()
+    assert not isinstance(on_features(observed(plain), aux, None), str)
+    normed = HeadOnBackbone()
+    normed.backbone.insert(1, torch.nn.BatchNorm2d(6))
+    assert on_features(observed(normed), aux, None) == (
+        "the frozen backbone.1 is BatchNorm: its output depends on the batch"
+    )
+    dropped = HeadOnBackbone()
+    dropped.backbone.append(torch.nn.Dropout(0.1))
+    assert "drops activations at random" in on_features(observed(dropped), aux, None)
+    assert "does more after heads.head than the head" in on_features(observed(ScaledHead()), aux, None)
 
 
 def test_a_partial_capture_that_fits_several_parts_of_the_model_is_refused():

@@ -80,6 +80,7 @@ class Auxiliary:
     images: np.ndarray
     labels: np.ndarray
     source: str
+    noise: np.ndarray | None = None  # inputs standing in for a class none of the images has (None: fresh noise)
 
     def prior(self, num_classes: int) -> np.ndarray:
         """Class shares of the auxiliary data (the population's, as far as the attacker knows it)."""
@@ -177,6 +178,8 @@ def simulate(
         if len(by_class[k]):
             drawn[j] = rng.choice(by_class[k])
             pool.append(aux.images[drawn[j]])
+        elif aux.noise is not None:
+            pool.append(aux.noise[rng.integers(len(aux.noise))])
         else:
             pool.append(rng.random(shape))
     images = torch.as_tensor(np.stack(pool), dtype=torch.float32)

@@ -303,6 +303,7 @@ def attack_exchange(
         "assumptions": client.assumed() + (unrecorded(client) if obs.config is None else []),
         "labels": labelled["labels"],
         "label-accuracy": labelled["label-accuracy"],
+        "frozen-features": held.found.get("frozen-features"),  # a partial update: its head on cached features?
         "attacks": statuses,
         "best-attack": best,
         "leakage": evidence(obs, findings, held),

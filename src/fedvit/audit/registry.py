@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from fedvit.attacks import april
 from fedvit.attacks.cocktail import cocktail_party
+from fedvit.attacks.frozen_features import head_path, on_features
 from fedvit.attacks.inversion import collusion_inversion, fedavg_aware_invert, invert
 from fedvit.attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
 from fedvit.attacks.labels import Recovered, label_accuracy, recover_labels_and_momentum
@@ -515,14 +516,52 @@ JUDGES: dict[str, Callable[[Observation, dict[str, Finding], Held], dict[str, An
 }
 
 
+def head_only(obs: Observation, held: Held) -> tuple[Observation, Held] | None:
+    """A head fine-tuned on a frozen backbone: the observation and holdings on the head's inputs, computed once
+    (:func:`~fedvit.attacks.frozen_features.on_features`; None where they are not: the reason in
+    ``held.found["frozen-features"]``). Decided on the first call; every later call returns the same pair."""
+    if "frozen-features" not in held.found:
+        held.found["head-only"] = None
+        if obs.trained is None:
+            held.found["frozen-features"] = None
+        elif held.aux is None:
+            held.found["frozen-features"] = "the whole model runs: no auxiliary images to compute features of"
+        else:
+            started = time.perf_counter()
+            found = on_features(obs, held.aux, held.candidates)
+            if isinstance(found, str):
+                held.found["frozen-features"] = f"the whole model runs: {found}"
+            else:
+                head_obs, aux, candidates = found
+                held.found["head-only"] = (head_obs, dataclasses.replace(held, aux=aux, candidates=candidates))
+                held.found["frozen-features"] = (
+                    f"the frozen layers' outputs computed once for {len(aux.images) + len(aux.noise)} auxiliary and "
+                    f"{0 if candidates is None else len(candidates.members[0]) + len(candidates.non_members[0])} "
+                    f"candidate images in "
+                    f"{time.perf_counter() - started:.1f} s; label counts and membership run on "
+                    f"{head_path(obs)} alone"
+                )
+    pair = held.found["head-only"]
+    return None if pair is None else (dataclasses.replace(pair[0], client=obs.client), pair[1])
+
+
+def seen_by(leakage: str, obs: Observation, held: Held) -> tuple[Observation, Held]:
+    """What a measure of ``leakage`` runs on: the head alone for label counts and membership where
+    :func:`head_only` applies, else the update as observed."""
+    if leakage == "images" or (pair := head_only(obs, held)) is None:
+        return obs, held
+    return pair
+
+
 def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Finding]]:
     """Every registry entry on one update, in order; each that does not apply reports why. A recipe value that a
     measure estimates from the update replaces the assumed one for every later measure; returns the observation
     with the recipe the measures ended on, and the findings."""
     findings = {}
     for measure in MEASURES:
-        why = measure.why_not(obs, held)
-        findings[measure.name] = found = measure.refused(obs, held, why) if why is not None else measure.run(obs, held)
+        o, h = seen_by(measure.leakage, obs, held)
+        why = measure.why_not(o, h)
+        findings[measure.name] = found = measure.refused(o, h, why) if why is not None else measure.run(o, h)
         if found.recipe is not None:
             obs = dataclasses.replace(obs, client=found.recipe)
     return obs, findings
@@ -532,4 +571,8 @@ def evidence(obs: Observation, findings: dict[str, Finding], held: Held) -> dict
     """Per leakage type, its figures against its null (:data:`JUDGES`)."""
     kinds = {m.name: m.leakage for m in MEASURES}
     of_kind = lambda kind: {n: f for n, f in findings.items() if kinds[n] == kind}  # noqa: E731
-    return {kind: judge(obs, of_kind(kind), held) for kind, judge in JUDGES.items()}
+    found = {}
+    for kind, judged in JUDGES.items():
+        o, h = seen_by(kind, obs, held)
+        found[kind] = judged(o, of_kind(kind), h)
+    return found

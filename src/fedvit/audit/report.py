@@ -66,6 +66,8 @@ def update_lines(updates: list[dict[str, Any]]) -> list[str]:
         lines.append(f"- **{u['update']}**: recipe: {u['recipe']}")
         if u["assumptions"]:
             lines.append(f"  - assumed (no record carries them): {'; '.join(u['assumptions'])}")
+        if u.get("frozen-features"):
+            lines.append(f"  - frozen backbone: {u['frozen-features']}")
         lines += [f"  - {name}: {status}" for name, status in u["attacks"].items()]
         lines += [f"  - evidence, {kind}: {evidence_text(e)}" for kind, e in u["leakage"].items()]
     return lines + [""]
