@@ -778,18 +778,31 @@ def capture_adam_exchange(root: Path, node: int, partition: int) -> None:
     add_direction(stem, "sent", reply, **head)
 
 
-def test_an_optimiser_on_record_that_the_simulations_do_not_model_is_said_everywhere_it_matters(tmp_path, capsys):
-    """A client that names Adam: the recipe states it (not assumed), the label counts say they rest on SGD's update,
-    the shadow updates and the power twin (SGD simulations) do not run and say why; the loss scores still do. An
-    unknown --recipe key is refused, naming the keys."""
+def test_an_optimiser_on_record_is_simulated_or_said_everywhere_it_matters(tmp_path, capsys):
+    """A client that names Adam: the recipe states it (not assumed, no SGD momentum), the label counts say they are
+    unverified (their relation is SGD's update), the shadow updates and the power twin train with Adam. An optimiser
+    the simulations do not model (``--recipe optimizer=rmsprop``): they do not run and say why; the loss scores
+    still do. An unknown --recipe key is refused, naming the keys."""
     from fedvit.app.cli import main
 
     capture_adam_exchange(tmp_path / "cap", 31, 3)
     data = UserData(DATA.source, {"31": 3}, DATA.decoy_partitions, DATA.app_dir)
     (row,) = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data, references=3)["updates"]
-    why = "the client's optimiser is adam (on record); fedvit simulates SGD with momentum"
     assert "optimiser adam (run config)" in row["recipe"] and "optimiser SGD (assumed)" not in row["assumptions"]
-    assert f"{why}: these counts rest on SGD's update" in row["attacks"]["labels (head-bias gradient)"]
+    assert "momentum — (adam: betas 0.9, 0.999, eps 1e-8, torch's defaults, assumed)" in row["recipe"]
+    assert "plain SGD" not in row["recipe"]
+    labels = row["attacks"]["labels (head-bias gradient)"]
+    assert "adam with torch's default betas" in labels and "momentum" not in labels
+    assert "unverified: the client's optimiser is adam (on record), which rescales every entry" in labels
+    assert row["attacks"]["membership: shadow alignment"].startswith("applied: the update beyond 3 shadow")
+    member = row["leakage"]["membership"]
+    assert member["status"] == "measured" and "shadow alignment" in member["scores"]
+    assert member["power"]["status"] == "measured"
+
+    options = {"data": data, "references": 3, "overrides": {"optimizer": "rmsprop"}}
+    (row,) = audit_app_captures(tmp_path / "cap", tmp_path / "o1", SPEC, BUDGET, **options)["updates"]
+    why = "the client's optimiser is rmsprop (on record); fedvit simulates SGD, Adam and AdamW"
+    assert "optimiser rmsprop (override)" in row["recipe"]
     assert row["attacks"]["membership: shadow alignment"] == f"not applicable: {why}"
     member = row["leakage"]["membership"]
     assert member["status"] == "measured" and "shadow alignment" not in member["scores"]
@@ -798,3 +811,24 @@ def test_an_optimiser_on_record_that_the_simulations_do_not_model_is_said_everyw
             "--model", "cnnapp.task:Net"]  # fmt: skip
     assert main([*base, "--recipe", "learning_rat=0.1"]) == 2
     assert "--recipe learning_rat: not a recipe key (one of" in capsys.readouterr().err
+    assert main([*base, "--recipe", "augment=rotate"]) == 2
+    assert "augment 'rotate': 'rotate' is not modelled (crop, crop:S, flip, joined by +) (override)" in (
+        capsys.readouterr().err)  # fmt: skip
+
+
+def test_a_declared_augmentation_is_in_the_recipe_and_the_loss_scores_take_its_views(tmp_path):
+    """``--recipe augment=crop:0.5+flip``: the recipe says so (no "no data augmentation" assumption), the loss scores
+    average over random views (other figures than the plain images'), the simulations train on views."""
+    capture_adam_exchange(tmp_path / "cap", 31, 3)
+    data = UserData(DATA.source, {"31": 3}, DATA.decoy_partitions, DATA.app_dir)
+    runs = {}
+    for augment in ("none", "crop:0.5+flip"):
+        options = {"data": data, "references": 3, "overrides": {"augment": augment}}
+        (runs[augment],) = audit_app_captures(tmp_path / "cap", tmp_path / augment, SPEC, BUDGET, **options)["updates"]
+    row = runs["crop:0.5+flip"]
+    assert "augmentation random resized crop (scale 0.5–1) + horizontal flip (override)" in row["recipe"]
+    assert "no data augmentation (assumed)" in runs["none"]["assumptions"]
+    assert "no data augmentation (assumed)" not in row["assumptions"]
+    plain, views = ({k: v["auc"] for k, v in r["leakage"]["membership"]["scores"].items()} for r in runs.values())
+    assert plain != views
+    assert row["leakage"]["membership"]["power"]["status"] == "measured"

@@ -240,9 +240,10 @@ def other_app_options(args: argparse.Namespace, options: Any) -> Any:
     if spec is None and given(args, MODEL_FLAGS):
         raise ValueError(f"{', '.join(given(args, MODEL_FLAGS))} describe the model: give --model as well")
     overrides = {str(k): str(v) for k, v in values.get("recipe", {}).items()} | _pairs(args.recipe, "--recipe")
-    from fedvit.attacks.recipe import OPTIMISER_KEYS, RECIPE_KEYS  # torch: not at --help
+    from fedvit.attacks.recipe import AUGMENT_KEYS, OPTIMISER_KEYS, RECIPE_KEYS  # torch: not at --help
 
-    known = {name for key, aliases in RECIPE_KEYS.items() for name in (key, *aliases)} | set(OPTIMISER_KEYS)
+    known = {name for key, aliases in RECIPE_KEYS.items() for name in (key, *aliases)} | {
+        *OPTIMISER_KEYS, *AUGMENT_KEYS}  # fmt: skip
     if unknown := sorted(set(overrides) - known):
         raise ValueError(f"--recipe {', '.join(unknown)}: not a recipe key (one of {', '.join(sorted(known))})")
     return dataclasses.replace(options, spec=spec, overrides=overrides, data=user_data(args, values, spec))

@@ -66,6 +66,8 @@ def why_not_cached(obs: Observation) -> str | None:
     path = head_path(obs)
     if path is None:
         return "the update is not a partial update of one submodule"
+    if obs.client.augment is not None:
+        return "the client trains on random views (declared augmentation): the backbone's output differs per view"
     for name, module in public_model(obs).named_modules():
         if name == path or name.startswith(f"{path}."):
             continue

@@ -45,16 +45,18 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import nnls
 
-from fedvit.attacks.local_sgd import local_sgd
+from fedvit.attacks.augmentation import augmented
+from fedvit.attacks.local_sgd import ADAMW_WEIGHT_DECAY, local_sgd
 from fedvit.attacks.observation import (
     Observation,
     input_shape,
     model_with,
-    other_optimiser,
+    not_sgd,
     received_model,
     recipe,
     trained_names,
 )
+from fedvit.attacks.recipe import ADAM_FAMILY, SIMULATED_OPTIMISERS
 from fedvit.core.model import classify, normalize
 
 MOMENTA = (0.0, 0.9)  # the values tried when no record carries the momentum (plain SGD; the common default)
@@ -166,6 +168,7 @@ def simulate(
     client = recipe(obs)
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
+    views = torch.Generator().manual_seed(seed + 1)  # the declared augmentation's draws (a fresh view per visit)
     model = received_model(obs).float().train()
     features: list[torch.Tensor] = []
     hook = head_module(model, obs.head_bias).register_forward_hook(lambda m, i, o: features.append(i[0].detach()))
@@ -205,7 +208,8 @@ def simulate(
         if step in snapshot_steps:
             kept.append({n: w.detach().numpy().copy() for n, w in current.items()})
         features.clear()
-        logits = torch.func.functional_call(model, current, (normalize(model, images[batch]),))
+        x = images[batch] if client.augment is None else augmented(images[batch], client.augment, views)
+        logits = torch.func.functional_call(model, current, (normalize(model, x),))
         scale = weights[step] / len(batch)
         probs = torch.softmax(logits.detach().double(), 1).numpy()
         h = features[-1].double().flatten(1).numpy()
@@ -220,7 +224,11 @@ def simulate(
         np.add.at(cross_sum.transpose(1, 0, 2), y, scale * probs[:, :, None] * h[:, None, :])
         return F.cross_entropy(logits, targets[batch])
 
-    end = local_sgd(params, batch_loss, schedule, client.lr, momentum, weight_decay=weight_decay)
+    # an optimiser not simulated: SGD's steps (the counts are then marked unverified; shadows do not run)
+    optimiser = client.optimiser if client.optimiser in SIMULATED_OPTIMISERS else "sgd"
+    if optimiser == "adamw" and weight_decay == 0:
+        weight_decay = ADAMW_WEIGHT_DECAY  # torch's default (no record carries the weight decay)
+    end = local_sgd(params, batch_loss, schedule, client.lr, momentum, weight_decay=weight_decay, optimiser=optimiser)
     hook.remove()
     # per class k, the mean over its occurrences (classes never drawn: the mean over every image seen)
     norm = np.maximum(seen, 1e-12)
@@ -277,7 +285,7 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     client = recipe(obs)
     total = client.examples
     rows = head_rows(obs)
-    momenta = (client.momentum,) if client.momentum_known else MOMENTA
+    momenta = (client.momentum,) if client.momentum_known else MOMENTA  # Adam's recipe: momentum known (none)
     results = {beta: found for beta in momenta if (found := passes(obs, aux, rows, beta, 0.0, seed)) is not None}
     if not results:
         raise ValueError("the simulated local training diverged under every momentum tried")
@@ -286,7 +294,9 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     chosen = min(mismatch, key=mismatch.get)
     note = f"local training simulated on {aux.source} ({client.steps} steps of {client.batch}, lr {client.lr:g}"
     how = ""
-    if client.momentum_known:
+    if client.optimiser in ADAM_FAMILY:
+        note += f", {client.optimiser} with torch's default betas)"
+    elif client.momentum_known:
         note += f", momentum {chosen:g})"
     else:
         ratios = ", ".join(f"β {b:g}: {results[b][1] / max(observed, 1e-12):.2f}" for b in results)
@@ -420,8 +430,10 @@ def prior_accuracy(prior: np.ndarray, true_labels: np.ndarray) -> float:
 def benchmarked_error(obs: Observation) -> str:
     """The error this method had in fedvit's benchmark for this model family at the nearest number of epochs (none
     for a client whose optimiser the benchmark did not use)."""
-    if (why := other_optimiser(obs)) is not None:
+    if (why := not_sgd(obs)) is not None:
         return f"none: {why}"
+    if obs.trained is not None:
+        return "none: fedvit's benchmark trains whole models, not a head on a frozen backbone"
     family = "vit" if hasattr(received_model(obs), "patch_embed") else "cnn"
     table = BENCHMARKED_ERROR[family]
     epochs = min(table, key=lambda e: abs(e - recipe(obs).epochs))

@@ -1,22 +1,27 @@
-"""The client's local SGD as every attack simulates it: image inversion (differentiable, unrolled in the
+"""The client's local training as every attack simulates it: image inversion (differentiable, unrolled in the
 candidate pixels), the label-distribution estimate and the membership shadows (plain steps on auxiliary images).
 
-One step rule, torch's ``SGD`` (dampening 0, no Nesterov) written out of place, so the same function unrolls under
-autograd and reproduces a client that trains with ``torch.optim.SGD`` to the bit (``torch.add`` with ``alpha`` is
-the kernel torch's optimiser uses; ``w - lr * v`` rounds differently in about 2% of the entries). FedProx's
-proximal term and SCAFFOLD's correction enter exactly as the honest client applies them
-(``fedvit.clients.training.local_epochs``).
+Step rules of torch's ``SGD`` (dampening 0, no Nesterov), ``Adam`` and ``AdamW`` (no AMSGrad; torch's default
+betas and eps) written out of place, so the same function unrolls under autograd and reproduces a client that trains
+with the torch optimiser to the bit (the kernels are torch's own: ``add`` with ``alpha``, ``lerp``, ``addcmul``,
+``addcdiv``; ``w - lr * v`` rounds differently in about 2% of the entries). FedProx's proximal term and SCAFFOLD's
+correction enter exactly as the honest client applies them (``fedvit.clients.training.local_epochs``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import torch
 
+from fedvit.attacks.recipe import SIMULATED_OPTIMISERS
+
 Batch = TypeVar("Batch")
 Weights = dict[str, torch.Tensor]
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch's defaults (no record carries them)
+ADAMW_WEIGHT_DECAY = 0.01  # torch's AdamW default, where no record carries the weight decay
 
 
 def gradients(loss: torch.Tensor, weights: Weights, differentiable: bool) -> Weights:
@@ -42,6 +47,47 @@ def sgd_step(
     return new_weights, new_velocity
 
 
+@dataclasses.dataclass(frozen=True)
+class AdamState:
+    """Adam's moments after ``step`` steps (empty before the first)."""
+
+    step: int = 0
+    first: Weights = dataclasses.field(default_factory=dict)
+    second: Weights = dataclasses.field(default_factory=dict)
+
+
+def adam_step(
+    weights: Weights, grads: Weights, state: AdamState, lr: float, weight_decay: float = 0.0, decoupled: bool = False
+) -> tuple[Weights, AdamState]:
+    """One step of torch's Adam (``decoupled``: AdamW): g ← g + λw (Adam) or w ← w(1 − lr λ) (AdamW);
+    m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², w ← w − lr/(1−β₁ᵗ) · m / (√v / √(1−β₂ᵗ) + ε) (Kingma & Ba, "Adam",
+    arXiv 1412.6980, Algorithm 1; Loshchilov & Hutter, "Decoupled Weight Decay Regularization", arXiv 1711.05101,
+    Algorithm 2)."""
+    (beta1, beta2), t = ADAM_BETAS, state.step + 1
+    step_size, root = lr / (1 - beta1**t), (1 - beta2**t) ** 0.5
+    new_weights, first, second = {}, {}, {}
+    for name, w in weights.items():
+        g = grads[name]
+        if weight_decay != 0 and decoupled:
+            w = w * (1 - lr * weight_decay)
+        elif weight_decay != 0:
+            g = torch.add(g, w, alpha=weight_decay)
+        m = state.first.get(name, torch.zeros_like(w)).lerp(g, 1 - beta1)
+        v = torch.addcmul(state.second.get(name, torch.zeros_like(w)) * beta2, g, g, value=1 - beta2)
+        first[name], second[name] = m, v
+        new_weights[name] = torch.addcdiv(w, m, v.sqrt() / root + ADAM_EPS, value=-step_size)
+    return new_weights, AdamState(t, first, second)
+
+
+def optimiser_step(optimiser: str, momentum: float, weight_decay: float) -> Callable:
+    """``step(weights, grads, state, lr) -> (weights, state)`` of the named optimiser (state: None at the start)."""
+    if optimiser == "sgd":
+        return lambda w, g, state, lr: sgd_step(w, g, state or {}, lr, momentum, weight_decay)
+    if optimiser in ("adam", "adamw"):
+        return lambda w, g, state, lr: adam_step(w, g, state or AdamState(), lr, weight_decay, optimiser == "adamw")
+    raise ValueError(f"optimiser {optimiser!r} is not simulated (one of {', '.join(SIMULATED_OPTIMISERS)})")
+
+
 def local_sgd(
     params: Weights,
     batch_loss: Callable[[Weights, Batch], torch.Tensor],
@@ -53,15 +99,18 @@ def local_sgd(
     proximal_mu: float = 0.0,
     correction: Weights | None = None,
     differentiable: bool = False,
+    optimiser: str = "sgd",
 ) -> Weights:
-    """The weights after one SGD step per batch from ``params``: ``batch_loss(weights, batch)`` is the step's loss
-    (a scalar); FedProx adds μ/2 · ‖w − w_received‖² (``proximal_mu``), SCAFFOLD adds ``correction`` (c − c_i) to
-    every gradient (Karimireddy et al., 2020, Algorithm 1, line 10). ``differentiable``: the steps stay on the
-    autograd graph (the result is differentiable in whatever the losses depend on); otherwise each step's weights
-    are detached leaves, as in an optimiser."""
+    """The weights after one optimiser step per batch from ``params`` (``optimiser``: ``sgd``, ``adam``, ``adamw``;
+    ``momentum`` is SGD's): ``batch_loss(weights, batch)`` is the step's loss (a scalar); FedProx adds
+    μ/2 · ‖w − w_received‖² (``proximal_mu``), SCAFFOLD adds ``correction`` (c − c_i) to every gradient
+    (Karimireddy et al., 2020, Algorithm 1, line 10). ``differentiable``: the steps stay on the autograd graph (the
+    result is differentiable in whatever the losses depend on); otherwise each step's weights are detached leaves,
+    as in an optimiser."""
+    step = optimiser_step(optimiser, momentum, weight_decay)
     anchor = params if differentiable else {n: p.detach() for n, p in params.items()}
     weights = dict(anchor) if differentiable else {n: p.clone().requires_grad_(True) for n, p in anchor.items()}
-    velocity: Weights = {}
+    state = None
     for batch in batches:
         loss = batch_loss(weights, batch)
         if proximal_mu > 0:
@@ -70,9 +119,9 @@ def local_sgd(
         if correction is not None:
             grads = {n: g + correction[n] for n, g in grads.items()}
         if differentiable:
-            weights, velocity = sgd_step(weights, grads, velocity, lr, momentum, weight_decay)
+            weights, state = step(weights, grads, state, lr)
             continue
         with torch.no_grad():
-            weights, velocity = sgd_step(weights, grads, velocity, lr, momentum, weight_decay)
+            weights, state = step(weights, grads, state, lr)
         weights = {n: w.requires_grad_(True) for n, w in weights.items()}
     return weights

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from scipy.special import ndtri
 from torch.func import functional_call, grad, vmap
 
+from fedvit.attacks.augmentation import VIEWS, Augmentation, augmented
 from fedvit.attacks.label_distribution import Auxiliary, Simulation, simulate
 from fedvit.attacks.observation import Observation, model_with, received_model, recipe, trained_names
 from fedvit.attacks.reidentification import evenly_spaced
@@ -77,14 +78,23 @@ def evenly(images: np.ndarray, labels: np.ndarray, most: int = MAX_CANDIDATES) -
 
 
 @torch.no_grad()
-def losses(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per-image cross-entropy, in batches of :data:`BATCH`."""
-    out = []
-    for first in range(0, len(images), BATCH):
-        x = torch.as_tensor(images[first : first + BATCH], dtype=torch.float32)
-        y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
-        out.append(F.cross_entropy(classify(model, x), y, reduction="none").double().numpy())
-    return np.concatenate(out) if out else np.zeros(0)
+def losses(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, augmentation: Augmentation | None = None
+) -> np.ndarray:
+    """Per-image cross-entropy, in batches of :data:`BATCH`; under an ``augmentation``, the mean over
+    :data:`~fedvit.attacks.augmentation.VIEWS` random views (the same views for every model: view k's randomness
+    is seeded by k)."""
+    views = [None] if augmentation is None else [torch.Generator().manual_seed(k) for k in range(VIEWS)]
+    total = np.zeros(len(images))
+    for generator in views:
+        out = []
+        for first in range(0, len(images), BATCH):
+            x = torch.as_tensor(images[first : first + BATCH], dtype=torch.float32)
+            x = x if generator is None else augmented(x, augmentation, generator)
+            y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
+            out.append(F.cross_entropy(classify(model, x), y, reduction="none").double().numpy())
+        total += np.concatenate(out) if out else 0.0
+    return total / len(views)
 
 
 def sent_weights(obs: Observation) -> dict[str, np.ndarray]:
@@ -569,10 +579,12 @@ def sides(candidates: Candidates) -> tuple[tuple[np.ndarray, np.ndarray], tuple[
 
 def candidate_losses(obs: Observation, candidates: Candidates) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per-image cross-entropy of the scored members and non-members under the received and the sent weights
-    (:func:`sent_weights`; eval mode: BatchNorm on the received running statistics)."""
+    (:func:`sent_weights`; eval mode: BatchNorm on the received running statistics); under the client's declared
+    augmentation, each image's mean over random views."""
     received = received_model(obs).float().eval()
     sent = model_with(obs, sent_weights(obs)).float().eval()
-    return {name: tuple(losses(model, *side) for side in sides(candidates))
+    augmentation = recipe(obs).augment
+    return {name: tuple(losses(model, *side, augmentation) for side in sides(candidates))
             for name, model in (("received", received), ("sent", sent))}  # fmt: skip
 
 

@@ -252,11 +252,20 @@ def simulated(obs: Observation) -> str | None:
 
 def other_optimiser(obs: Observation) -> str | None:
     """Why a simulation of local training does not model this client (None when it does): a record names an
-    optimiser the simulations do not implement (they run SGD with momentum)."""
+    optimiser the simulations do not implement (they run SGD with momentum, Adam and AdamW)."""
     name = recipe(obs).optimiser
     if name is None or name in SIMULATED_OPTIMISERS:
         return None
-    return f"the client's optimiser is {name} (on record); fedvit simulates SGD with momentum"
+    return f"the client's optimiser is {name} (on record); fedvit simulates SGD, Adam and AdamW"
+
+
+def not_sgd(obs: Observation) -> str | None:
+    """Why the label counts' relation (the head's change is lr times a weighted sum of its gradients: SGD's update)
+    does not hold for this client (None when it does)."""
+    name = recipe(obs).optimiser
+    if name is None or name == "sgd":
+        return None
+    return f"the client's optimiser is {name} (on record), which rescales every entry of its update"
 
 
 def as_gradient(obs: Observation) -> Observation:

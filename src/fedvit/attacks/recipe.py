@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
+from fedvit.attacks.augmentation import Augmentation, AugmentationError
+from fedvit.attacks.augmentation import parse as parse_augmentation
 from fedvit.capture.reader import AuditInputError, Exchange
 
 # A reply's per-layer norm against the received weights', ‖sent‖ / ‖received‖, whatever the learning rate: a gradient
@@ -26,7 +28,9 @@ RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run conf
     "num-examples": ("num-examples", "num_examples"),
 }
 OPTIMISER_KEYS = ("optimizer", "optimiser", "optim")  # a name: "sgd", "adam", "adamw", ...
-SIMULATED_OPTIMISERS = ("sgd",)  # what fedvit's simulations of local training model (with momentum)
+AUGMENT_KEYS = ("augment", "augmentation")  # e.g. "crop+flip" (fedvit.attacks.augmentation)
+SIMULATED_OPTIMISERS = ("sgd", "adam", "adamw")  # the step rules of fedvit's simulations of local training
+ADAM_FAMILY = ("adam", "adamw")  # no momentum of SGD's: betas (torch's defaults assumed where no record has them)
 
 
 PRIVACY_KEYS = {  # differential-privacy claim -> names apps use for it (Opacus' in Flower's example, then hyphenated)
@@ -98,6 +102,7 @@ class ClientRecipe:
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     privacy: PrivacyClaim | None = None  # the DP the client claims (its records), tested by the membership audit
     optimiser: str | None = None  # the optimiser a record names (lower case); None: none does (SGD assumed)
+    augment: Augmentation | None = None  # the random augmentation declared (None: none, assumed where not said)
 
     def described(self) -> str:
         """Every value with where it came from ("lr 0.05 (ConfigRecord); momentum 0 (assumed plain SGD); ...")."""
@@ -209,14 +214,34 @@ def recipe_records(ex: Exchange, overrides: dict[str, str]) -> list[tuple[str, d
             ("reply metrics", ex.sent_metrics)]  # fmt: skip
 
 
-def recorded_optimiser(ex: Exchange, overrides: dict[str, str]) -> tuple[str, str] | None:
-    """(the optimiser's name in lower case, where it was read) from the overrides, the ConfigRecord, the run config
-    or the reply's metrics (:data:`OPTIMISER_KEYS`); None where no record names one."""
+def recorded_name(ex: Exchange, overrides: dict[str, str], keys: tuple[str, ...]) -> tuple[str, str] | None:
+    """(a name in lower case, where it was read) under one of ``keys`` in the overrides, the ConfigRecord, the run
+    config or the reply's metrics; None where no record has one."""
     for source, values in recipe_records(ex, overrides):
-        hit = next((values[k] for k in OPTIMISER_KEYS if values.get(k) not in ("", None)), None)
+        hit = next((values[k] for k in keys if values.get(k) not in ("", None)), None)
         if hit is not None:
-            return str(hit).strip().lower().removeprefix("torch.optim."), source
+            return str(hit).strip().lower(), source
     return None
+
+
+def recorded_optimiser(ex: Exchange, overrides: dict[str, str]) -> tuple[str, str] | None:
+    """(the optimiser's name in lower case, where it was read) under :data:`OPTIMISER_KEYS`; None where no record
+    names one."""
+    found = recorded_name(ex, overrides, OPTIMISER_KEYS)
+    return None if found is None else (found[0].removeprefix("torch.optim."), found[1])
+
+
+def recorded_augmentation(ex: Exchange, overrides: dict[str, str]) -> tuple[Augmentation, str] | None:
+    """(the augmentation, where it was read) under :data:`AUGMENT_KEYS`; None where none is recorded (or it is
+    "none"); an :class:`AuditInputError` for one the audit does not model."""
+    found = recorded_name(ex, overrides, AUGMENT_KEYS)
+    if found is None:
+        return None
+    try:
+        augmentation = parse_augmentation(found[0])
+    except AugmentationError as err:
+        raise AuditInputError(f"{ex.label}: {err} ({found[1]})") from err
+    return None if augmentation is None else (augmentation, found[1])
 
 
 def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRecipe:
@@ -255,14 +280,23 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
     optimiser = recorded_optimiser(ex, overrides)
     if optimiser is not None:
         sources["optimiser"] = f"{optimiser[0]} ({optimiser[1]})"
+    augment = recorded_augmentation(ex, overrides)
+    if augment is not None:
+        sources["augmentation"] = f"{augment[0].describe()} ({augment[1]})"
     if kind == "gradient":  # FedSGD: one step on every example; lr, epochs and momentum play no part
         sources["sent"] = "a gradient: one step on all examples"
         return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True, sources=tuple(sources.items()),
                             privacy=claim, optimiser=optimiser and optimiser[0])  # fmt: skip
     epochs = 1 if steps is not None else int(take("epochs", 1, "assumed"))
     lr = take("lr", None, "scale estimated for labels; 0.01 simulated")
-    momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0
+    adam = optimiser is not None and optimiser[0] in ADAM_FAMILY
+    if adam and "momentum" not in found:  # Adam's betas play its part: the report says so, not "plain SGD"
+        decay = ", weight decay 0.01" if optimiser[0] == "adamw" else ""
+        sources["momentum"] = f"— ({optimiser[0]}: betas 0.9, 0.999, eps 1e-8{decay}, torch's defaults, assumed)"
+        momentum = 0.0
+    else:
+        momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0
     lr_known = lr is not None
     return ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
-                        momentum_known="momentum" in found, sources=tuple(sources.items()), privacy=claim,
-                        optimiser=optimiser and optimiser[0])  # fmt: skip
+                        momentum_known="momentum" in found or adam, sources=tuple(sources.items()), privacy=claim,
+                        optimiser=optimiser and optimiser[0], augment=augment and augment[0])  # fmt: skip

@@ -53,7 +53,9 @@ UNRECORDED = ("weight decay 0 (assumed)", "optimiser SGD (assumed)", "no data au
 
 def unrecorded(client: ClientRecipe) -> list[str]:
     """What another app's update is assumed to do that no record says (an optimiser on record is not assumed)."""
-    return [a for a in UNRECORDED if not (a.startswith("optimiser") and client.optimiser is not None)]
+    return [a for a in UNRECORDED if not (a.startswith("optimiser") and client.optimiser is not None)
+            and not (a.startswith("weight decay") and client.optimiser == "adamw")
+            and not (a.startswith("no data augmentation") and client.augment is not None)]  # fmt: skip
 
 
 @dataclasses.dataclass

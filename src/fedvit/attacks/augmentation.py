@@ -1,0 +1,93 @@
+"""The random augmentation a client trains under, as declared to the audit (``--recipe augment=crop+flip``).
+
+A client that trains on random crops and flips never trains on the images the audit scores, but on views drawn
+from each image's augmentation distribution. The audit follows it: its simulations of local training draw a fresh
+view of every image at every visit, and the loss scores average each candidate's loss over :data:`VIEWS` views
+(the augmentation-aware loss attack: Choquette-Choo et al., "Label-Only Membership Inference Attacks", ICML 2021,
+arXiv 2007.14321, score members by their loss over augmented copies). The shadow alignment scores the images as
+they are. Names: ``crop`` (torchvision's RandomResizedCrop back to the input size, scale 0.08–1 and aspect
+3/4–4/3: its defaults), ``crop:S`` (scale S–1), ``flip`` (horizontal, probability ½), joined by ``+``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+VIEWS = 8  # views per candidate in the loss scores
+RATIO = (3 / 4, 4 / 3)
+
+
+class AugmentationError(ValueError):
+    """An augmentation name the audit does not model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+    """Random resized crops (``crop_scale``: the smallest area share; None: no crop) and horizontal flips."""
+
+    crop_scale: float | None = None
+    flip: bool = False
+
+    def describe(self) -> str:
+        parts = ([f"random resized crop (scale {self.crop_scale:g}–1)"] if self.crop_scale is not None else []) + (
+            ["horizontal flip"] if self.flip else []
+        )
+        return " + ".join(parts)
+
+
+def parse(text: str) -> Augmentation | None:
+    """``crop``, ``crop:0.5``, ``flip`` joined by ``+`` (``none``: None); one error naming what is accepted."""
+    text = text.strip().lower()
+    if text in ("", "none", "no", "false"):
+        return None
+    crop, flip = None, False
+    for part in text.split("+"):
+        name, _, value = part.strip().partition(":")
+        if name == "flip" and not value:
+            flip = True
+        elif name == "crop":
+            try:
+                crop = float(value) if value else 0.08
+            except ValueError:
+                crop = -1.0
+            if not 0 < crop <= 1:
+                raise AugmentationError(f"augment {text!r}: crop's scale must be in (0, 1], got {value!r}")
+        else:
+            raise AugmentationError(f"augment {text!r}: {part!r} is not modelled (crop, crop:S, flip, joined by +)")
+    return Augmentation(crop, flip)
+
+
+def augmented(images: torch.Tensor, augmentation: Augmentation, generator: torch.Generator) -> torch.Tensor:
+    """One random view of each image [n, C, H, W] (pixels in [0, 1]), its randomness from ``generator``."""
+    from torchvision.transforms import v2  # the audit's only use of torchvision: not imported before it is needed
+    height, width = images.shape[-2:]
+    out = []
+    for image in images:
+        if augmentation.crop_scale is not None:
+            top, left, h, w = crop_box(height, width, augmentation.crop_scale, generator)
+            image = v2.functional.resized_crop(image, top, left, h, w, [height, width], antialias=True)
+        if augmentation.flip and torch.rand((), generator=generator) < 0.5:
+            image = image.flip(-1)
+        out.append(image)
+    return torch.stack(out) if out else images
+
+
+def crop_box(height: int, width: int, scale: float, generator: torch.Generator) -> tuple[int, int, int, int]:
+    """RandomResizedCrop's box (torchvision's sampling: up to 10 tries of an area share and a log-uniform aspect
+    ratio, else the central crop at the clamped ratio), drawn from ``generator``."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(RATIO))
+    for _ in range(10):
+        target = area * torch.empty(1).uniform_(scale, 1.0, generator=generator).item()
+        ratio = torch.exp(torch.empty(1).uniform_(float(log_ratio[0]), float(log_ratio[1]), generator=generator)).item()
+        w, h = round((target * ratio) ** 0.5), round((target / ratio) ** 0.5)
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
+            left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
+            return top, left, h, w
+    ratio = width / height
+    w, h = (width, round(width / RATIO[0])) if ratio < RATIO[0] else (
+        (round(height * RATIO[1]), height) if ratio > RATIO[1] else (width, height))  # fmt: skip
+    return (height - h) // 2, (width - w) // 2, h, w
