@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fedvit.attacks.label_distribution import (
+    ADAM_ERROR,
     BENCHMARKED_ERROR,
     Auxiliary,
     estimate,
@@ -36,6 +37,7 @@ from cnnapp.task import normalize as normalize_cnn  # noqa: E402
 
 SPEC = ModelSpec("cnnapp.task:Net", app_dir=str(APP))
 CSV = Path(__file__).parents[1] / "docs" / "results" / "data" / "label-distribution.csv"
+ADAM_CSV = CSV.with_name("adam-vs-sgd.csv")
 
 
 def test_step_weights_are_what_momentum_applies_of_each_gradient():
@@ -92,6 +94,12 @@ def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case():
         for epochs, bound in table.items():
             worst = max(float(r["label error"]) for r in rows if r["model"] == family and
                         int(r["local epochs"]) == epochs and int(r["images"]) >= 1000)  # fmt: skip
+            assert bound == pytest.approx(np.ceil(worst * 100) / 100), (family, epochs, worst)
+    adam = [r for r in csv.DictReader(ADAM_CSV.open()) if r["optimiser"] == "adam"]
+    assert adam, ADAM_CSV
+    for family, table in ADAM_ERROR.items():
+        for epochs, bound in table.items():
+            worst = max(float(r["label error"]) for r in adam if int(r["local epochs"]) == epochs)
             assert bound == pytest.approx(np.ceil(worst * 100) / 100), (family, epochs, worst)
 
 

@@ -34,8 +34,8 @@ class Federation:
     """SuperLink and two SuperNodes (subprocess isolation), the SuperNodes dialling ``dial`` (the tap or the
     SuperLink itself); TLS when ``tls``. Every process in its own session, ended by :meth:`stop`."""
 
-    def __init__(self, workdir: Path, tls: bool = False) -> None:
-        self.workdir, self.tls = workdir, tls
+    def __init__(self, workdir: Path, tls: bool = False, app: Path = APP) -> None:
+        self.workdir, self.tls, self.app = workdir, tls, app
         self.link_port, self.tap_port, *self.node_ports = free_ports(4)
         self.procs: list[subprocess.Popen] = []
         self.credentials = workdir / "credentials"
@@ -81,8 +81,8 @@ class Federation:
         ca = self.credentials / "ca.crt" if self.tls else None
         add_connection(home, "thirdparty", f"127.0.0.1:{self.link_port}", ca)
         overrides = f"final-model='{final_model}' num-server-rounds={rounds} {extra}".strip()
-        argv = [executable("flwr"), "run", str(APP), "thirdparty", "--stream", "-c", overrides]
-        done = subprocess.run(argv, env=self.env("cli"), capture_output=True, text=True, timeout=420, cwd=APP)
+        argv = [executable("flwr"), "run", str(self.app), "thirdparty", "--stream", "-c", overrides]
+        done = subprocess.run(argv, env=self.env("cli"), capture_output=True, text=True, timeout=420, cwd=self.app)
         print(done.stdout[-3000:], done.stderr[-3000:])
         return done
 
@@ -118,11 +118,11 @@ def stop_tap(tap: subprocess.Popen) -> None:
 
 
 def deploy(
-    workdir: Path, through_tap: bool, tls: bool = False, rounds: int = 2, extra: str = ""
+    workdir: Path, through_tap: bool, tls: bool = False, rounds: int = 2, extra: str = "", app: Path = APP
 ) -> tuple[subprocess.CompletedProcess, Path, Path]:
-    """One run of the app (``extra``: run-config overrides); returns flwr's result, the final model and the tap's
+    """One run of ``app`` (``extra``: run-config overrides); returns flwr's result, the final model and the tap's
     folder."""
-    fed = Federation(workdir, tls)
+    fed = Federation(workdir, tls, app)
     captures, final = workdir / "captures", workdir / "final.pt"
     tap = None
     try:

@@ -1,0 +1,1 @@
+"""vithead: Flower's ViT fine-tuning example in miniature (written for fedvit's tests)."""
