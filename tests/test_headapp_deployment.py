@@ -56,4 +56,4 @@ def test_a_head_fine_tuned_with_adam_and_crops_through_the_tap_is_audited_on_its
     for row in swapped["updates"]:
         assert not row["leakage"]["membership"]["clears"], row["leakage"]["membership"]
     print(report["verdict"], "|", swapped["verdict"])
-    assert "membership" not in swapped["verdict"].split("no evidence")[0]
+    assert swapped["verdict"].startswith("no evidence at this budget"), swapped["verdict"]

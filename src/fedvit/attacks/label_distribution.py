@@ -74,8 +74,8 @@ SUM_WEIGHT = 10.0  # weight of the Σn = N row against the C rows of the least s
 # tests/test_label_distribution.py checks that the two agree. The prior misplaces 27-47% on those skewed clients.
 BENCHMARKED_ERROR = {"cnn": {1: 0.04, 3: 0.14, 5: 0.3}, "vit": {1: 0.13, 3: 0.16, 5: 0.17}}
 # The same for an Adam client (lr 0.001, torch's defaults; on record), whose update this method's SGD relation does
-# not describe: the worst over IID and two Dirichlet(0.5) draws, 1,000 images, B = 32 — worse than the prior's on the
-# skewed clients after 1 epoch. `uv run python -m benchmarks.adam_vs_sgd --workers 2` (docs/results/data/adam-vs-sgd.csv)
+# not describe: the worst over IID and two Dirichlet(0.5) draws, 1,000 images, B = 32 — worse than the prior's on
+# the skewed clients after 1 epoch. `uv run python -m benchmarks.adam_vs_sgd --workers 2` (adam-vs-sgd.csv)
 ADAM_ERROR = {"cnn": {1: 0.49, 3: 0.33}}
 
 
