@@ -42,14 +42,17 @@ def audit_app_captures(captures: Path, out: Path, spec: ModelSpec, budget: Audit
 
 
 def capture_exchange(
-    root: Path, node: int, partition: int, server_round: int = 1, fedsgd: bool = False, batch: int = 4
+    root: Path, node: int, partition: int, server_round: int = 1, fedsgd: bool = False, batch: int = 4,
+    clip: float | None = None,
 ) -> None:
     """One train exchange of the test app (FedAvg, 1 local epoch at ``batch``, lr 0.05; or a FedSGD gradient),
-    captured."""
+    captured; ``clip``: Flower's client-side clipping (the bound in the ConfigRecord, the update scaled to it)."""
     torch.manual_seed(server_round)
     model = Net()
+    start = {n: t.clone() for n, t in model.state_dict().items()}
     received = ArrayRecord(model.state_dict())
-    config = ConfigRecord({"lr": 0.05, "local-epochs": 1, "server-round": server_round})
+    config = ConfigRecord({"lr": 0.05, "local-epochs": 1, "server-round": server_round}
+                          | ({"clipping_norm": clip} if clip else {}))  # fmt: skip
     instruction = Message(RecordDict({"arrays": received, "config": config}), dst_node_id=node, message_type="train")
     images, labels = load_data(partition, partition_size("1,2,3,4", partition), 7)
     if fedsgd:
@@ -58,7 +61,11 @@ def capture_exchange(
         reply_arrays = ArrayRecord({n: p.grad for n, p in model.named_parameters()})
     else:
         train(model, images, labels, epochs=1, lr=0.05, batch_size=batch, seed=server_round)
-        reply_arrays = ArrayRecord(model.state_dict())
+        state = model.state_dict()
+        if clip:  # fixedclipping_mod: the whole update scaled by min(1, C / ‖Δ‖)
+            norm = float(torch.sqrt(sum(((state[n] - start[n]) ** 2).sum() for n in state)))
+            state = {n: start[n] + (state[n] - start[n]) * min(1.0, clip / norm) for n in state}
+        reply_arrays = ArrayRecord(state)
     metrics = MetricRecord({"train_loss": 1.0, "num-examples": len(labels)})
     reply = Message(RecordDict({"arrays": reply_arrays, "metrics": metrics}), reply_to=instruction)
     stem = capture_stem(root, 5, server_round, node, "train")
@@ -814,6 +821,21 @@ def test_an_optimiser_on_record_is_simulated_or_said_everywhere_it_matters(tmp_p
     assert main([*base, "--recipe", "augment=rotate"]) == 2
     assert "augment 'rotate': 'rotate' is not modelled (crop, crop:S, flip, joined by +) (override)" in (
         capsys.readouterr().err)  # fmt: skip
+
+
+def test_flowers_client_side_clipping_is_read_and_said_to_leave_the_update_unnoised_on_the_wire(tmp_path):
+    """``clipping_norm`` in the ConfigRecord (Flower's DifferentialPrivacyClientSide*Clipping): the recipe says the
+    update travels clipped but not noised; a clipped update's label counts are unverified (their scale is lost)."""
+    capture_exchange(tmp_path / "cap", 41, 3, clip=0.01)
+    (row,) = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)["updates"]
+    assert ("update clipping norm 0.01 (ConfigRecord: Flower's client-side clipping; the server adds its noise after "
+            "aggregation, so this update travels clipped, not noised: no DP against an eavesdropper on the link)"
+            ) in row["recipe"]  # fmt: skip
+    labels = row["attacks"]["labels (head-bias gradient)"]
+    assert "unverified: the update was clipped to norm 0.01: its scale is unknown" in labels
+    assert "clip scale estimated" in labels  # one step: the scale that makes the counts integral
+    truth = np.bincount(load_data(3, partition_size("1,2,3,4", 3), 7)[1], minlength=10)
+    assert row["labels"] == {c: int(n) for c, n in enumerate(truth) if n}
 
 
 def test_a_declared_augmentation_is_in_the_recipe_and_the_loss_scores_take_its_views(tmp_path):

@@ -522,3 +522,51 @@ def test_the_projection_and_gradient_chunks_shrink_to_fit_a_large_model(monkeypa
     loss = torch.nn.functional.cross_entropy(logits, torch.as_tensor(labels[6:7]))
     expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
     assert torch.allclose(chunks[1][1], expected, atol=1e-6)
+
+
+def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
+    """A DP-SGD claim (noise multiplier, clipping norm): the simulation's steps are DP-SGD's — without noise and with
+    a bound no gradient reaches they are SGD's, with noise the update moves elsewhere; Flower's client-side clipping
+    (``clipping_norm`` in the ConfigRecord): the simulated update's norm is at most the bound. Either way the label
+    counts are said to rest on SGD's relation."""
+    import dataclasses
+
+    from fedvit.attacks.label_distribution import simulate
+    from fedvit.attacks.observation import not_plain_sgd
+    from fedvit.attacks.recipe import PrivacyClaim
+
+    obs, _, _ = client_update(64, 1, alpha=0.0)
+    aux = Auxiliary(*make_images(200, 99), "other images")
+    counts = np.full(10, 6)
+
+    def simulated(**changes) -> dict[str, np.ndarray]:
+        client = dataclasses.replace(obs.client, **changes)
+        return simulate(dataclasses.replace(obs, client=client), aux, counts, 0.0, 0, keep_weights=True).weights
+
+    def claim(sigma: float, bound: float) -> PrivacyClaim:
+        return PrivacyClaim(1.0, 1e-5, sigma, bound, "reply metrics")
+
+    plain = simulated()
+    for name, value in simulated(privacy=claim(0.0, 1e6)).items():
+        np.testing.assert_allclose(value, plain[name], atol=1e-5, err_msg=name)
+    clipped, noised = simulated(privacy=claim(0.0, 0.1)), simulated(privacy=claim(1.0, 0.1))
+    assert not np.allclose(clipped["fc1.weight"], plain["fc1.weight"], atol=1e-6)
+    steps = obs.client.steps  # each adds N(0, (σC)²) / B per entry, times lr
+    spread = (noised["fc1.weight"] - clipped["fc1.weight"]).std() / (0.01 * 1.0 * 0.1 / 32 * np.sqrt(steps))
+    assert 0.8 < spread < 1.2, spread
+    trained = [n for n, _ in Net().named_parameters()]
+
+    def norm(weights: dict[str, np.ndarray]) -> float:
+        return float(np.sqrt(sum(((weights[n] - obs.received[n]) ** 2).sum() for n in trained)))
+
+    half = norm(plain) / 2
+    assert norm(simulated(update_clip=half)) == pytest.approx(half, rel=1e-4)
+    assert norm(simulated(update_clip=4 * half)) == pytest.approx(2 * half, rel=1e-6)  # under the bound: as it was
+
+    def told(**changes) -> str | None:
+        return not_plain_sgd(dataclasses.replace(obs, client=dataclasses.replace(obs.client, **changes)))
+
+    assert told() is None and told(update_clip=10 * norm(obs.update)) is None
+    assert "claims DP-SGD" in told(privacy=claim(1.0, 1.0))
+    bound = norm(obs.update)
+    assert told(update_clip=bound) == f"the update was clipped to norm {bound:g}: its scale is unknown"

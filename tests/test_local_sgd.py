@@ -106,3 +106,50 @@ def test_the_simulation_reproduces_torch_adam_and_adamw_to_the_bit(name, weight_
             assert torch.equal(end[n].detach(), p.detach()), f"{name} (differentiable={differentiable}): {n}"
     with pytest.raises(ValueError, match="optimiser 'rmsprop' is not simulated"):
         local_sgd(start, batch_loss, batches, 0.01, 0.0, optimiser="rmsprop")
+
+
+def test_dp_sgd_clips_each_images_gradient_and_adds_noise_of_sigma_c():
+    """DP-SGD's step (Abadi et al., Algorithm 1): without noise and with a bound no gradient reaches, plain SGD's;
+    with a small bound, the mean of the per-image gradients each clipped to it (computed here image by image);
+    with noise, each entry moves by lr·σC/B times a standard normal more."""
+    from torch.func import grad, vmap
+
+    from fedvit.attacks.local_sgd import DpSgd
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 40), torch.nn.ReLU(), torch.nn.Linear(40, 3))
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+
+    def batch_loss(weights, batch):
+        return F.cross_entropy(functional_call(model, weights, (batch[0],)), batch[1])
+
+    def per_sample(weights, batch):
+        one = lambda w, xi, yi: F.cross_entropy(functional_call(model, w, (xi[None],)), yi[None])  # noqa: E731
+        return vmap(grad(one), in_dims=(None, 0, 0))(weights, *batch)
+
+    def step(sigma: float, bound: float, seed: int = 0) -> dict[str, torch.Tensor]:
+        dp = DpSgd(sigma, bound, per_sample, torch.Generator().manual_seed(seed))
+        return local_sgd(start, batch_loss, [(x, y)], 0.1, 0.0, dp_sgd=dp)
+
+    plain = local_sgd(start, batch_loss, [(x, y)], 0.1, 0.0)
+    for name, w in step(0.0, 1e6).items():
+        torch.testing.assert_close(w, plain[name], rtol=0, atol=1e-6)
+    bound = 0.05
+    clipped = {n: torch.zeros_like(p) for n, p in start.items()}
+    for i in range(len(y)):
+        weights = {n: p.clone().requires_grad_(True) for n, p in start.items()}
+        grads = torch.autograd.grad(batch_loss(weights, (x[i : i + 1], y[i : i + 1])), list(weights.values()))
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        assert norm > bound  # every image's gradient is clipped, so the test is not trivial
+        for n, g in zip(weights, grads, strict=True):
+            clipped[n] += g * (bound / (norm + 1e-6)) / len(y)
+    without_noise = step(0.0, bound)
+    for name, w in without_noise.items():
+        torch.testing.assert_close(w, start[name] - 0.1 * clipped[name], rtol=0, atol=1e-6)
+    noised = step(2.0, bound, seed=3)
+    moved = torch.cat([(noised[n] - without_noise[n]).detach().flatten() for n in start]) / (0.1 * 2.0 * bound / 8)
+    assert abs(float(moved.std()) - 1) < 0.1 and abs(float(moved.mean())) < 0.1
+    with pytest.raises(ValueError, match="DP-SGD is simulated without FedProx"):
+        local_sgd(start, batch_loss, [(x, y)], 0.1, 0.0, proximal_mu=0.1,
+                  dp_sgd=DpSgd(1.0, 1.0, per_sample, torch.Generator()))  # fmt: skip

@@ -46,12 +46,12 @@ import torch.nn.functional as F
 from scipy.optimize import nnls
 
 from fedvit.attacks.augmentation import augmented
-from fedvit.attacks.local_sgd import ADAMW_WEIGHT_DECAY, local_sgd
+from fedvit.attacks.local_sgd import ADAMW_WEIGHT_DECAY, DpSgd, local_sgd
 from fedvit.attacks.observation import (
     Observation,
     input_shape,
     model_with,
-    not_sgd,
+    not_plain_sgd,
     received_model,
     recipe,
     trained_names,
@@ -175,7 +175,9 @@ def simulate(
     views = torch.Generator().manual_seed(seed + 1)  # the declared augmentation's draws (a fresh view per visit)
     model = received_model(obs).float().train()
     features: list[torch.Tensor] = []
-    hook = head_module(model, obs.head_bias).register_forward_hook(lambda m, i, o: features.append(i[0].detach()))
+    recording = [True]  # off while DP-SGD's per-image gradients run (vmapped tensors must not leave the transform)
+    hook = head_module(model, obs.head_bias).register_forward_hook(
+        lambda m, i, o: features.append(i[0].detach()) if recording[0] else None)  # fmt: skip
     classes = len(counts)
     labels = np.repeat(np.arange(classes), counts)
     by_class = {k: np.flatnonzero(aux.labels == k) for k in range(classes)}
@@ -213,6 +215,7 @@ def simulate(
             kept.append({n: w.detach().numpy().copy() for n, w in current.items()})
         features.clear()
         x = images[batch] if client.augment is None else augmented(images[batch], client.augment, views)
+        inputs[:] = [x, targets[batch]]
         logits = torch.func.functional_call(model, current, (normalize(model, x),))
         scale = weights[step] / len(batch)
         probs = torch.softmax(logits.detach().double(), 1).numpy()
@@ -228,11 +231,33 @@ def simulate(
         np.add.at(cross_sum.transpose(1, 0, 2), y, scale * probs[:, :, None] * h[:, None, :])
         return F.cross_entropy(logits, targets[batch])
 
+    inputs: list[torch.Tensor] = []  # the last step's (views of the) images and labels, for DP-SGD
+
+    def per_sample(current: dict[str, torch.Tensor], step_batch: tuple[int, torch.Tensor]) -> dict[str, torch.Tensor]:
+        def loss(w: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(torch.func.functional_call(model, w, (normalize(model, x[None]),)), y[None])
+
+        recording[0] = False
+        try:
+            return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(current, *inputs)
+        finally:
+            recording[0] = True
+
+    dp_sgd = None
+    if (claim := client.privacy) is not None and claim.noise_multiplier is not None and claim.clipping_norm:
+        for module in model.modules():  # timm's fused attention has no batching rule
+            if hasattr(module, "fused_attn"):
+                module.fused_attn = False
+        dp_sgd = DpSgd(claim.noise_multiplier, claim.clipping_norm, per_sample,
+                       torch.Generator().manual_seed(seed + 2))  # fmt: skip
     # an optimiser not simulated: SGD's steps (the counts are then marked unverified; shadows do not run)
     optimiser = client.optimiser if client.optimiser in SIMULATED_OPTIMISERS else "sgd"
     if optimiser == "adamw" and weight_decay == 0:
         weight_decay = ADAMW_WEIGHT_DECAY  # torch's default (no record carries the weight decay)
-    end = local_sgd(params, batch_loss, schedule, client.lr, momentum, weight_decay=weight_decay, optimiser=optimiser)
+    end = local_sgd(params, batch_loss, schedule, client.lr, momentum, weight_decay=weight_decay, optimiser=optimiser,
+                    dp_sgd=dp_sgd)  # fmt: skip
+    if client.update_clip is not None:  # Flower's client-side clipping: the whole update scaled to norm ≤ C
+        end = clipped_update(params, end, client.update_clip)
     hook.remove()
     # per class k, the mean over its occurrences (classes never drawn: the mean over every image seen)
     norm = np.maximum(seen, 1e-12)
@@ -253,6 +278,15 @@ def simulate(
         final = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
         final.update({n: w.detach().numpy().copy() for n, w in end.items()})
     return Simulation(system, change, final, kept, drawn)
+
+
+def clipped_update(start: dict[str, torch.Tensor], end: dict[str, torch.Tensor], bound: float
+                   ) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``end`` moved back towards ``start`` so that the update's L2 norm over every array is at most ``bound`` (the
+    clipping of Flower's ``fixedclipping_mod``: the update scaled by min(1, C / ‖Δ‖))."""
+    norm = math.sqrt(sum(float((end[n].detach() - start[n]).pow(2).sum()) for n in end))
+    factor = min(1.0, bound / norm) if norm > 0 else 1.0
+    return {n: start[n] + (end[n].detach() - start[n]) * factor for n in end}
 
 
 def head_weight(bias: str) -> str:
@@ -440,7 +474,7 @@ def benchmarked_error(obs: Observation) -> str:
     optimiser = recipe(obs).optimiser or "sgd"
     if optimiser in ADAM_FAMILY and family in ADAM_ERROR:
         table, what = ADAM_ERROR[family], f"{family}, Adam"
-    elif (why := not_sgd(obs)) is not None:
+    elif (why := not_plain_sgd(obs)) is not None:
         return f"none: {why}"
     else:
         table, what = BENCHMARKED_ERROR[family], family

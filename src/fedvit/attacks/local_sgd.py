@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -79,6 +79,31 @@ def adam_step(
     return new_weights, AdamState(t, first, second)
 
 
+@dataclasses.dataclass(frozen=True)
+class DpSgd:
+    """DP-SGD's gradient (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016, arXiv 1607.00133,
+    Algorithm 1, as Opacus takes it): each image's gradient scaled to norm at most C (by min(1, C / (‖g‖ + 1e-6))),
+    N(0, σ²C²) noise added to their sum, divided by the batch size. ``per_sample(weights, batch)``: the batch's
+    per-image gradients [B, ...] by name; ``generator``: the noise's randomness."""
+
+    noise_multiplier: float
+    clipping_norm: float
+    per_sample: Callable[[Weights, Any], Weights]
+    generator: torch.Generator
+
+    def gradients(self, weights: Weights, batch: Any) -> Weights:
+        per = self.per_sample(weights, batch)
+        size = len(next(iter(per.values())))
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per.values()))
+        factor = (self.clipping_norm / (norms + 1e-6)).clamp(max=1.0)
+        out = {}
+        for name, g in per.items():
+            summed = torch.einsum("b,b...->...", factor, g)
+            noise = torch.randn(summed.shape, generator=self.generator) * (self.noise_multiplier * self.clipping_norm)
+            out[name] = (summed + noise) / size
+        return out
+
+
 def optimiser_step(optimiser: str, momentum: float, weight_decay: float) -> Callable:
     """``step(weights, grads, state, lr) -> (weights, state)`` of the named optimiser (state: None at the start)."""
     if optimiser == "sgd":
@@ -100,18 +125,29 @@ def local_sgd(
     correction: Weights | None = None,
     differentiable: bool = False,
     optimiser: str = "sgd",
+    dp_sgd: DpSgd | None = None,
 ) -> Weights:
     """The weights after one optimiser step per batch from ``params`` (``optimiser``: ``sgd``, ``adam``, ``adamw``;
     ``momentum`` is SGD's): ``batch_loss(weights, batch)`` is the step's loss (a scalar); FedProx adds
     μ/2 · ‖w − w_received‖² (``proximal_mu``), SCAFFOLD adds ``correction`` (c − c_i) to every gradient
     (Karimireddy et al., 2020, Algorithm 1, line 10). ``differentiable``: the steps stay on the autograd graph (the
     result is differentiable in whatever the losses depend on); otherwise each step's weights are detached leaves,
-    as in an optimiser."""
+    as in an optimiser. ``dp_sgd``: each step's gradient is DP-SGD's (:class:`DpSgd`; ``batch_loss`` still runs
+    first, for what it records)."""
+    if dp_sgd is not None and (differentiable or proximal_mu > 0 or correction is not None):
+        raise ValueError("DP-SGD is simulated without FedProx, SCAFFOLD or unrolling")
     step = optimiser_step(optimiser, momentum, weight_decay)
     anchor = params if differentiable else {n: p.detach() for n, p in params.items()}
     weights = dict(anchor) if differentiable else {n: p.clone().requires_grad_(True) for n, p in anchor.items()}
     state = None
     for batch in batches:
+        if dp_sgd is not None:
+            batch_loss(weights, batch)
+            grads = dp_sgd.gradients({n: w.detach() for n, w in weights.items()}, batch)
+            with torch.no_grad():
+                weights, state = step(weights, grads, state, lr)
+            weights = {n: w.requires_grad_(True) for n, w in weights.items()}
+            continue
         loss = batch_loss(weights, batch)
         if proximal_mu > 0:
             loss = loss + proximal_mu / 2 * sum(((weights[n] - anchor[n]) ** 2).sum() for n in weights)

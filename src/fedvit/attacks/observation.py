@@ -259,13 +259,23 @@ def other_optimiser(obs: Observation) -> str | None:
     return f"the client's optimiser is {name} (on record); fedvit simulates SGD, Adam and AdamW"
 
 
-def not_sgd(obs: Observation) -> str | None:
+def not_plain_sgd(obs: Observation) -> str | None:
     """Why the label counts' relation (the head's change is lr times a weighted sum of its gradients: SGD's update)
-    does not hold for this client (None when it does)."""
-    name = recipe(obs).optimiser
-    if name is None or name == "sgd":
-        return None
-    return f"the client's optimiser is {name} (on record), which rescales every entry of its update"
+    does not hold for this client (None when it does): another optimiser, DP-SGD, or an update clipped to a norm."""
+    client = recipe(obs)
+    if client.optimiser not in (None, "sgd"):
+        return f"the client's optimiser is {client.optimiser} (on record), which rescales every entry of its update"
+    if (claim := client.privacy) is not None and claim.noise_multiplier:
+        return "the client claims DP-SGD: each image's gradient is clipped and noise is added to every step"
+    if client.update_clip is not None and update_norm(obs) >= client.update_clip * (1 - 1e-4):
+        return f"the update was clipped to norm {client.update_clip:g}: its scale is unknown"
+    return None
+
+
+def update_norm(obs: Observation) -> float:
+    """‖w_sent − w_received‖ over the trained arrays (the norm Flower's client-side clipping bounds)."""
+    return float(np.sqrt(sum(float(np.sum((np.asarray(obs.update[n], np.float64) - obs.received[n]) ** 2))
+                             for n in trained_names(obs) if n in obs.update)))  # fmt: skip
 
 
 def as_gradient(obs: Observation) -> Observation:

@@ -28,6 +28,7 @@ RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run conf
     "num-examples": ("num-examples", "num_examples"),
 }
 OPTIMISER_KEYS = ("optimizer", "optimiser", "optim")  # a name: "sgd", "adam", "adamw", ...
+FLOWER_CLIPPING_NORM = "clipping_norm"  # the key Flower's DifferentialPrivacyClientSide*Clipping put in the config
 AUGMENT_KEYS = ("augment", "augmentation")  # e.g. "crop+flip" (fedvit.attacks.augmentation)
 SIMULATED_OPTIMISERS = ("sgd", "adam", "adamw")  # the step rules of fedvit's simulations of local training
 ADAM_FAMILY = ("adam", "adamw")  # no momentum of SGD's: betas (torch's defaults assumed where no record has them)
@@ -103,6 +104,7 @@ class ClientRecipe:
     privacy: PrivacyClaim | None = None  # the DP the client claims (its records), tested by the membership audit
     optimiser: str | None = None  # the optimiser a record names (lower case); None: none does (SGD assumed)
     augment: Augmentation | None = None  # the random augmentation declared (None: none, assumed where not said)
+    update_clip: float | None = None  # Flower's client-side clipping: the update's norm bound (ConfigRecord)
 
     def described(self) -> str:
         """Every value with where it came from ("lr 0.05 (ConfigRecord); momentum 0 (assumed plain SGD); ...")."""
@@ -283,6 +285,12 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
     augment = recorded_augmentation(ex, overrides)
     if augment is not None:
         sources["augmentation"] = f"{augment[0].describe()} ({augment[1]})"
+    update_clip = recorded_number(ex, "clipping_norm", (FLOWER_CLIPPING_NORM,), "ConfigRecord", ex.received_config)
+    if update_clip is not None:
+        sources["update clipping"] = (
+            f"norm {update_clip:g} (ConfigRecord: Flower's client-side clipping; the server adds its noise after "
+            "aggregation, so this update travels clipped, not noised: no DP against an eavesdropper on the link)"
+        )
     if kind == "gradient":  # FedSGD: one step on every example; lr, epochs and momentum play no part
         sources["sent"] = "a gradient: one step on all examples"
         return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True, sources=tuple(sources.items()),
@@ -299,4 +307,5 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
     lr_known = lr is not None
     return ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
                         momentum_known="momentum" in found or adam, sources=tuple(sources.items()), privacy=claim,
-                        optimiser=optimiser and optimiser[0], augment=augment and augment[0])  # fmt: skip
+                        optimiser=optimiser and optimiser[0], augment=augment and augment[0],
+                        update_clip=update_clip)  # fmt: skip

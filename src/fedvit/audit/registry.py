@@ -44,7 +44,7 @@ from fedvit.attacks.observation import (
     as_gradient,
     attacker_seed,
     has_vit_embeddings,
-    not_sgd,
+    not_plain_sgd,
     other_optimiser,
     partial_update,
     recipe,
@@ -256,7 +256,7 @@ def label_counts(obs: Observation, held: Held) -> Finding:
 def _label_finding(
     obs: Observation, held: Held, counts: np.ndarray | None, note: str, started: float, applied: bool = True
 ) -> Finding:
-    if counts is not None and (why := not_sgd(obs)) is not None:
+    if counts is not None and (why := not_plain_sgd(obs)) is not None:
         note = f"{note}; unverified: {why}, and these counts rest on SGD's update".lstrip("; ")
     truth = held.labels if held.exact else None
     accuracy = None if counts is None or truth is None else label_accuracy(counts, truth)
