@@ -14,15 +14,12 @@ off they are.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
-import multiprocessing
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import ROOT, write_csv
+from benchmarks.common import ROOT, side_by_side, write_csv
 from benchmarks.label_distribution import BATCH, PARTITIONS, models
 from fedvit.attacks.label_distribution import Auxiliary, prior_accuracy
 from fedvit.attacks.labels import label_accuracy
@@ -96,15 +93,9 @@ def main() -> None:
     workers = parser.parse_args().workers
     cases = [(o, e, p, s) for o in OPTIMISERS for e in EPOCHS for p in PARTITIONS for s in DRAWS[p]]
     rows = []
-    with contextlib.ExitStack() as stack:
-        if workers == 1:
-            done = (row(case, 2) for case in cases)
-        else:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-            done = pool.imap(functools.partial(row, threads=1), cases)
-        for result in done:
-            rows.append(result)
-            print(result, flush=True)
+    for result in side_by_side(row, cases, workers):
+        rows.append(result)
+        print(result, flush=True)
     write_csv(rows, OUT)
 
 

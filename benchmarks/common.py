@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
+import multiprocessing
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,3 +41,14 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {path}")
+
+
+def side_by_side(fn: Callable, cases: list, workers: int, **kwargs) -> Iterator:
+    """``fn(case, threads, **kwargs)`` for every case, in order: one at a time on 2 threads (``workers`` 1), or
+    ``workers`` at a time in spawned processes on one thread each (so two cases never share a core's threads)."""
+    with contextlib.ExitStack() as stack:
+        if workers == 1:
+            yield from (fn(case, 2, **kwargs) for case in cases)
+            return
+        pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
+        yield from pool.imap(functools.partial(fn, threads=1, **kwargs), cases)

@@ -14,10 +14,7 @@ held.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import itertools
-import multiprocessing
 import sys
 import time
 from collections.abc import Iterator
@@ -26,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import ROOT, TINY, write_csv
+from benchmarks.common import ROOT, TINY, side_by_side, write_csv
 
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 
@@ -132,15 +129,9 @@ def main() -> None:
     cases = [(name, epochs, size, partition, seed) for name in models() for partition in PARTITIONS
              for size in SIZES for epochs in EPOCHS for seed in DRAWS[partition]]  # fmt: skip
     rows = []
-    with contextlib.ExitStack() as stack:
-        if workers == 1:
-            done = (run_case(case, 2) for case in cases)
-        else:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-            done = pool.imap(functools.partial(run_case, threads=1), cases)
-        for result in done:
-            rows.append(result)
-            print(result, flush=True)
+    for result in side_by_side(run_case, cases, workers):
+        rows.append(result)
+        print(result, flush=True)
     write_csv(rows, OUT)
 
 

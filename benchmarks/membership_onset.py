@@ -21,15 +21,12 @@ its label estimate's), for 1,000- and 2,000-image clients over 1, 3 and 5 local 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
-import multiprocessing
 import time
 
 import numpy as np
 import torch
 
-from benchmarks.common import ROOT, write_csv
+from benchmarks.common import ROOT, side_by_side, write_csv
 from benchmarks.label_distribution import BATCH, DRAWS, LR, MOMENTUM, PARTITIONS, epochs_at, models
 from fedvit.attacks.membership import Candidates, infer, reference_updates, split_for_references
 from fedvit.attacks.model_spec import head_bias
@@ -116,14 +113,8 @@ def main() -> None:
     cases = [(name, data, partition, size, seed) for name in models() for data in DATA for partition in PARTITIONS
              for size in sizes for seed in ONSET_DRAWS[partition]]  # fmt: skip
     found: list[dict] = []
-    with contextlib.ExitStack() as stack:
-        if workers == 1:
-            done = (rows(case, 2, references) for case in cases)
-        else:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-            done = pool.imap(functools.partial(rows, threads=1, references=references), cases)
-        for client_rows in done:
-            found.extend(client_rows)
+    for client_rows in side_by_side(rows, cases, workers, references=references):
+        found.extend(client_rows)
     write_csv(found, OUT_REFERENCES if references else OUT)
 
 
