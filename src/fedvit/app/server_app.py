@@ -27,7 +27,7 @@ from fedvit.core.results import RunRecorder, load_checkpoint
 from fedvit.strategies import STRATEGIES, FedVitStrategy
 from fedvit.strategies.base import ClientSetupError, ClientsFailedError, NodesUnavailableError
 from fedvit.strategies.encrypted import ENCRYPTED_STRATEGIES, KeyHandshakeError
-from fedvit.strategies.privacy import with_central_dp
+from fedvit.strategies.privacy import CentralDP, with_central_dp
 
 app = ServerApp()
 
@@ -213,7 +213,7 @@ def run(grid: Grid, context: Context) -> Path:
     round_end = RoundEnd(config, strategy, recorder, model, config.num_server_rounds)
     initial = ArrayRecord({k: Array(v) for k, v in get_weights(model).items()})
     initial = strategy.prepare_initial(grid, initial, resumed=bool(config.resume_from))
-    driver = with_central_dp(strategy, config.dp, len(connected))  # Flower's DP wrapper in dp.mode = "central"
+    driver = dp_driver = with_central_dp(strategy, config.dp, len(connected))  # Flower's DP wrapper (central)
     strategy.plan_rounds(config.num_server_rounds - done)  # whoever drives the rounds, the strategy knows the last
     if config.capture.enabled:  # the server's view, recorded around whatever drives the rounds
         driver = CapturingStrategy(driver, run_dir, context.run_config, capture_selection(config, strategy))
@@ -230,6 +230,8 @@ def run(grid: Grid, context: Context) -> Path:
     final = result.arrays if result.arrays is not None else ArrayRecord()
     recorder.finish({k: a.numpy() for k, a in final.items()} or get_weights(model))
     strategy.write_report(run_dir)
+    if isinstance(dp_driver, CentralDP):  # the accountant's ε, and the canaries' estimate beside it
+        dp_driver.privacy_report(final, run_dir)
     if config.capture.enabled:
         captured = sum(f.stat().st_size for f in run_dir.glob(f"run-*/{CAPTURES}/**/*") if f.is_file())
         log(INFO, "capture: %.1f MB of captures under %s", captured / 1e6, run_dir)

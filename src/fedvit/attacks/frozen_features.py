@@ -73,9 +73,8 @@ def why_not_cached(obs: Observation) -> str | None:
             continue
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             return f"the frozen {name} is BatchNorm: its output depends on the batch"
-        if getattr(module, "p", 0) and isinstance(module, nn.modules.dropout._DropoutNd) or getattr(
-            module, "drop_prob", 0
-        ):  # fmt: skip
+        dropout = isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0
+        if dropout or getattr(module, "drop_prob", 0):  # dropout, or timm's stochastic depth (DropPath)
             return f"the frozen {name} drops activations at random while the client trains"
     return None
 
@@ -109,27 +108,29 @@ def on_features(
         return why
     path = head_path(obs)
     model = received_model(obs).float().eval()
-    rng = np.random.default_rng(0)
-    noise = rng.random((NOISE_BANK, *input_shape(obs)))
-    sets = [aux.images, noise] + ([candidates.members[0], candidates.non_members[0]] if candidates else [])
-    sizes = np.cumsum([len(s) for s in sets])[:-1]
-    try:
-        features, log_probs = head_inputs(model, path, np.concatenate(sets))
-    except ValueError as err:
-        return str(err)
-    shape = features.shape[1:]
     head = copy.deepcopy(model.get_submodule(path))
-    with torch.no_grad():
-        alone = F.log_softmax(head(torch.as_tensor(features)).float(), 1).numpy()
-    if not np.allclose(alone, log_probs, atol=1e-4):
-        return f"the model does more after {path} than the head (its output differs from the head's alone)"
-    flat = features.reshape(len(features), -1, 1, 1)
-    parts = np.split(flat, sizes)
+    noise = np.random.default_rng(0).random((NOISE_BANK, *input_shape(obs)), dtype=np.float32)
+    sets = [aux.images, noise] + ([candidates.members[0], candidates.non_members[0]] if candidates else [])
+    parts = []
+    for images in sets:  # one set at a time: the images of all of them may not fit in memory at once
+        if len(images) == 0:
+            parts.append(np.zeros((0, *parts[0].shape[1:]), np.float32))
+            continue
+        try:
+            features, log_probs = head_inputs(model, path, images)
+        except ValueError as err:
+            return str(err)
+        with torch.no_grad():
+            alone = F.log_softmax(head(torch.as_tensor(features)).float(), 1).numpy()
+        if not np.allclose(alone, log_probs, atol=1e-4):
+            return f"the model does more after {path} than the head (its output differs from the head's alone)"
+        parts.append(features.reshape(len(features), -1, 1, 1))
+    shape, width = features.shape[1:], parts[0].shape[1]
     spec = ModelSpec(
         factory=f"{obs.spec.factory}: {path} alone on the frozen backbone's features",
-        input_shape=(flat.shape[1], 1, 1),
-        mean=(0.0,) * flat.shape[1],
-        std=(1.0,) * flat.shape[1],
+        input_shape=(width, 1, 1),
+        mean=(0.0,) * width,
+        std=(1.0,) * width,
         loss=obs.spec.loss,
         builder=lambda: HeadOnly(path, copy.deepcopy(head), shape),
     )

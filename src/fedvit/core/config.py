@@ -162,13 +162,16 @@ class DPConfig:
     aggregate of the n sampled clients (the wire carries clipped updates only; Flower's ``fixedclipping_mod`` and
     ``DifferentialPrivacyClientSideFixedClipping``). "local": each client adds N(0, (noise-multiplier · C)²)
     itself before sending (Flower's ``LocalDpMod``); ε at ``delta`` is reported for one release. Not with
-    encryption (the clip would act on the encrypted update).
+    encryption (the clip would act on the encrypted update). Central: the run writes the accountant's ε
+    (``dp-privacy.json``) and, with ``canaries`` > 0, an empirical ε from canary clients in every aggregate
+    (``fedvit.strategies.canaries``).
     """
 
     mode: str = "off"
     clipping_norm: float = 0.1
     noise_multiplier: float = 1.0
     delta: float = 1e-5
+    canaries: int = 0  # central: canary clients in every aggregate, for a one-shot empirical ε (0: none)
 
     @property
     def enabled(self) -> bool:
@@ -417,6 +420,7 @@ _CHECKS: dict[str, Check] = {
     "dp.clipping-norm": _POSITIVE,
     "dp.noise-multiplier": (lambda v: v >= 0, "a number >= 0"),
     "dp.delta": _OPEN_FRACTION,
+    "dp.canaries": (lambda v: v >= 0, "an integer >= 0 (0: no canary clients)"),
     "audit.iterations": _POSITIVE_INT,
     "audit.restarts": _POSITIVE_INT,
     "audit.max-seconds": _POSITIVE,
@@ -548,6 +552,11 @@ def _check_cross_field(config: Config) -> None:
         raise ConfigError("dp.mode", config.dp.mode, f"'off' with strategy={config.strategy!r} (DP supports "
                           f"{', '.join(DP_STRATEGIES)}: one plain update per client)")  # fmt: skip
     _only_when_enabled(config, "dp", switch="mode", on="'central' or 'local'")
+    if config.dp.canaries and config.dp.mode != "central":
+        raise ConfigError("dp.canaries", config.dp.canaries, "0 unless dp.mode = 'central' (canaries join the server's "
+                          "aggregate before its noise)")  # fmt: skip
+    if config.dp.canaries and config.resume_from:
+        raise ConfigError("dp.canaries", config.dp.canaries, "0 with resume-from (the estimate needs the run's start)")
     if config.lr_decay > 0 and config.strategy in SERVER_LR_STRATEGIES:
         raise ConfigError("lr-decay", config.lr_decay, f"0 with strategy={config.strategy!r} (its lr is the server's)")
     if config.encryption.enabled:
