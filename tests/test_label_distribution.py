@@ -541,12 +541,16 @@ def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
 
     def simulated(**changes) -> dict[str, np.ndarray]:
         client = dataclasses.replace(obs.client, **changes)
-        return simulate(dataclasses.replace(obs, client=client), aux, counts, 0.0, 0, keep_weights=True).weights
+        return simulate(dataclasses.replace(obs, client=client), aux, counts, 0.0, 0, keep_weights=True,
+                        private=True).weights
 
     def claim(sigma: float, bound: float) -> PrivacyClaim:
         return PrivacyClaim(1.0, 1e-5, sigma, bound, "reply metrics")
 
     plain = simulated()
+    client = dataclasses.replace(obs.client, privacy=claim(1.0, 0.1))  # the label estimate's own: plain steps
+    unprivate = simulate(dataclasses.replace(obs, client=client), aux, counts, 0.0, 0, keep_weights=True).weights
+    assert all(np.array_equal(unprivate[n], plain[n]) for n in plain)
     for name, value in simulated(privacy=claim(0.0, 1e6)).items():
         np.testing.assert_allclose(value, plain[name], atol=1e-5, err_msg=name)
     clipped, noised = simulated(privacy=claim(0.0, 0.1)), simulated(privacy=claim(1.0, 0.1))

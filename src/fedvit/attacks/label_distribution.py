@@ -159,7 +159,7 @@ def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
 
 def simulate(
     obs: Observation, aux: Auxiliary, counts: np.ndarray, momentum: float, seed: int, weight_decay: float = 0.0,
-    keep_weights: bool = False, snapshots: int = 0,
+    keep_weights: bool = False, snapshots: int = 0, private: bool = False,
 ) -> Simulation:  # fmt: skip
     """The client's T local steps (its batch size, lr, momentum) from the received weights on auxiliary images:
     ``counts`` images per class, each drawn once from the auxiliary images of its class and revisited every epoch.
@@ -168,6 +168,10 @@ def simulate(
     their head inputs h (F_k) and p_c·h (M[c, k]). With n_k/N of every batch from class k, row c of the head
     moves by  w_sent − w_received ≈ lr W/N · Σ_k n_k (δ_ck [1, F_k] − [P̄[c, k], M[c, k]]):  the system returned
     holds those coefficients (bias row first, then the weight rows, per class).
+
+    ``private``: the steps are DP-SGD's where the client claims it (noise multiplier and clipping norm on record):
+    what a shadow update or the power twin must repeat. The label estimate's own simulations run the plain steps —
+    its relation is SGD's update, marked unverified under DP-SGD — at a fraction of the cost (no per-image gradients).
     """
     client = recipe(obs)
     rng = np.random.default_rng(seed)
@@ -244,7 +248,7 @@ def simulate(
             recording[0] = True
 
     dp_sgd = None
-    if (claim := client.privacy) is not None and claim.noise_multiplier is not None and claim.clipping_norm:
+    if private and (claim := client.privacy) is not None and claim.noise_multiplier is not None and claim.clipping_norm:
         for module in model.modules():  # timm's fused attention has no batching rule
             if hasattr(module, "fused_attn"):
                 module.fused_attn = False

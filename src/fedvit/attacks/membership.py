@@ -219,7 +219,8 @@ def reference_updates(
     class ``counts`` the label estimate found, each with its own draw and order; stops after ``seconds``."""
     found, started = [], time.perf_counter()
     for k in range(count):
-        found.append(simulate(obs, pool, counts, momentum, seed + 1 + k, keep_weights=True, snapshots=ALIGNMENT_POINTS))
+        found.append(simulate(obs, pool, counts, momentum, seed + 1 + k, keep_weights=True, snapshots=ALIGNMENT_POINTS,
+                              private=True))  # fmt: skip
         if time.perf_counter() - started > seconds:
             break
     return found
@@ -638,7 +639,7 @@ def simulated_power(
     ``pool`` (the label estimate's simulation), then judged as the real update is, by the loss scores
     (:data:`LOSS_SCORES`), with the drawn images as members and up to ``non_members`` other pool images (as many as
     the real split scores: the same resolution) as non-members. What the audit could detect in such an update."""
-    simulation = simulate(obs, pool, counts, momentum, seed, keep_weights=True)
+    simulation = simulate(obs, pool, counts, momentum, seed, keep_weights=True, private=True)
     trained = np.unique(simulation.drawn[simulation.drawn >= 0])
     rest = np.setdiff1d(np.arange(len(pool.images)), trained)
     rest = rest[evenly_spaced(len(rest), non_members)] if len(rest) > non_members else rest
