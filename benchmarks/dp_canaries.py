@@ -24,8 +24,11 @@ SIGMAS, ROUNDS, CANARIES, CLIP, DELTA = (0.5, 1.0, 2.0, 4.0, 8.0), 5, 200, 0.01,
 
 
 def main() -> None:
+    from flwr.supercore.task_identity import TaskIdentity
+
     from tests.helpers import run_in_process  # the ServerApp against an in-process grid of fedvit's ClientApps
 
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # Messages outside a Flower run
     rows = []
     for sigma in SIGMAS:
         np.random.seed(0)  # Flower's noise draws from NumPy's global generator

@@ -36,8 +36,7 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
     strategy: FedVitStrategy
 
     def __init__(self, strategy: FedVitStrategy, dp: DPConfig, num_sampled_clients: int) -> None:
-        # the noise is calibrated to every update in the aggregate: the sampled clients' and the canaries'
-        super().__init__(strategy, dp.noise_multiplier, dp.clipping_norm, num_sampled_clients + dp.canaries)
+        super().__init__(strategy, dp.noise_multiplier, dp.clipping_norm, num_sampled_clients)
         self.dp, self.clients = dp, num_sampled_clients
         self._sent: np.ndarray | None = None  # the global model of the round being trained, flattened
         self._canaries: np.ndarray | None = None  # Σ u_i (computed once)
@@ -62,7 +61,13 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
         clients = len(self.strategy.stats[self.strategy.round_of(self._round)].aggregated)
         mixed = canaries.with_canaries(flat(aggregated_arrays), self._sent, self._canaries, self.clipping_norm,
                                        clients, self.dp.canaries)  # fmt: skip
-        return super()._add_noise_to_aggregated_arrays(unflat(mixed, aggregated_arrays))
+        # the noise is calibrated to every update in the aggregate, the canaries' too (Flower's wrapper checks the
+        # replies against the sampled clients alone, so the count is raised for the noise only)
+        self.num_sampled_clients = self.clients + self.dp.canaries
+        try:
+            return super()._add_noise_to_aggregated_arrays(unflat(mixed, aggregated_arrays))
+        finally:
+            self.num_sampled_clients = self.clients
 
     def privacy_report(self, final: ArrayRecord, run_dir: Path) -> dict:
         """The accountant's ε over the released rounds and, with canaries, the one-shot estimate from the run's
@@ -96,7 +101,7 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
             self.strategy.skip_aggregation(server_round, replies, "central DP: a sampled client failed, no release")
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:
-            std = compute_stdv(self.noise_multiplier, self.clipping_norm, self.num_sampled_clients)
+            std = compute_stdv(self.noise_multiplier, self.clipping_norm, self.clients + self.dp.canaries)
             self.strategy.stats[self.strategy.round_of(server_round)].train["dp-central-noise-std"] = std
         return arrays, metrics
 
