@@ -28,7 +28,7 @@ from fedvit.attacks.observation import (
     received_model,
     recipe,
     simulated,
-    update_norm,
+    update_clipped,
 )
 from fedvit.core.model import classify
 
@@ -147,7 +147,7 @@ def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) 
         found = estimate(obs, aux, attacker_seed(obs))
         return Recovered(found.counts, found.note, found.momentum, found.momentum_estimate)
     # Flower's client-side clipping scaled this update by an unknown factor: as DP clipping, the scale is estimated
-    dp = dp or (client.update_clip is not None and update_norm(obs) >= client.update_clip * (1 - 1e-4))
+    dp = dp or update_clipped(obs)
     # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received
     model = received_model(obs) if obs.config is not None else attack_model(obs)
     mean_probs = mean_softmax(model, input_shape(obs), seed=attacker_seed(obs))

@@ -142,18 +142,15 @@ def local_sgd(
     state = None
     for batch in batches:
         if dp_sgd is not None:
-            batch_loss(weights, batch)
+            batch_loss(weights, batch)  # for what the caller records on the way; the step's gradient is DP-SGD's
             grads = dp_sgd.gradients({n: w.detach() for n, w in weights.items()}, batch)
-            with torch.no_grad():
-                weights, state = step(weights, grads, state, lr)
-            weights = {n: w.requires_grad_(True) for n, w in weights.items()}
-            continue
-        loss = batch_loss(weights, batch)
-        if proximal_mu > 0:
-            loss = loss + proximal_mu / 2 * sum(((weights[n] - anchor[n]) ** 2).sum() for n in weights)
-        grads = gradients(loss, weights, differentiable)
-        if correction is not None:
-            grads = {n: g + correction[n] for n, g in grads.items()}
+        else:
+            loss = batch_loss(weights, batch)
+            if proximal_mu > 0:
+                loss = loss + proximal_mu / 2 * sum(((weights[n] - anchor[n]) ** 2).sum() for n in weights)
+            grads = gradients(loss, weights, differentiable)
+            if correction is not None:
+                grads = {n: g + correction[n] for n, g in grads.items()}
         if differentiable:
             weights, state = step(weights, grads, state, lr)
             continue

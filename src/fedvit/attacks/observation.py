@@ -267,9 +267,15 @@ def not_plain_sgd(obs: Observation) -> str | None:
         return f"the client's optimiser is {client.optimiser} (on record), which rescales every entry of its update"
     if (claim := client.privacy) is not None and claim.noise_multiplier:
         return "the client claims DP-SGD: each image's gradient is clipped and noise is added to every step"
-    if client.update_clip is not None and update_norm(obs) >= client.update_clip * (1 - 1e-4):
+    if update_clipped(obs):
         return f"the update was clipped to norm {client.update_clip:g}: its scale is unknown"
     return None
+
+
+def update_clipped(obs: Observation) -> bool:
+    """Whether Flower's client-side clipping bounds this update and its norm is at the bound (it was scaled)."""
+    bound = recipe(obs).update_clip
+    return bound is not None and update_norm(obs) >= bound * (1 - 1e-4)
 
 
 def update_norm(obs: Observation) -> float:

@@ -42,6 +42,7 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
         self._canaries: np.ndarray | None = None  # Σ u_i (computed once)
         self._start: np.ndarray | None = None  # the model the run started from, flattened
         self.releases = 0  # aggregates released (each one Gaussian mechanism)
+        self._round = 0  # the server round being aggregated (its clients' count mixes the canaries in)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         if self.dp.canaries:
