@@ -7,6 +7,7 @@ capture path; the audit sees only the capture folder and the model factory."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedvit.app.audit_cli import find_spec_file, read_spec_file, spec_from
 from fedvit.attacks.model_spec import ModelSpec, SpecError, model_settings
@@ -43,10 +44,11 @@ def audit_app_captures(captures: Path, out: Path, spec: ModelSpec, budget: Audit
 
 def capture_exchange(
     root: Path, node: int, partition: int, server_round: int = 1, fedsgd: bool = False, batch: int = 4,
-    clip: float | None = None,
+    clip: float | None = None, local_dp: dict[str, float] | None = None,
 ) -> None:
     """One train exchange of the test app (FedAvg, 1 local epoch at ``batch``, lr 0.05; or a FedSGD gradient),
-    captured; ``clip``: Flower's client-side clipping (the bound in the ConfigRecord, the update scaled to it)."""
+    captured; ``clip``: Flower's client-side clipping (the bound in the ConfigRecord, the update scaled to it);
+    ``local_dp``: the reply through Flower's own LocalDpMod with these settings, which the run config carries."""
     torch.manual_seed(server_round)
     model = Net()
     start = {n: t.clone() for n, t in model.state_dict().items()}
@@ -68,8 +70,16 @@ def capture_exchange(
         reply_arrays = ArrayRecord(state)
     metrics = MetricRecord({"train_loss": 1.0, "num-examples": len(labels)})
     reply = Message(RecordDict({"arrays": reply_arrays, "metrics": metrics}), reply_to=instruction)
-    stem = capture_stem(root, 5, server_round, node, "train")
     run_config = {"batch-size": batch, "partition-sizes": "1,2,3,4", "seed": 7}
+    if local_dp:
+        from flwr.clientapp.mod import LocalDpMod
+
+        np.random.seed(server_round)  # Flower's noise draws from NumPy's global generator
+        mod = LocalDpMod(*(local_dp[f"local-dp-{k}"] for k in ("clipping-norm", "sensitivity", "epsilon", "delta")))
+        context = Context(run_id=5, node_id=node, node_config={}, state=RecordDict(), run_config={})
+        reply = mod(instruction, context, lambda _m, _c: reply)
+        run_config |= local_dp
+    stem = capture_stem(root, 5, server_round, node, "train")
     head = {"run-id": 5, "round": server_round, "node": node, "run_config": run_config}
     add_direction(stem, "received", instruction, **head)
     add_direction(stem, "sent", reply, **head)
@@ -836,6 +846,60 @@ def test_flowers_client_side_clipping_is_read_and_said_to_leave_the_update_unnoi
     assert "clip scale estimated" in labels  # one step: the scale that makes the counts integral
     truth = np.bincount(load_data(3, partition_size("1,2,3,4", 3), 7)[1], minlength=10)
     assert row["labels"] == {c: int(n) for c, n in enumerate(truth) if n}
+
+
+LOCAL_DP = {"local-dp-clipping-norm": 0.5, "local-dp-sensitivity": 0.5, "local-dp-epsilon": 2.0,
+            "local-dp-delta": 1e-5}  # fmt: skip
+
+
+def test_flowers_local_dp_settings_are_read_modelled_and_the_claim_tested(tmp_path):
+    """LocalDpMod's four settings in the run config (or declared with --recipe): the recipe states the claim (ε per
+    update) and the noise the mod added (its own formula), the label counts are unverified (noise on the head), and
+    membership turns the test into an empirical ε beside the claim. Settings that leave the noise unknown (no δ) are
+    refused, naming what is missing; ε 0 (an app's "off") is no claim."""
+    from fedvit.attacks.recipe import read_recipe
+    from fedvit.capture.reader import load_exchanges
+
+    capture_exchange(tmp_path / "cap", 51, 3, local_dp=LOCAL_DP)
+    data = UserData(DATA.source, {"51": 3}, DATA.decoy_partitions, DATA.app_dir)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data)
+    (row,) = report["updates"]
+    std = 0.5 * np.sqrt(2 * np.log(1.25 / 1e-5)) / 2.0  # LocalDpMod's own formula
+    assert (f"privacy claim ε 2 per update, δ 1e-05 (Flower's LocalDpMod: the update clipped to norm 0.5, Gaussian "
+            f"noise of std {std:.3g} on every entry; run config)") in row["recipe"]  # fmt: skip
+    assert f"update clipping norm 0.5, then Gaussian noise of std {std:.3g} on every entry" in row["recipe"]
+    assert "unverified: Flower's LocalDpMod added Gaussian noise" in row["attacks"]["labels (head-bias gradient)"]
+    privacy = row["leakage"]["membership"]["privacy"]
+    assert privacy["claimed-epsilon"] == 2.0 and privacy["delta"] == 1e-5 and privacy["consistent"], privacy
+    assert "consistent with the claimed ε in 1 of 1" in report["verdict"]
+
+    (ex,), _ = load_exchanges(tmp_path / "cap")
+    declared = read_recipe(dataclasses.replace(ex, run_config={"batch-size": 4}), "weights",
+                           {k: str(v) for k, v in LOCAL_DP.items()})  # fmt: skip
+    assert declared.update_noise == pytest.approx(std) and declared.privacy.source == "override"
+    without_delta = {k: v for k, v in LOCAL_DP.items() if k != "local-dp-delta"}
+    with pytest.raises(AuditInputError, match=r"local-dp-epsilon \(run config\) without local-dp-delta"):
+        read_recipe(dataclasses.replace(ex, run_config=without_delta), "weights", {})
+    off = read_recipe(dataclasses.replace(ex, run_config=LOCAL_DP | {"local-dp-epsilon": 0.0}), "weights", {})
+    assert off.privacy is None and off.update_noise is None
+
+
+def test_a_fedvit_local_dp_runs_recipe_carries_its_claim_and_its_noise():
+    """fedvit's own dp.mode = "local": the claim (ε of one release at δ) and LocalDpMod's std, σ·C, in the recipe the
+    simulations read; "central": the update clipped, no claim on the link; a FedSGD gradient: no update bound."""
+    from fedvit.attacks.observation import config_recipe
+    from fedvit.clients.privacy import flower_dp_mod, local_epsilon, local_noise_std
+    from fedvit.core.config import parse_config
+
+    base = {"strategy": "fedavg", "dp.clipping-norm": 0.2, "dp.noise-multiplier": 1.5}
+    local = parse_config(base | {"dp.mode": "local"})
+    client = config_recipe(local, {"num-examples": 32})
+    assert client.privacy.epsilon == local_epsilon(local.dp) and client.update_clip == 0.2
+    assert client.update_noise == pytest.approx(local_noise_std(flower_dp_mod(local.dp))) == pytest.approx(0.3)
+    central = config_recipe(parse_config(base | {"dp.mode": "central"}), {"num-examples": 32})
+    assert central.privacy is None and central.update_clip == 0.2 and central.update_noise is None
+    fedsgd = config_recipe(parse_config(base | {"dp.mode": "local", "strategy": "fedsgd"}), {"num-examples": 32})
+    assert fedsgd.privacy is not None and fedsgd.update_clip is None and fedsgd.update_noise is None
 
 
 def test_a_declared_augmentation_is_in_the_recipe_and_the_loss_scores_take_its_views(tmp_path):

@@ -574,3 +574,15 @@ def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
     assert "claims DP-SGD" in told(privacy=claim(1.0, 1.0))
     bound = norm(obs.update)
     assert told(update_clip=bound) == f"the update was clipped to norm {bound:g}: its scale is unknown"
+    # Flower's LocalDpMod: the update clipped, then N(0, std²) on every entry — in the shadows and the twin only
+    local = simulated(update_clip=half, update_noise=0.05)
+    assert norm(local) > 2 * half  # the noise, not the bound, sets its norm now
+    for name in trained:
+        added = local[name] - simulated(update_clip=half)[name]
+        if added.size >= 400:
+            assert 0.9 < added.std() / 0.05 < 1.1 and abs(added.mean()) < 0.01, name
+    client = dataclasses.replace(obs.client, update_clip=half, update_noise=0.05)
+    unnoised = simulate(dataclasses.replace(obs, client=client), aux, counts, 0.0, 0, keep_weights=True).weights
+    assert norm(unnoised) == pytest.approx(half, rel=1e-4)  # the label estimate's own: clipped, not noised
+    assert told(update_clip=half, update_noise=0.05) == (
+        "Flower's LocalDpMod added Gaussian noise of std 0.05 to every entry of the update")

@@ -4,7 +4,8 @@ on no record) deployed through ``fedvit tap`` with 1,000 and 1,200 photograph-li
 the label counts come within the method's benchmarked error and beyond the prior, membership (each image's gradient
 against what the update holds beyond 8 shadow updates) clears its within-class null in AUC and TPR at 1% FPR, and
 two controls that hold no information about the mapped client's data end in "no evidence": Flower's LocalDpMod at
-large noise, and each node mapped to the other client's data.
+large noise (its settings read from the run config as a claim the audit finds consistent), and each node mapped to
+the other client's data.
 """
 
 from __future__ import annotations
@@ -103,9 +104,17 @@ def test_three_epoch_rounds_leak_their_label_distribution(tmp_path):
 
 
 def test_rounds_under_flowers_local_dp_at_large_noise_show_no_evidence(tmp_path):
+    """The app's LocalDpMod settings ride in its run config: the audit reads them as the claim (ε 0.1 per update),
+    models the clipped and noised update in its shadows and power twin, and finds nothing against the claim."""
     noisy = audit(tapped(tmp_path / "dp", "local-epochs=1 local-dp-epsilon=0.1 local-dp-clip=1.0"), tmp_path / "dp-a")
-    assert all(u["sent"].startswith("weights") for u in noisy["updates"])
+    std = np.sqrt(2 * np.log(1.25 / 1e-5)) / 0.1  # LocalDpMod's, sensitivity 1
+    for u in noisy["updates"]:
+        assert u["sent"].startswith("weights")
+        assert f"update clipping norm 1, then Gaussian noise of std {std:.3g} on every entry" in u["recipe"]
+        privacy = u["leakage"]["membership"]["privacy"]
+        assert privacy["claimed-epsilon"] == 0.1 and privacy["consistent"], privacy
     assert noisy["verdict"].startswith("no evidence at this budget"), noisy["verdict"]
+    assert "consistent with the claimed ε in 2 of 2" in noisy["verdict"]
 
 
 MEMORISING = 'partition-sizes="100,120" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=10'

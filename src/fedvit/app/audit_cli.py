@@ -59,7 +59,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--sent", choices=("auto", "gradient", "weights"), help="what another app's replies carry "
                    "(default auto: read from their per-layer norm against the received weights)")  # fmt: skip
     g.add_argument("--recipe", action="append", default=[], help="KEY=VALUE of another app's client recipe: lr, "
-                   "local-epochs, local-steps, batch-size, momentum, num-examples, optimizer (repeatable)")  # fmt: skip
+                   "local-epochs, local-steps, batch-size, momentum, num-examples, optimizer, augment, a DP claim "
+                   "(epsilon, delta, noise-multiplier, clipping-norm) or LocalDpMod's settings (local-dp-epsilon, "
+                   "local-dp-delta, local-dp-clipping-norm, local-dp-sensitivity) (repeatable)")  # fmt: skip
 
     g = p.add_argument_group("model (captures of another app; fedvit's captures name their own)")
     g.add_argument("--model", help="package.module:factory returning the app's nn.Module, or a timm model name")
@@ -240,10 +242,17 @@ def other_app_options(args: argparse.Namespace, options: Any) -> Any:
     if spec is None and given(args, MODEL_FLAGS):
         raise ValueError(f"{', '.join(given(args, MODEL_FLAGS))} describe the model: give --model as well")
     overrides = {str(k): str(v) for k, v in values.get("recipe", {}).items()} | _pairs(args.recipe, "--recipe")
-    from fedvit.attacks.recipe import AUGMENT_KEYS, OPTIMISER_KEYS, RECIPE_KEYS  # torch: not at --help
+    from fedvit.attacks.recipe import (  # torch: not at --help
+        AUGMENT_KEYS,
+        LOCAL_DP_KEYS,
+        OPTIMISER_KEYS,
+        PRIVACY_KEYS,
+        RECIPE_KEYS,
+    )
 
     known = {name for key, aliases in RECIPE_KEYS.items() for name in (key, *aliases)} | {
-        *OPTIMISER_KEYS, *AUGMENT_KEYS}  # fmt: skip
+        *OPTIMISER_KEYS, *AUGMENT_KEYS} | {name for keys in (PRIVACY_KEYS, LOCAL_DP_KEYS) for names in keys.values()
+                                           for name in names}  # fmt: skip
     if unknown := sorted(set(overrides) - known):
         raise ValueError(f"--recipe {', '.join(unknown)}: not a recipe key (one of {', '.join(sorted(known))})")
     return dataclasses.replace(options, spec=spec, overrides=overrides, data=user_data(args, values, spec))

@@ -169,8 +169,9 @@ def simulate(
     moves by  w_sent − w_received ≈ lr W/N · Σ_k n_k (δ_ck [1, F_k] − [P̄[c, k], M[c, k]]):  the system returned
     holds those coefficients (bias row first, then the weight rows, per class).
 
-    ``private``: the steps are DP-SGD's where the client claims it (noise multiplier and clipping norm on record):
-    what a shadow update or the power twin must repeat. The label estimate's own simulations run the plain steps —
+    ``private``: the steps are DP-SGD's where the client claims it (noise multiplier and clipping norm on record),
+    and the clipped update gets LocalDpMod's noise where it claims that: what a shadow update or the power twin must
+    repeat. The label estimate's own simulations run the plain steps —
     its relation is SGD's update, marked unverified under DP-SGD — at a fraction of the cost (no per-image gradients).
     """
     client = recipe(obs)
@@ -262,6 +263,10 @@ def simulate(
                     dp_sgd=dp_sgd)  # fmt: skip
     if client.update_clip is not None:  # Flower's client-side clipping: the whole update scaled to norm ≤ C
         end = clipped_update(params, end, client.update_clip)
+    if private and client.update_noise is not None:  # LocalDpMod: then Gaussian noise on every entry
+        draws = torch.Generator().manual_seed(seed + 3)
+        end = {n: w + client.update_noise * torch.randn(w.shape, generator=draws, dtype=w.dtype)
+               for n, w in end.items()}  # fmt: skip
     hook.remove()
     # per class k, the mean over its occurrences (classes never drawn: the mean over every image seen)
     norm = np.maximum(seen, 1e-12)

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec
-from fedvit.attacks.recipe import SIMULATED_OPTIMISERS, ClientRecipe
+from fedvit.attacks.recipe import SIMULATED_OPTIMISERS, ClientRecipe, PrivacyClaim
+from fedvit.clients.privacy import local_dp_noise_std, local_epsilon
 from fedvit.core.config import Config
 from fedvit.core.masks import decode
 from fedvit.core.model import set_weights
@@ -240,7 +241,17 @@ def config_recipe(config: Config, meta: dict) -> ClientRecipe:
     adversarial = int(np.floor(config.adversarial.ratio * batch)) if config.adversarial.enabled else 0
     mu = config.fedprox.mu if config.strategy == "fedprox" else 0.0
     lr = config.lr_at(int(meta.get("round") or 1))
-    return ClientRecipe(examples, batch, epochs, lr, config.momentum, mu, adversarial, sends_gradient)
+    claim, clip, noise = None, None, None
+    if config.dp.enabled:  # Flower's mods: "central" clips the update, "local" clips it and adds noise itself
+        clip = config.dp.clipping_norm
+        if config.dp.mode == "local":
+            epsilon = local_epsilon(config.dp)  # fedvit's LocalDpMod: sensitivity C (fedvit.clients.privacy)
+            noise = local_dp_noise_std(clip, epsilon, config.dp.delta)
+            claim = PrivacyClaim(epsilon, config.dp.delta, None, None, "run config dp.*", clip, noise)
+        if sends_gradient:  # the mods clip lr·g in the model's space: the gradient's own norm bound is not C
+            clip, noise = None, None
+    return ClientRecipe(examples, batch, epochs, lr, config.momentum, mu, adversarial, sends_gradient, privacy=claim,
+                        update_clip=clip, update_noise=noise)  # fmt: skip
 
 
 def simulated(obs: Observation) -> str | None:
@@ -267,6 +278,8 @@ def not_plain_sgd(obs: Observation) -> str | None:
         return f"the client's optimiser is {client.optimiser} (on record), which rescales every entry of its update"
     if (claim := client.privacy) is not None and claim.noise_multiplier:
         return "the client claims DP-SGD: each image's gradient is clipped and noise is added to every step"
+    if client.update_noise is not None:
+        return f"Flower's LocalDpMod added Gaussian noise of std {client.update_noise:.3g} to every entry of the update"
     if update_clipped(obs):
         return f"the update was clipped to norm {client.update_clip:g}: its scale is unknown"
     return None

@@ -14,6 +14,7 @@ from torch import nn
 from fedvit.attacks.augmentation import Augmentation, AugmentationError
 from fedvit.attacks.augmentation import parse as parse_augmentation
 from fedvit.capture.reader import AuditInputError, Exchange
+from fedvit.clients.privacy import local_dp_noise_std
 
 # A reply's per-layer norm against the received weights', ‖sent‖ / ‖received‖, whatever the learning rate: a gradient
 # is small beside the weights (below GRADIENT_RATIO), weights after local training keep their scale or grow (above
@@ -40,20 +41,34 @@ PRIVACY_KEYS = {  # differential-privacy claim -> names apps use for it (Opacus'
     "noise-multiplier": ("noise_multiplier", "noise-multiplier"),
     "clipping-norm": ("max_grad_norm", "max-grad-norm", "clipping-norm", "clipping_norm"),
 }
+LOCAL_DP_KEYS = {  # Flower's LocalDpMod(clipping_norm, sensitivity, epsilon, delta), where an app records them
+    "epsilon": ("local-dp-epsilon", "local_dp_epsilon"),
+    "delta": ("local-dp-delta", "local_dp_delta"),
+    "clipping-norm": ("local-dp-clipping-norm", "local-dp-clip", "local_dp_clipping_norm", "local_dp_clip"),
+    "sensitivity": ("local-dp-sensitivity", "local_dp_sensitivity"),
+}
 
 
 @dataclass(frozen=True)
 class PrivacyClaim:
     """The (ε, δ) differential privacy a client claims for its training data, and the DP-SGD parameters it states
-    (None where no record carries them); ``source``: where the claim was read."""
+    (None where no record carries them); ``source``: where the claim was read. ``update_noise``: Flower's
+    ``LocalDpMod`` instead — the update clipped to ``update_clip`` and Gaussian noise of this std added to every
+    entry, (ε, δ) per update."""
 
     epsilon: float
     delta: float
     noise_multiplier: float | None
     clipping_norm: float | None
     source: str
+    update_clip: float | None = None
+    update_noise: float | None = None
 
     def described(self) -> str:
+        if self.update_noise is not None:
+            return (f"ε {self.epsilon:g} per update, δ {self.delta:g} (Flower's LocalDpMod: the update clipped to norm "
+                    f"{self.update_clip:g}, Gaussian noise of std {self.update_noise:.3g} on every entry; "
+                    f"{self.source})")  # fmt: skip
         extra = "".join(f", {name} {value:g}" for name, value in (("noise multiplier", self.noise_multiplier),
                                                                    ("clipping norm", self.clipping_norm))
                         if value is not None)  # fmt: skip
@@ -72,11 +87,24 @@ def recorded_number(ex: Exchange, key: str, names: tuple[str, ...], source: str,
         raise AuditInputError(f"{ex.label}: {key} = {hit!r} ({source}) is not a number") from err
 
 
-def read_privacy_claim(ex: Exchange) -> PrivacyClaim | None:
-    """The DP claim an update carries (:data:`PRIVACY_KEYS` in its reply metrics, ConfigRecord or run config), or
-    None without an ε. A claim without a δ is read as pure ε-DP (δ = 0)."""
-    for source, values in (("reply metrics", ex.sent_metrics), ("ConfigRecord", ex.received_config),
-                           ("run config", ex.run_config)):  # fmt: skip
+def read_privacy_claim(ex: Exchange, overrides: dict[str, str] | None = None) -> PrivacyClaim | None:
+    """The DP claim an update carries, or None without an ε: Flower's ``LocalDpMod`` settings
+    (:data:`LOCAL_DP_KEYS`) or a DP-SGD claim (:data:`PRIVACY_KEYS`), declared (``--recipe``) or in its reply
+    metrics, ConfigRecord or run config. A DP-SGD claim without a δ is read as pure ε-DP (δ = 0); a LocalDpMod
+    claim needs all four settings (its noise depends on each), and a ``local-dp-epsilon`` ≤ 0 is none (the mod
+    needs ε > 0: apps use 0 for "off")."""
+    for source, values in (("override", overrides or {}), ("reply metrics", ex.sent_metrics),
+                           ("ConfigRecord", ex.received_config), ("run config", ex.run_config)):  # fmt: skip
+        local = {key: value for key, names in LOCAL_DP_KEYS.items()
+                 if (value := recorded_number(ex, key, names, source, values)) is not None}  # fmt: skip
+        if local.get("epsilon", 0) > 0:  # ε ≤ 0: LocalDpMod off (it needs ε > 0), as apps switch it
+            if missing := [LOCAL_DP_KEYS[key][0] for key in LOCAL_DP_KEYS if key not in local]:
+                raise AuditInputError(
+                    f"{ex.label}: local-dp-epsilon ({source}) without {', '.join(missing)}: LocalDpMod's noise "
+                    f"depends on every setting; give --recipe {missing[0]}=… (the values in the app's LocalDpMod)"
+                )
+            std = local_dp_noise_std(local["sensitivity"], local["epsilon"], local["delta"])
+            return PrivacyClaim(local["epsilon"], local["delta"], None, None, source, local["clipping-norm"], std)
         found = {key: value for key, names in PRIVACY_KEYS.items()
                  if (value := recorded_number(ex, key, names, source, values)) is not None}  # fmt: skip
         if "epsilon" in found:
@@ -104,7 +132,8 @@ class ClientRecipe:
     privacy: PrivacyClaim | None = None  # the DP the client claims (its records), tested by the membership audit
     optimiser: str | None = None  # the optimiser a record names (lower case); None: none does (SGD assumed)
     augment: Augmentation | None = None  # the random augmentation declared (None: none, assumed where not said)
-    update_clip: float | None = None  # Flower's client-side clipping: the update's norm bound (ConfigRecord)
+    update_clip: float | None = None  # the update's norm bound (Flower's client-side clipping or LocalDpMod)
+    update_noise: float | None = None  # the Gaussian std LocalDpMod added to every entry of the clipped update
 
     def described(self) -> str:
         """Every value with where it came from ("lr 0.05 (ConfigRecord); momentum 0 (assumed plain SGD); ...")."""
@@ -276,7 +305,7 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
         sources["num-examples"] = f"{examples} (local-steps × batch-size)"
     examples = int(examples if examples is not None else batch)
     batch = int(min(batch or examples, examples))
-    claim = read_privacy_claim(ex)
+    claim = read_privacy_claim(ex, overrides)
     if claim is not None:
         sources["privacy claim"] = claim.described()
     optimiser = recorded_optimiser(ex, overrides)
@@ -291,6 +320,11 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
             f"norm {update_clip:g} (ConfigRecord: Flower's client-side clipping; the server adds its noise after "
             "aggregation, so this update travels clipped, not noised: no DP against an eavesdropper on the link)"
         )
+    update_noise = None
+    if claim is not None and claim.update_noise is not None:  # LocalDpMod: clipped and noised before it left
+        update_clip, update_noise = claim.update_clip, claim.update_noise
+        sources["update clipping"] = (f"norm {update_clip:g}, then Gaussian noise of std {update_noise:.3g} on every "
+                                      f"entry (Flower's LocalDpMod, {claim.source})")  # fmt: skip
     if kind == "gradient":  # FedSGD: one step on every example; lr, epochs and momentum play no part
         sources["sent"] = "a gradient: one step on all examples"
         return ClientRecipe(examples, examples, 1, 0.0, 0.0, 0.0, 0, True, sources=tuple(sources.items()),
@@ -308,4 +342,4 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
     return ClientRecipe(examples, batch, epochs, lr if lr_known else 0.01, momentum, 0.0, 0, False, lr_known,
                         momentum_known="momentum" in found or adam, sources=tuple(sources.items()), privacy=claim,
                         optimiser=optimiser and optimiser[0], augment=augment and augment[0],
-                        update_clip=update_clip)  # fmt: skip
+                        update_clip=update_clip, update_noise=update_noise)  # fmt: skip

@@ -45,8 +45,14 @@ def flower_dp_mod(dp: DPConfig) -> Mod:
 
 
 def local_noise_std(mod: LocalDpMod) -> float:
-    """The std of the noise ``LocalDpMod`` adds (its own formula, from its own settings)."""
-    return mod.sensitivity * math.sqrt(2 * math.log(1.25 / mod.delta)) / mod.epsilon
+    """The std of the noise ``LocalDpMod`` adds, from its own settings."""
+    return local_dp_noise_std(mod.sensitivity, mod.epsilon, mod.delta)
+
+
+def local_dp_noise_std(sensitivity: float, epsilon: float, delta: float) -> float:
+    """``LocalDpMod``'s Gaussian std, sensitivity·√(2 ln(1.25/δ))/ε (the Gaussian mechanism, Dwork & Roth 2014,
+    Thm. A.1), as Flower computes it."""
+    return sensitivity * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
 
 
 def dp_mod(msg: Message, context: Context, call_next: Handler) -> Message:

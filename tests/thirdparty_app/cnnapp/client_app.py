@@ -21,7 +21,8 @@ def local_dp(msg: Message, context: Context, call_next) -> Message:
     epsilon = float(context.run_config["local-dp-epsilon"])
     if epsilon <= 0:
         return call_next(msg, context)
-    return LocalDpMod(float(context.run_config["local-dp-clip"]), 1.0, epsilon, 1e-5)(msg, context, call_next)
+    settings = [float(context.run_config[f"local-dp-{key}"]) for key in ("clip", "sensitivity")]
+    return LocalDpMod(*settings, epsilon, float(context.run_config["local-dp-delta"]))(msg, context, call_next)
 
 
 @app.train(mods=[local_dp])
