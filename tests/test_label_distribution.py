@@ -347,6 +347,28 @@ def test_the_strongest_score_is_reported_against_the_null_of_the_same_maximum():
         assert all(alone[k] <= family[k] + 1e-12 for k in alone if alone[k] is not None), (single.name, alone, family)
 
 
+def test_the_empirical_epsilon_rests_on_tests_dp_bounds_not_on_class_composition():
+    """A skewed client (every member in class 0) whose update says nothing about its records: a raw score that ranks
+    class 0 first separates its members from the population's images (TPR 1 at FPR 0.1), which no DP guarantee
+    bounds — the ε bound comes from the class-calibrated scores only (a false "violates" otherwise); on canaries,
+    included at random, every score counts."""
+    from fedvit.attacks.membership import Score, judge
+
+    rng = np.random.default_rng(0)
+    members, non_members = np.zeros(300, np.int64), np.repeat(np.arange(10), 100)
+    candidates = Candidates((np.zeros((300, 1)), members), (np.zeros((1000, 1)), non_members), "others")
+    by_class = Score("class 0 first", "raw", -members + rng.normal(0, 0.01, 300),
+                     -non_members + rng.normal(0, 0.01, 1000), per_class=False)  # fmt: skip
+    calibrated = Score("calibrated noise", "per class", rng.normal(size=300), rng.normal(size=1000))
+    found, _, _ = judge([by_class, calibrated], candidates, delta=1e-5)
+    assert found["empirical-epsilon"]["scores"] == ["calibrated noise"]
+    assert found["empirical-epsilon"]["epsilon-lower"] < 0.5, found["empirical-epsilon"]
+    canaries = dataclasses.replace(candidates, canaries=True)
+    planted, _, _ = judge([by_class, calibrated], canaries, delta=1e-5)
+    assert planted["empirical-epsilon"]["scores"] == ["class 0 first", "calibrated noise"]
+    assert planted["empirical-epsilon"]["epsilon-lower"] > 1.5, planted["empirical-epsilon"]
+
+
 def test_a_clients_rounds_combined_show_more_than_its_best_round():
     """Two IID clients of 300 photograph-like images under FedAvg for 5 rounds of 1 local epoch (batch 32, momentum
     0.9): one client's membership over its 5 updates (each score's per-round ranks combined) has an AUC at least

@@ -491,8 +491,11 @@ def judge(
     """Membership figures of one update from its strongest score against that score's null within the family
     (:func:`null_figures`): the score with the highest AUC among those that clear their null, else the highest AUC
     of all; every score's figures and null beside it; with a ``delta``, the :func:`empirical_epsilon` the family
-    proves. Returns them and the strongest score's judged values on the members and non-members (``scores`` were
-    taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
+    proves — from the scores calibrated per class, or from all on canaries: a raw score also separates a skewed
+    client's classes from the population's, which no DP guarantee bounds (the inclusion of a record is what DP
+    bounds; canaries are included at random, natural members are compared within their class). Returns them and the
+    strongest score's judged values on the members and non-members (``scores`` were taken on ``candidates``, at most
+    :data:`MAX_CANDIDATES` per side)."""
     member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
     resolution, fewest = fpr_resolution(member_labels, non_member_labels)
     judged = [s.judged(member_labels, non_member_labels) for s in scores]
@@ -521,8 +524,10 @@ def judge(
     }
     if (fit := scores[best].fitted(member_labels, non_member_labels)) is not None:
         result["fit-check"] = fit_check(fit[1])
-    if delta is not None:
-        result["empirical-epsilon"] = empirical_epsilon(judged, delta)
+    if delta is not None:  # only tests whose members and non-members are exchangeable when nothing leaks
+        valid = [j for s, j in zip(scores, judged, strict=True) if s.per_class or candidates.canaries]
+        result["empirical-epsilon"] = empirical_epsilon(valid, delta) | {
+            "scores": [s.name for s in scores if s.per_class or candidates.canaries]}
     return result, inside, outside
 
 

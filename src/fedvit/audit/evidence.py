@@ -80,7 +80,7 @@ def privacy_evidence(claim: Any, found: dict[str, Any]) -> dict[str, Any]:
     claim (a :class:`fedvit.attacks.recipe.PrivacyClaim`, or None): consistent while the bound stays at or below
     the claimed ε; a bound above it violates the claim at the bound's confidence."""
     out = {"empirical-epsilon": found["epsilon-lower"], "delta": found["delta"], "confidence": found["confidence"],
-           "thresholds": found["thresholds"], "at": found["at"]}  # fmt: skip
+           "thresholds": found["thresholds"], "at": found["at"], "scores": found.get("scores")}  # fmt: skip
     if claim is None:
         return out | {"claimed-epsilon": None}
     return out | {"claimed-epsilon": claim.epsilon, "claim": claim.described(),
