@@ -171,8 +171,8 @@ def simulate(
 
     ``private``: the steps are DP-SGD's where the client claims it (noise multiplier and clipping norm on record),
     and the clipped update gets LocalDpMod's noise where it claims that: what a shadow update or the power twin must
-    repeat. The label estimate's own simulations run the plain steps —
-    its relation is SGD's update, marked unverified under DP-SGD — at a fraction of the cost (no per-image gradients).
+    repeat. The label estimate's own simulations run the plain steps — its relation is SGD's update, marked
+    unverified under DP-SGD — at a fraction of the cost (no per-image gradients).
     """
     client = recipe(obs)
     rng = np.random.default_rng(seed)

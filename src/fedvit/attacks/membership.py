@@ -525,9 +525,9 @@ def judge(
     if (fit := scores[best].fitted(member_labels, non_member_labels)) is not None:
         result["fit-check"] = fit_check(fit[1])
     if delta is not None:  # only tests whose members and non-members are exchangeable when nothing leaks
-        valid = [j for s, j in zip(scores, judged, strict=True) if s.per_class or candidates.canaries]
-        result["empirical-epsilon"] = empirical_epsilon(valid, delta) | {
-            "scores": [s.name for s in scores if s.per_class or candidates.canaries]}
+        valid = [(s.name, j) for s, j in zip(scores, judged, strict=True) if s.per_class or candidates.canaries]
+        result["empirical-epsilon"] = empirical_epsilon([j for _, j in valid], delta) | {
+            "scores": [name for name, _ in valid]}
     return result, inside, outside
 
 

@@ -44,6 +44,11 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
         self.releases = 0  # aggregates released (each one Gaussian mechanism)
         self._round = 0  # the server round being aggregated (its clients' count mixes the canaries in)
 
+    @property
+    def noised_updates(self) -> int:
+        """The updates the noise is calibrated to: every one in the aggregate, the canaries' too."""
+        return self.clients + self.dp.canaries
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         if self.dp.canaries:
             self._sent = flat(arrays)
@@ -62,9 +67,8 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
         clients = len(self.strategy.stats[self.strategy.round_of(self._round)].aggregated)
         mixed = canaries.with_canaries(flat(aggregated_arrays), self._sent, self._canaries, self.clipping_norm,
                                        clients, self.dp.canaries)  # fmt: skip
-        # the noise is calibrated to every update in the aggregate, the canaries' too (Flower's wrapper checks the
-        # replies against the sampled clients alone, so the count is raised for the noise only)
-        self.num_sampled_clients = self.clients + self.dp.canaries
+        # Flower's wrapper checks the replies against the sampled clients alone: the count is raised for the noise only
+        self.num_sampled_clients = self.noised_updates
         try:
             return super()._add_noise_to_aggregated_arrays(unflat(mixed, aggregated_arrays))
         finally:
@@ -102,7 +106,7 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
             self.strategy.skip_aggregation(server_round, replies, "central DP: a sampled client failed, no release")
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:
-            std = compute_stdv(self.noise_multiplier, self.clipping_norm, self.clients + self.dp.canaries)
+            std = compute_stdv(self.noise_multiplier, self.clipping_norm, self.noised_updates)
             self.strategy.stats[self.strategy.round_of(server_round)].train["dp-central-noise-std"] = std
         return arrays, metrics
 
