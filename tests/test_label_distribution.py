@@ -16,9 +16,11 @@ from fedvit.attacks.label_distribution import (
     ADAM_ERROR,
     BENCHMARKED_ERROR,
     Auxiliary,
+    Systems,
     estimate,
     integer_counts,
     prior_accuracy,
+    simulate,
     step_weights,
 )
 from fedvit.attacks.labels import label_accuracy
@@ -85,6 +87,34 @@ def test_a_skewed_clients_counts_come_back_from_several_local_steps_and_beat_the
     other = make_images(600, 12, 0.5)[1]
     assert not label_evidence(found.counts, "", label_accuracy(found.counts, other), prior_accuracy(
         aux.prior(10), other), None)["clears"]  # fmt: skip
+
+
+def test_a_repeated_simulation_is_looked_up_and_the_estimate_is_bit_identical(monkeypatch):
+    """The searches from both starts often meet: a simulation at counts already simulated (same momentum, seed and
+    weight decay) is looked up, and the estimate is the one every simulation run afresh gives."""
+    obs, _, _ = client_update(300, 1, alpha=0.5)
+    aux = Auxiliary(*make_images(600, 99), "other images")
+    systems = Systems(obs, aux)
+    counts = np.full(10, 30)
+    first = systems(counts, 0.9, 0, 0.0)
+    assert systems(counts.copy(), 0.9, 0, 0.0) is first and systems.runs == 1
+    moved = counts + np.eye(10, dtype=int)[0]
+    for other in ((counts, 0.0, 0, 0.0), (counts, 0.9, 1, 0.0), (counts, 0.9, 0, 5e-4), (moved, 0.9, 0, 0.0)):
+        assert systems(*other) is not first
+    assert systems.runs == 5
+    looked_up = estimate(obs, aux)
+    runs = int(looked_up.note.rsplit("; ", 1)[1].split()[0])
+
+    def afresh(self, counts, momentum, seed, weight_decay):
+        self.runs += 1
+        return simulate(self.obs, self.aux, counts, momentum, seed, weight_decay)
+
+    monkeypatch.setattr(Systems, "__call__", afresh)
+    every = estimate(obs, aux)
+    assert (every.counts == looked_up.counts).all() and every.momentum == looked_up.momentum
+    assert every.note.rsplit("; ", 1)[0] == looked_up.note.rsplit("; ", 1)[0]
+    print(f"{runs} simulations run, {int(every.note.rsplit('; ', 1)[1].split()[0])} without the look-up")
+    assert runs <= int(every.note.rsplit("; ", 1)[1].split()[0])
 
 
 def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case():

@@ -333,7 +333,9 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     total = client.examples
     rows = head_rows(obs)
     momenta = (client.momentum,) if client.momentum_known else MOMENTA  # Adam's recipe: momentum known (none)
-    results = {beta: found for beta in momenta if (found := passes(obs, aux, rows, beta, 0.0, seed)) is not None}
+    systems = Systems(obs, aux)
+    results = {beta: found for beta in momenta
+               if (found := passes(obs, aux, rows, beta, 0.0, seed, systems)) is not None}  # fmt: skip
     if not results:
         raise ValueError("the simulated local training diverged under every momentum tried")
     observed = float(np.linalg.norm(rows))  # the head's change, SCAFFOLD's correction taken out as in rows
@@ -350,24 +352,25 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
         how = f"simulated/observed head change {ratios}"
         note += f"); momentum {chosen:g} estimated from the update ({how})"
     starts = {"the passes' estimate": results[chosen][0], "the sent model's class shares": learned_mix(obs, aux)}
-    searched = {name: residual_search(obs, aux, rows, start, chosen, 0.0, seed, SEARCH_STEPS)
+    searched = {name: residual_search(obs, aux, rows, start, chosen, 0.0, seed, SEARCH_STEPS, systems)
                 for name, start in starts.items()}  # fmt: skip
     best = lowest_residual(searched)
     counts = searched[best].counts
     note += (f"; class-mix search: residual {searched[best].residual:.2f} from {best} (" + ", ".join(
         f"{f.residual:.2f} from {name}" for name, f in searched.items() if name != best) + "), " +
-        f"{sum(f.simulations for f in searched.values())} simulations")  # fmt: skip
+        f"{sum(f.simulations for f in searched.values())} residuals")  # fmt: skip
     changed = lambda other: int(np.abs(other - counts).sum() // 2)  # noqa: E731 — images that change class
     alternatives = {
-        b: residual_search(obs, aux, rows, start, b, 0.0, seed, SIDE_SEARCH_STEPS).counts
+        b: residual_search(obs, aux, rows, start, b, 0.0, seed, SIDE_SEARCH_STEPS, systems).counts
         for b, (start, _) in results.items()
         if b != chosen
     }
     for b, other in alternatives.items():
         note += f"; under momentum {b:g} {changed(other)} of {total} images change class"
     if obs.config is None:
-        decayed = residual_search(obs, aux, rows, counts, chosen, WEIGHT_DECAY, seed, SIDE_SEARCH_STEPS)
+        decayed = residual_search(obs, aux, rows, counts, chosen, WEIGHT_DECAY, seed, SIDE_SEARCH_STEPS, systems)
         note += f"; under weight decay {WEIGHT_DECAY:g} {changed(decayed.counts)} change class"
+    note += f"; {systems.runs} simulations run in all (a repeated one looked up)"
     return LabelEstimate(counts, chosen, note, alternatives, how)
 
 
@@ -386,8 +389,25 @@ def learned_mix(obs: Observation, aux: Auxiliary) -> np.ndarray:
     return recipe(obs).examples * shares / shares.sum()
 
 
+class Systems:
+    """The system S(n) of :func:`simulate` at integer counts n, under a momentum, weight decay and shuffling seed,
+    for one update: a simulation is deterministic in these, and the searches from both starts often meet (then
+    visit the same counts), so a repeat is looked up rather than run again; ``runs``: the simulations run."""
+
+    def __init__(self, obs: Observation, aux: Auxiliary) -> None:
+        self.obs, self.aux, self.runs = obs, aux, 0
+        self.found: dict[tuple, Simulation] = {}
+
+    def __call__(self, counts: np.ndarray, momentum: float, seed: int, weight_decay: float) -> Simulation:
+        key = (tuple(int(c) for c in counts), momentum, seed, weight_decay)
+        if key not in self.found:
+            self.runs += 1
+            self.found[key] = simulate(self.obs, self.aux, counts, momentum, seed, weight_decay)
+        return self.found[key]
+
+
 def passes(obs: Observation, aux: Auxiliary, rows: np.ndarray, momentum: float, weight_decay: float,
-           seed: int) -> tuple[np.ndarray, float] | None:  # fmt: skip
+           seed: int, systems: Systems | None = None) -> tuple[np.ndarray, float] | None:  # fmt: skip
     """The counts after :data:`PASSES` simulations under one momentum and weight decay (the first from a uniform
     class mix, each later one from the previous estimate) and the last simulation's head change; None where the
     simulated training diverged."""
@@ -397,7 +417,7 @@ def passes(obs: Observation, aux: Auxiliary, rows: np.ndarray, momentum: float, 
     rhs = scaled_rhs(obs, rows, momentum)
     counts = np.full(classes, total // classes) + (np.arange(classes) < total % classes)
     for k in range(PASSES):
-        sim = simulate(obs, aux, counts, momentum, seed + k, weight_decay)
+        sim = (systems or Systems(obs, aux))(counts, momentum, seed + k, weight_decay)
         if not np.isfinite(sim.system).all():
             return None
         counts = integer_counts(solve_counts(sim.system, rhs, total), total)
@@ -420,12 +440,14 @@ def lowest_residual(searched: dict[str, SearchResult]) -> str:
 
 
 def residual_search(obs: Observation, aux: Auxiliary, rows: np.ndarray, start: np.ndarray, momentum: float,
-                    weight_decay: float, seed: int, steps: int) -> SearchResult:  # fmt: skip
+                    weight_decay: float, seed: int, steps: int, systems: Systems | None = None
+                    ) -> SearchResult:  # fmt: skip
     """Gauss–Newton from ``start`` on r(n) = (S(n) n − rhs) / ‖rhs‖: the Jacobian by finite differences (move
     :data:`FD_SHARE` of the images into one class, keeping Σn = N), the linearised least squares solved with n ≥ 0
     and Σn = N, and 1, 2 or 4 times that step kept where r falls; it ends when no step lowers r, a step moves
     fewer than :data:`CONVERGED` of the images, or after ``steps`` steps. A simulation that diverges ends it at
-    the best counts so far."""
+    the best counts so far. ``simulations`` counts the residuals evaluated (``systems`` may hold some already)."""
+    systems = systems or Systems(obs, aux)
     total = int(recipe(obs).examples)
     rhs = scaled_rhs(obs, rows, momentum)
     scale = max(float(np.linalg.norm(rhs)), 1e-12)
@@ -434,7 +456,7 @@ def residual_search(obs: Observation, aux: Auxiliary, rows: np.ndarray, start: n
     def residual(n: np.ndarray) -> np.ndarray | None:
         nonlocal simulations
         simulations += 1
-        system = simulate(obs, aux, integer_counts(n, total), momentum, seed, weight_decay).system
+        system = systems(integer_counts(n, total), momentum, seed, weight_decay).system
         return (system @ n - rhs) / scale if np.isfinite(system).all() else None
 
     n = np.asarray(start, np.float64)
