@@ -487,6 +487,23 @@ def test_image_inversion_is_not_attempted_beyond_what_it_can_recover():
     assert OPTIMISATION in [a.name for a in applicable(update_of(MAX_IMAGES, 4))[0]]
 
 
+def test_image_references_are_listed_beside_an_image_attack_and_not_computed_without_one(tmp_path, monkeypatch):
+    """The no-information references (the best flat image; APRIL's minimum-norm limit) are the null of an image
+    attack's figures: listed where an image attack ran, not computed where none did (an update of more images than
+    inversion is attempted on: here the limit lowered to 2)."""
+    from fedvit.audit import registry
+
+    capture_exchange(tmp_path / "cap", 15, 3)
+    data = UserData(DATA.source, {"15": 3}, DATA.decoy_partitions, DATA.app_dir)
+    ran = audit_app_captures(tmp_path / "cap", tmp_path / "ran", SPEC, BUDGET, data=data)
+    assert ran["updates"][0]["leakage"]["images"]["status"] == "measured"
+    assert [r for r in ran["rows"] if "reference" in r["attack"]], ran["rows"]
+    monkeypatch.setattr(registry, "MAX_IMAGES", 2)
+    skipped = audit_app_captures(tmp_path / "cap", tmp_path / "none", SPEC, BUDGET, data=data)
+    assert skipped["updates"][0]["leakage"]["images"]["status"] == "not measured"
+    assert not [r for r in skipped["rows"] if "reference" in r["attack"]], skipped["rows"]
+
+
 def test_a_reply_that_reads_neither_as_weights_nor_as_a_gradient_asks_for_sent(tmp_path):
     model = Net()
     instruction = Message(RecordDict({"arrays": ArrayRecord(model.state_dict())}), dst_node_id=61, message_type="train")

@@ -82,6 +82,7 @@ def assert_labels_and_membership_leak(report: dict, epochs: int, out: Path) -> N
         assert u["attacks"]["gradient matching (optimisation, defence-aware)"].startswith(
             "not applicable: not attempted"
         )
+    assert not [r for r in report["rows"] if "reference" in r["attack"]]  # an image attack's null: none ran
     assert report["verdict"].startswith("LEAKS: labels beyond the null in 2 of 2 update(s)")
     # AUC and TPR at 1% FPR beyond their nulls in at least one client's update at either epoch count; every
     # update's AUC beyond its null (a client with half its images in one class singles out fewer members)

@@ -285,12 +285,12 @@ def attack_exchange(
     obs, findings = measure_all(obs, held)  # a measure may estimate a recipe value: the one recipe from here on
     client = recipe(obs)
     rows = [row for f in findings.values() for row in f.rows]
-    if images is not None:
+    best, best_scores = best_image(findings)
+    if images is not None and best is not None:  # the no-information references of the image attacks that ran
         rows += reference_rows(obs, images, options.dataset_mean, gallery, held.head)
     statuses = {n: f.status for n, f in findings.items() if f.status is not None and f.applied}
     statuses |= {n: f.status for n, f in findings.items() if f.status is not None and not f.applied}
     labelled = findings[LABELS].rows[0]
-    best, best_scores = best_image(findings)
     update = {
         "update": obs.meta.get("update") or obs.meta["label"],
         "node": obs.meta.get("node"),
