@@ -29,36 +29,12 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
-def cost(item: pytest.Item) -> float:
-    """The seconds a test's ``cost`` mark gives (0 without one)."""
-    marked = item.get_closest_marker("cost")
-    return float(marked.args[0]) if marked else 0.0
-
-
-def costliest_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The modules in order of their tests' summed ``cost`` marks, each module's tests kept together (a module
-    fixture is set up once per worker) and, where no test of it shares an xdist group, its costliest tests first.
-    pytest-xdist hands tests out in this order (``--no-loadscope-reorder``), so a suite no longer ends on one long
-    test while the other worker idles (the deployment suite ended on its 7-minute test: 3 of its 21 minutes on one
-    core)."""
-    modules: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    ordered = []
-    for tests in sorted(modules.values(), key=lambda tests: -sum(map(cost, tests))):  # stable: ties keep their order
-        grouped = any(t.get_closest_marker("xdist_group") for t in tests)
-        ordered += tests if grouped else sorted(tests, key=lambda t: -cost(t))
-    return ordered
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The costliest tests first (:func:`costliest_first`). Tests that must share one worker (one deployment, Docker
-    stack or Ray cluster at a time) carry an ``xdist_group``; pytest-xdist's ``--dist loadgroup`` keeps them
-    together by appending the group to their node id. A pytest that ignores that would spread them over the workers
-    without a word: refuse to run instead (a backstop for a release not yet known to: it surfaces as xdist's
-    INTERNALERROR, with this message in it)."""
-    items[:] = costliest_first(items)
+    """Tests that must share one worker (one deployment, Docker stack or Ray cluster at a time) carry an
+    ``xdist_group``; pytest-xdist's ``--dist loadgroup`` keeps them together by appending the group to their node
+    id. A pytest that ignores that would spread them over the workers without a word: refuse to run instead (a
+    backstop for a release not yet known to: it surfaces as xdist's INTERNALERROR, with this message in it)."""
     if not os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("loadgroup", False):  # set in workers
         return
     lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]

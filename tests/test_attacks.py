@@ -185,7 +185,6 @@ def test_capture_selection_by_round_and_partition(tmp_path):
 SMALL_BUDGET = ["-c", "audit.iterations=20", "-c", "audit.restarts=1"]  # the optimisation attack, briefly
 
 
-@pytest.mark.cost(30)
 def test_audit_cli_end_to_end_on_a_captured_run(tmp_path, capsys):
     from fedvit.app.cli import main
 
@@ -231,7 +230,6 @@ def test_audit_refuses_a_capture_from_another_model(tmp_path):
         audit_captures(run_dir, tmp_path / "audit")
 
 
-@pytest.mark.cost(50)
 def test_audit_benchmark_writes_the_table_and_the_figure4_grid(tmp_path):
     from fedvit.app.cli import main
 
@@ -259,7 +257,6 @@ def test_audit_benchmark_writes_the_table_and_the_figure4_grid(tmp_path):
     assert (out / "fig4.png").is_file() and (out / "audit.md").read_text().startswith("# fedvit audit benchmark")
 
 
-@pytest.mark.cost(90)
 def test_collusion_known_images_break_both_encryption_modes(tmp_path):
     """13 known images (208 patches >= L = 192) and their updates: E_b from the patch Gram matrices, E_a exactly."""
     from fedvit.audit.benchmark import run_benchmark

@@ -76,7 +76,6 @@ def test_unregistered_and_insecure_supernodes_are_rejected(deployment, tmp_path)
     assert all(p.poll() is None for n, p in deployment.procs.items() if n not in cases)
 
 
-@pytest.mark.cost(90)
 def test_two_rounds_over_tls_with_authenticated_supernodes(deployment, tmp_path):
     out = tmp_path / "out"
     done = deployment.run(
@@ -111,7 +110,6 @@ def test_two_rounds_over_tls_with_authenticated_supernodes(deployment, tmp_path)
     assert all("--insecure" not in proc.args and proc.poll() is None for proc in topology)
 
 
-@pytest.mark.cost(135)
 def test_killed_supernode_round_aggregates_the_survivors_and_the_run_finishes(deployment, tmp_path):
     out, name = tmp_path / "out", "fault"
     overrides = [

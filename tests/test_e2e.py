@@ -63,7 +63,6 @@ def assert_identical(a: dict, b: dict) -> None:
         assert (a[k] == b[k]).all(), f"{k} differs"
 
 
-@pytest.mark.cost(80)
 def test_plain_fedsgd_learns_and_writes_outputs(flower):
     run, out = flower
     proc = run("run-name='plain'")
@@ -89,7 +88,6 @@ def test_plain_fedsgd_learns_and_writes_outputs(flower):
 MASKED = "strategy='masked-fedsgd' mask.mode='fresh' mask.r=0.5"
 
 
-@pytest.mark.cost(160)
 def test_masked_fedsgd_learns_reproduces_and_resumes(flower, monkeypatch):
     """A real run stops after round 2 and resumes to round 3; the result is bit-identical to an uninterrupted
     3-round run made in this process (same code without Ray: the two runtimes agree to the bit)."""
@@ -122,7 +120,6 @@ def test_masked_fedsgd_learns_reproduces_and_resumes(flower, monkeypatch):
     assert json.loads((reference / "update-counts.json").read_text()) == counts
 
 
-@pytest.mark.cost(80)
 def test_client_side_config_error_stops_before_training(flower):
     run, out = flower
     bad = run("run-name='bad'", "data.synthetic-train-size=2")
@@ -139,7 +136,6 @@ def test_cli_refuses_bad_value_before_starting_flower(flower):
     assert "lr=-1.0 is invalid" in bad.stderr and "flwr run" not in bad.stdout
 
 
-@pytest.mark.cost(95)
 def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
     """Real flwr run, key in the clients' default location: federated accuracy every round, no key material
     in the outputs, the logs or anything under FLWR_HOME (the SuperLink's state included)."""
@@ -180,7 +176,6 @@ def test_encrypted_private_init_run_keeps_the_key_off_the_server(flower):
     assert find_key_material(key, {"key file": key_file.read_bytes()}) == ["key file"]  # the scan can fail
 
 
-@pytest.mark.cost(135)
 def test_adversarial_training_with_fedwavg_reports_natural_and_robust_accuracy_every_round(flower):
     run, out = flower
     proc = run(

@@ -35,7 +35,6 @@ def audit(captures: Path, out: Path, swap: bool) -> dict:
     return json.loads((out / "audit.json").read_text())
 
 
-@pytest.mark.cost(160)
 def test_a_head_fine_tuned_with_adam_and_crops_through_the_tap_is_audited_on_its_head(tmp_path):
     done, final, captures = deploy(tmp_path / "run", through_tap=True, app=APP)
     assert final.exists(), done.stdout[-3000:] + done.stderr[-3000:]

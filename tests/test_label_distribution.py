@@ -71,7 +71,6 @@ def client_update(size: int, epochs: int, alpha: float, lr: float = 0.01):
     return obs, images, labels
 
 
-@pytest.mark.cost(60)
 @pytest.mark.parametrize("epochs", [1, 3])
 def test_a_skewed_clients_counts_come_back_from_several_local_steps_and_beat_the_prior(epochs):
     """Beyond one epoch the passes alone stall near the prior (the model learns any class mix it is given); the
@@ -319,7 +318,6 @@ def test_memorised_members_clear_the_within_class_null_and_a_noised_update_does_
     assert not result["clears-null"], result
 
 
-@pytest.mark.cost(25)
 def test_membership_shows_once_a_realistic_client_memorises():
     """A client at the scale people train (1,000 photograph-like images, Dirichlet(0.5) classes, batch 32, lr 0.01,
     momentum 0.9): after 3 local epochs its update shows no membership beyond the null; after 30, when it fits its
@@ -401,7 +399,6 @@ def test_the_empirical_epsilon_rests_on_tests_dp_bounds_not_on_class_composition
     assert planted["empirical-epsilon"]["epsilon-lower"] > 1.5, planted["empirical-epsilon"]
 
 
-@pytest.mark.cost(50)
 def test_a_clients_rounds_combined_show_more_than_its_best_round():
     """Two IID clients of 300 photograph-like images under FedAvg for 5 rounds of 1 local epoch (batch 32, momentum
     0.9): one client's membership over its 5 updates (each score's per-round ranks combined) has an AUC at least
@@ -444,7 +441,6 @@ def test_a_clients_rounds_combined_show_more_than_its_best_round():
     assert not control["clears-null"], control
 
 
-@pytest.mark.cost(110)
 def test_shadow_residuals_single_out_the_members_of_a_realistic_client():
     """1,000 photograph-like images, Dirichlet(0.5) classes, batch 32, momentum 0.9, 3 local epochs: the loss drop
     finds no member at 1% FPR; each image's gradient against what the update holds beyond 8 shadow updates (the
@@ -472,7 +468,6 @@ def test_shadow_residuals_single_out_the_members_of_a_realistic_client():
     assert not control["clears-null"] and control["auc"] < control["null"]["auc"], control
 
 
-@pytest.mark.cost(60)
 def test_shadows_never_train_on_a_scored_non_member():
     """The split gives the shadows (and the projected-out gradients) half the non-members and scores the other half.
     Built from the scored non-members themselves, the residual is orthogonal to their gradients only, a gap the

@@ -39,7 +39,6 @@ def ray_cluster():
         cluster.shutdown()
 
 
-@pytest.mark.cost(60)
 def test_simulation_places_clients_on_both_nodes_of_a_ray_cluster(ray_cluster, tmp_path):
     address, nodes = ray_cluster
     home = tmp_path / "flwr-home"

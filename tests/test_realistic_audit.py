@@ -92,7 +92,6 @@ def assert_labels_and_membership_leak(report: dict, epochs: int, out: Path) -> N
     assert (out / "membership-roc.png").exists()
 
 
-@pytest.mark.cost(275)
 def test_one_epoch_rounds_leak_their_label_distribution_and_a_swapped_mapping_shows_no_evidence(tmp_path):
     report = audit(tapped(tmp_path / "e1", "local-epochs=1"), tmp_path / "audit-e1")
     assert_labels_and_membership_leak(report, 1, tmp_path / "audit-e1")
@@ -100,13 +99,11 @@ def test_one_epoch_rounds_leak_their_label_distribution_and_a_swapped_mapping_sh
     assert swapped["verdict"].startswith("no evidence at this budget"), swapped["verdict"]
 
 
-@pytest.mark.cost(300)
 def test_three_epoch_rounds_leak_their_label_distribution(tmp_path):
     report = audit(tapped(tmp_path / "e3", "local-epochs=3"), tmp_path / "audit-e3")
     assert_labels_and_membership_leak(report, 3, tmp_path / "audit-e3")
 
 
-@pytest.mark.cost(180)
 def test_rounds_under_flowers_local_dp_at_large_noise_show_no_evidence(tmp_path):
     """The app's LocalDpMod settings ride in its run config: the audit reads them as the claim (ε 0.1 per update),
     models the clipped and noised update in its shadows and power twin, and finds nothing against the claim."""
@@ -125,7 +122,6 @@ MEMORISING = 'partition-sizes="100,120" dirichlet-alpha=0 images="textures" batc
 SMALL = {PARTITIONS[0]: 100, PARTITIONS[1]: 120}
 
 
-@pytest.mark.cost(160)
 def test_a_memorising_client_is_caught_at_least_as_well_as_the_plain_loss_attack(tmp_path):
     """Small partitions (100 and 120 photograph-like images, IID) trained for 10 local epochs, through the tap: for each
     client the audit's membership AUC is at least the AUC of the plain loss-threshold attack on its sent weights
@@ -177,7 +173,6 @@ ROUNDS_RUN = 'partition-sizes="150,180" dirichlet-alpha=0 images="textures" batc
 MEDIUM = {PARTITIONS[0]: 150, PARTITIONS[1]: 180}
 
 
-@pytest.mark.cost(430)
 def test_a_clients_rounds_combined_show_at_least_its_best_round(tmp_path):
     """Two IID clients (150 and 180 photograph-like images) over 5 rounds of 1 local epoch, through the tap: each
     client's membership over its 5 updates (each score's per-update ranks combined, against the same shuffles on

@@ -153,7 +153,6 @@ def plain_run(tmp_path_factory):
     return deploy(tmp_path_factory.mktemp("direct"), through_tap=False)
 
 
-@pytest.mark.cost(210)
 def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_the_audit_gets_the_labels(
     tmp_path, plain_run
 ):
@@ -198,7 +197,6 @@ def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_th
     assert tuple(report) == TOP_LEVEL_KEYS  # the one report schema, as for fedvit's own runs
 
 
-@pytest.mark.cost(65)
 def test_over_tls_the_tap_relays_but_records_nothing_readable(tmp_path):
     done, final, captures = deploy(tmp_path / "tls", through_tap=True, tls=True, rounds=1)
     assert final.exists(), done.stdout[-2000:]  # the federation trained through the tap

@@ -41,7 +41,6 @@ def with_capture(app: Path) -> None:
     assert "ClientApp(mods=[capture_mod])" in client.read_text() and "CapturingStrategy(" in server.read_text()
 
 
-@pytest.mark.cost(75)
 def test_capture_mod_and_server_wrapper_record_a_simulation_that_the_audit_reads(tmp_path):
     app = tmp_path / "app"
     shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))

@@ -99,7 +99,6 @@ def fresh_environment(tmp: Path, wheel: Path, userlib: Path) -> Path:
     return venv / "bin"
 
 
-@pytest.mark.cost(110)
 def test_the_wheel_installs_beside_a_users_core_and_strategies_and_captures_and_audits_their_app(tmp_path):
     dist = tmp_path / "dist"
     run("uv", "build", "--wheel", "--out-dir", dist, ROOT)
