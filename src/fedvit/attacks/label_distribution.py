@@ -416,8 +416,9 @@ def passes(obs: Observation, aux: Auxiliary, rows: np.ndarray, momentum: float, 
     classes = len(obs.update[obs.head_bias])
     rhs = scaled_rhs(obs, rows, momentum)
     counts = np.full(classes, total // classes) + (np.arange(classes) < total % classes)
+    systems = systems or Systems(obs, aux)
     for k in range(PASSES):
-        sim = (systems or Systems(obs, aux))(counts, momentum, seed + k, weight_decay)
+        sim = systems(counts, momentum, seed + k, weight_decay)
         if not np.isfinite(sim.system).all():
             return None
         counts = integer_counts(solve_counts(sim.system, rhs, total), total)
