@@ -577,6 +577,58 @@ def test_the_projection_and_gradient_chunks_shrink_to_fit_a_large_model(monkeypa
     assert torch.allclose(chunks[1][1], expected, atol=1e-6)
 
 
+def test_the_gram_matrix_from_its_upper_blocks_is_exactly_g_times_its_transpose():
+    """The pool gradients' Gram matrix, from the blocks on and above its diagonal (mirrored): bit-equal to g @ g.T
+    for pools of any size (one block, two of 250 and 251 rows, uneven splits) and of a head's or a whole CNN's
+    parameters, so that the audit's figures do not move."""
+    from fedvit.attacks.membership import gram_matrix
+
+    draws = torch.Generator().manual_seed(0)
+    for parameters in (850, 3001):
+        for rows in (3, 500, 501, 1003, 1234):
+            g = torch.randn(rows, parameters, generator=draws)
+            assert torch.equal(gram_matrix(g), g @ g.T), (rows, parameters)
+    g = torch.randn(1234, 3001, generator=draws)
+    for block in (300, 1234, 5000):
+        assert torch.equal(gram_matrix(g, block), g @ g.T), block
+
+
+def test_the_clients_of_a_round_share_the_projection_at_the_received_weights(monkeypatch):
+    """Two clients' updates from the same received weights, scored against the same pool: the second reuses the
+    first's (G Gᵀ)⁺ at the received weights (one pseudo-inverse fewer of its three points) and its alignment scores
+    are bit-equal to those computed afresh; other received weights or another pool get their own."""
+    import fedvit.attacks.membership as membership
+
+    obs, candidates = textures_update(1, 0.5, others=400, size=200)
+    second, second_candidates = textures_update(1, 0.0, others=400, size=150)
+    assert all(np.array_equal(obs.received[n], second.received[n]) for n in obs.received)
+    kept, pool = membership.split_for_references(candidates)
+    shadows = membership.reference_updates(obs, pool, np.bincount(candidates.members[1], minlength=10), 0.9, seed=0,
+                                           count=2)  # fmt: skip
+    scored = list(membership.sides(dataclasses.replace(second_candidates, non_members=kept.non_members)))
+    inverses = []
+    pinv = torch.linalg.pinv
+    monkeypatch.setattr(torch.linalg, "pinv", lambda *a, **k: inverses.append(1) or pinv(*a, **k))
+
+    def scores(update: Observation, images: Auxiliary, fresh: bool = False) -> tuple[list[np.ndarray], int]:
+        if fresh:
+            membership._received_projection.clear()
+        before = len(inverses)
+        found = membership.alignment_scores(update, shadows, images, scored)
+        return found, len(inverses) - before
+
+    assert scores(obs, pool, fresh=True)[1] == 3  # one per point
+    shared, computed = scores(second, pool)
+    assert computed == 2
+    afresh, computed = scores(second, pool, fresh=True)
+    assert computed == 3 and all(np.array_equal(a, b) for a, b in zip(shared, afresh, strict=True))
+    moved = dataclasses.replace(second, received={n: w + 1e-3 for n, w in second.received.items()})
+    assert scores(moved, pool)[1] == 3
+    assert scores(second, pool)[1] == 3  # the round's projection again (the memo holds the last one only) ...
+    assert scores(second, pool)[1] == 2
+    assert scores(second, Auxiliary(*kept.non_members, "other images"))[1] == 3  # ... but not for another pool
+
+
 def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
     """A DP-SGD claim (noise multiplier, clipping norm): the simulation's steps are DP-SGD's — without noise and with
     a bound no gradient reaches they are SGD's, with noise the update moves elsewhere; Flower's client-side clipping

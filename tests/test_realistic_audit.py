@@ -22,7 +22,8 @@ from tests.test_thirdparty_deployment import APP, PARTITIONS, deploy, fedvit
 
 pytestmark = pytest.mark.deployment
 SIZES = {PARTITIONS[0]: 1000, PARTITIONS[1]: 1200}  # partition-sizes "1000,1200": partition 3 takes the second
-RUN = 'partition-sizes="1000,1200" dirichlet-alpha=0.5 images="textures" batch-size=32 lr=0.01'
+# fraction-evaluate=0: the audit reads the train replies; evaluation rounds would only start more ClientApp processes
+RUN = 'partition-sizes="1000,1200" dirichlet-alpha=0.5 images="textures" batch-size=32 lr=0.01 fraction-evaluate=0.0'
 
 
 def tapped(workdir: Path, extra: str, run: str = RUN, rounds: int = 1) -> Path:
@@ -118,7 +119,8 @@ def test_rounds_under_flowers_local_dp_at_large_noise_show_no_evidence(tmp_path)
     assert "consistent with the claimed ε in 2 of 2" in noisy["verdict"]
 
 
-MEMORISING = 'partition-sizes="100,120" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=10'
+MEMORISING = ('partition-sizes="100,120" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=10 '
+              'fraction-evaluate=0.0')
 SMALL = {PARTITIONS[0]: 100, PARTITIONS[1]: 120}
 
 
@@ -169,7 +171,8 @@ def test_a_memorising_client_is_caught_at_least_as_well_as_the_plain_loss_attack
     assert report["verdict"].startswith("LEAKS") and "membership beyond the null in 2 of 2" in report["verdict"]
 
 
-ROUNDS_RUN = 'partition-sizes="150,180" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=1'
+ROUNDS_RUN = ('partition-sizes="150,180" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=1 '
+              'fraction-evaluate=0.0')
 MEDIUM = {PARTITIONS[0]: 150, PARTITIONS[1]: 180}
 
 

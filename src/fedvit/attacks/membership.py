@@ -25,6 +25,7 @@ score does not inflate the evidence (:func:`null_figures`)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from collections.abc import Iterator
@@ -56,6 +57,7 @@ PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is 
 FIT_MINIMUM = 20  # non-members of a class a Gaussian fit of their scores needs (LiRA's offline test)
 PARAMETRIC = "tpr@0.001-parametric"  # TPR at 0.1% FPR of the per-class Gaussian fit
 GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the pool and the chunks on large models
+GRAM_BLOCK = 500  # rows per block of the pool gradients' Gram matrix (only the blocks on and above its diagonal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,19 +158,64 @@ def residual(obs: Observation, shadows: list[Simulation]) -> torch.Tensor:
     return torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
 
 
+# (key, (G Gᵀ)⁺) of the pool gradients at the received weights. Every update's first alignment point is the weights
+# the server sent, the same for every client of a round, and so is the pool: its Gram matrix (O(pool² × parameters),
+# the alignment score's costliest step) is computed once per round, not once per update.
+_received_projection: dict[str, torch.Tensor] = {}
+
+
+def projection_key(model: torch.nn.Module, chosen: tuple[np.ndarray, np.ndarray], names: list[str]) -> str:
+    """A digest of everything the pool gradients G depend on: the model's class and state, the pool images and
+    labels, and the parameters differentiated."""
+    digest = hashlib.blake2b(digest_size=20)
+    digest.update(f"{type(model).__module__}.{type(model).__qualname__}|{names}".encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    for array in chosen:
+        digest.update(f"{array.shape}{array.dtype}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def gram_matrix(g: torch.Tensor, block: int = GRAM_BLOCK) -> torch.Tensor:
+    """G Gᵀ of the rows of ``g``, from the blocks on and above the diagonal (each mirrored below it): about half the
+    multiplications of ``g @ g.T``. The rows are split into nearly equal blocks of at most ``block``, never a small
+    remainder, so that each block product takes the matrix-multiplication path the whole product takes: bit-equal
+    to ``g @ g.T`` on PyTorch's CPU builds (tested)."""
+    n = len(g)
+    edges = np.linspace(0, n, max(1, math.ceil(n / block)) + 1).round().astype(int)
+    spans = list(zip(edges[:-1], edges[1:], strict=True))
+    gram = torch.empty(n, n, dtype=g.dtype)
+    for k, (top, bottom) in enumerate(spans):
+        for left, right in spans[k:]:
+            product = g[top:bottom] @ g[left:right].T
+            gram[top:bottom, left:right] = product
+            if left != top:
+                gram[left:right, top:bottom] = product.T
+    return gram
+
+
 def residual_direction(
-    obs: Observation, r: torch.Tensor, point: dict[str, np.ndarray], pool: Auxiliary
+    obs: Observation, r: torch.Tensor, point: dict[str, np.ndarray], pool: Auxiliary, received: bool = False
 ) -> tuple[torch.nn.Module, torch.Tensor]:  # fmt: skip
     """The model at ``point`` and what the client's update holds that neither shadows nor pool explain: the
     :func:`residual` ``r`` with the span of the pool images' gradients at ``point`` projected out (r − Gᵀ(GGᵀ)⁺G r:
-    whatever any non-member's gradient could have put there, shadow noise included)."""
+    whatever any non-member's gradient could have put there, shadow noise included). ``received``: ``point`` is
+    the received weights (the last such projection is remembered: other clients of the round share it)."""
     model = model_with(obs, point).float().eval()
     names = trained_names(obs)
     chosen = evenly(pool.images, pool.labels, projection_pool(model, names))
     g = torch.cat(list(per_sample_gradients(model, *chosen, names)))
-    gram = (g @ g.T).double()
-    coefficients = torch.linalg.pinv(gram, hermitian=True, rtol=1e-10) @ (g.double() @ r)
-    return model, (r - g.T.double() @ coefficients).float()
+    key = projection_key(model, chosen, names) if received else ""
+    inverse = _received_projection.get(key) if received else None
+    if inverse is None:
+        inverse = torch.linalg.pinv(gram_matrix(g).double(), hermitian=True, rtol=1e-10)
+        if received:
+            _received_projection.clear()
+            _received_projection[key] = inverse
+    g = g.double()
+    return model, (r - g.T @ (inverse @ (g @ r))).float()
 
 
 def alignment_points(obs: Observation, shadows: list[Simulation]) -> list[dict[str, np.ndarray]]:
@@ -191,8 +238,8 @@ def alignment_scores(
     totals = [np.zeros(len(images)) for images, _ in sides]
     r = residual(obs, shadows)
     names = trained_names(obs)
-    for point in alignment_points(obs, shadows):
-        model, direction = residual_direction(obs, r, point, pool)
+    for k, point in enumerate(alignment_points(obs, shadows)):
+        model, direction = residual_direction(obs, r, point, pool, received=k == 0)
         found = [np.concatenate([(g @ direction).double().numpy() for g in per_sample_gradients(model, *side, names)])
                  for side in sides]  # fmt: skip
         spread = max(float(found[-1].std()), 1e-30)

@@ -15,8 +15,8 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     torch.manual_seed(int(config["seed"]))
     model = Net()
-    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=2, min_evaluate_nodes=2,
-                      min_available_nodes=2)
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=float(config["fraction-evaluate"]), min_train_nodes=2,
+                      min_evaluate_nodes=2, min_available_nodes=2)
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
