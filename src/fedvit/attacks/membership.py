@@ -207,11 +207,11 @@ def residual_direction(
     names = trained_names(obs)
     chosen = evenly(pool.images, pool.labels, projection_pool(model, names))
     g = torch.cat(list(per_sample_gradients(model, *chosen, names)))
-    key = projection_key(model, chosen, names) if received else ""
-    inverse = _received_projection.get(key) if received else None
+    key = projection_key(model, chosen, names) if received else None
+    inverse = _received_projection.get(key)  # a None key is never stored
     if inverse is None:
         inverse = torch.linalg.pinv(gram_matrix(g).double(), hermitian=True, rtol=1e-10)
-        if received:
+        if key is not None:
             _received_projection.clear()
             _received_projection[key] = inverse
     g = g.double()
