@@ -2,7 +2,8 @@
 gradient clipped to norm 1, Gaussian noise, 100 steps at lr 3 on its 50 photograph-like images and the canaries it
 included) for several noise multipliers, with 128 canaries planted (uniform noise with random labels, each included
 with probability 1/2). The claimed ε is the app's accountant's (μ-GDP composition, δ = 1e-5); the empirical ε is
-the audit's 95% lower bound from its loss scores on the canaries (fedvit.attacks.membership.empirical_epsilon).
+the audit's 95% lower bound from its loss scores on the canaries (fedvit.attacks.membership.privacy_bound), beside
+its null (the largest bound over within-class shuffles of the canaries' included/left-out labels).
 Noise multiplier 0 is no DP at all (claimed ε infinite).
 
     uv run python -m benchmarks.dp_epsilon   # writes docs/results/data/dp-epsilon.csv
@@ -51,10 +52,11 @@ def row(noise: float, seed: int) -> dict:
     started = time.perf_counter()
     found, _, _ = judge(loss_scores(candidate_losses(obs, candidates)), candidates, seed, DELTA)
     claimed = gdp_epsilon(STEPS, noise, DELTA) if noise > 0 else math.inf
-    bound = found["empirical-epsilon"]["epsilon-lower"]
+    bound, null = found["empirical-epsilon"]["epsilon-lower"], found["empirical-epsilon"]["null"]
     out = {"noise multiplier": noise, "seed": seed, "canaries in": int(included.sum()),
            "canaries out": int((~included).sum()), "claimed ε (δ 1e-5)": round(claimed, 3),
-           "empirical ε ≥ (95%)": round(bound, 3), "consistent": bound <= claimed,
+           "empirical ε ≥ (95%)": round(bound, 3), "null ε": round(null, 3),
+           "consistent": bound <= max(claimed, null),  # the audit's rule (fedvit.audit.evidence.privacy_evidence)
            "AUC": round(found["auc"], 3), "score": found["score"], "training s": round(trained, 1),
            "audit s": round(time.perf_counter() - started, 1)}  # fmt: skip
     print(out, flush=True)

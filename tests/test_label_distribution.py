@@ -378,11 +378,12 @@ def test_the_strongest_score_is_reported_against_the_null_of_the_same_maximum():
         assert all(alone[k] <= family[k] + 1e-12 for k in alone if alone[k] is not None), (single.name, alone, family)
 
 
-def test_the_empirical_epsilon_rests_on_tests_dp_bounds_not_on_class_composition():
+def test_the_empirical_epsilon_compares_sides_of_one_class_composition():
     """A skewed client (every member in class 0) whose update says nothing about its records: a raw score that ranks
     class 0 first separates its members from the population's images (TPR 1 at FPR 0.1), which no DP guarantee
-    bounds — the ε bound comes from the class-calibrated scores only (a false "violates" otherwise); on canaries,
-    included at random, every score counts."""
+    bounds — the ε bound compares as many members as non-members of each class, so it proves nothing there (a false
+    "violates" otherwise); members that do score higher within their class prove ε beyond the bound's null; on
+    canaries, included at random, every image counts and the class-first score proves a large ε."""
     from fedvit.attacks.membership import Score, judge
 
     rng = np.random.default_rng(0)
@@ -390,14 +391,64 @@ def test_the_empirical_epsilon_rests_on_tests_dp_bounds_not_on_class_composition
     candidates = Candidates((np.zeros((300, 1)), members), (np.zeros((1000, 1)), non_members), "others")
     by_class = Score("class 0 first", "raw", -members + rng.normal(0, 0.01, 300),
                      -non_members + rng.normal(0, 0.01, 1000), per_class=False)  # fmt: skip
-    calibrated = Score("calibrated noise", "per class", rng.normal(size=300), rng.normal(size=1000))
-    found, _, _ = judge([by_class, calibrated], candidates, delta=1e-5)
-    assert found["empirical-epsilon"]["scores"] == ["calibrated noise"]
-    assert found["empirical-epsilon"]["epsilon-lower"] < 0.5, found["empirical-epsilon"]
+    noise = Score("noise", "per class", rng.normal(size=300), rng.normal(size=1000))
+    found, _, _ = judge([by_class, noise], candidates, delta=1e-5)
+    bound = found["empirical-epsilon"]
+    assert bound["scores"] == ["class 0 first", "noise"] and bound["members"] == bound["non-members"] == 100, bound
+    assert bound["epsilon-lower"] < 0.5 and bound["null-draws"] == 200, bound
+    leaking = Score("members higher", "per class", rng.normal(3, 1, 300), rng.normal(size=1000))
+    leaked, _, _ = judge([by_class, leaking], candidates, delta=1e-5)
+    assert leaked["empirical-epsilon"]["epsilon-lower"] > max(1.0, leaked["empirical-epsilon"]["null"] + 0.5), leaked
     canaries = dataclasses.replace(candidates, canaries=True)
-    planted, _, _ = judge([by_class, calibrated], canaries, delta=1e-5)
-    assert planted["empirical-epsilon"]["scores"] == ["class 0 first", "calibrated noise"]
+    planted, _, _ = judge([by_class, noise], canaries, delta=1e-5)
+    assert planted["empirical-epsilon"]["members"] == 300 and planted["empirical-epsilon"]["non-members"] == 1000
     assert planted["empirical-epsilon"]["epsilon-lower"] > 1.5, planted["empirical-epsilon"]
+
+
+def test_the_empirical_epsilon_proves_nothing_on_a_control_without_information(monkeypatch):
+    """40 no-information controls: a skewed client (Dirichlet(0.5) classes, 1,000 members) and non-members of other
+    Dirichlet shares (500), every image's score its class's shift plus noise, members and non-members alike. A 95%
+    lower bound may exceed 0 in 5% of them; the audit's (raw values on sides of one class composition) does in at
+    most 2 of 40 (none when written). Ranks calibrated against the non-members of each class (the
+    other figures' calibration, which the bound once used) "prove" ε > 0 in about half of them, up to ε 2: a
+    member's rank among the other side is not exchangeable with a non-member's rank among its own side."""
+    from fedvit.attacks import membership
+    from fedvit.attacks.membership import Score, calibrate, empirical_epsilon, privacy_bound
+
+    monkeypatch.setattr(membership, "EPSILON_NULL_DRAWS", 5)  # the bound is under test here, not its null
+    rng = np.random.default_rng(1)
+    audit_bounds, rank_bounds = [], []
+    for _ in range(40):
+        member_labels = rng.choice(10, 1000, p=rng.dirichlet([0.5] * 10))
+        non_member_labels = rng.choice(10, 500, p=rng.dirichlet([0.5] * 10))
+        shift = rng.normal(0, 1, 10)
+        inside = shift[member_labels] + rng.standard_normal(1000)
+        outside = shift[non_member_labels] + rng.standard_normal(500)
+        family = [Score("calibrated", "", inside, outside), Score("raw", "", inside + 0, outside + 0, per_class=False),
+                  Score("raw, negated", "", -inside, -outside, per_class=False)]  # fmt: skip
+        found = privacy_bound(family, member_labels, non_member_labels, False, 1e-5, seed=len(audit_bounds))
+        assert found["scores"] == ["calibrated", "raw, negated"], found  # equal raw values count once
+        audit_bounds.append(found["epsilon-lower"])
+        ranks = calibrate(inside, outside, member_labels, non_member_labels)
+        rank_bounds.append(empirical_epsilon([ranks], 1e-5)["epsilon-lower"])
+    audit_bounds, rank_bounds = np.array(audit_bounds), np.array(rank_bounds)
+    print(f"bound > 0: audit {np.sum(audit_bounds > 0)} of 40 (largest {audit_bounds.max():.3f}); "
+          f"per-class ranks {np.sum(rank_bounds > 0)} of 40 (largest {rank_bounds.max():.3f})")
+    assert np.sum(audit_bounds > 0) <= 2 and audit_bounds.max() < 0.2, audit_bounds
+    assert np.sum(rank_bounds > 0) >= 10 and rank_bounds.max() > 1.0, rank_bounds  # what the control catches
+
+
+def test_a_dp_claim_is_violated_only_beyond_the_bounds_null():
+    """A bound above the claimed ε but not above its null is no evidence against the claim."""
+    from fedvit.attacks.recipe import PrivacyClaim
+    from fedvit.audit.evidence import privacy_evidence
+
+    claim = PrivacyClaim(0.1, 1e-5, None, None, "run config")
+    found = {"epsilon-lower": 0.3, "null": 0.4, "null-draws": 200, "delta": 1e-5, "confidence": 0.95,
+             "thresholds": 10, "at": None, "members": 5, "non-members": 5, "scores": ["s"]}  # fmt: skip
+    assert privacy_evidence(claim, found)["consistent"]
+    assert not privacy_evidence(claim, found | {"null": 0.2})["consistent"]
+    assert privacy_evidence(claim, found | {"null": 0.0, "epsilon-lower": 0.1})["consistent"]
 
 
 def test_a_clients_rounds_combined_show_more_than_its_best_round():

@@ -115,6 +115,7 @@ def test_rounds_under_flowers_local_dp_at_large_noise_show_no_evidence(tmp_path)
         assert f"update clipping norm 1, then Gaussian noise of std {std:.3g} on every entry" in u["recipe"]
         privacy = u["leakage"]["membership"]["privacy"]
         assert privacy["claimed-epsilon"] == 0.1 and privacy["consistent"], privacy
+        assert privacy["members"] == privacy["non-members"] > 300, privacy  # as many of each class on both sides
     assert noisy["verdict"].startswith("no evidence at this budget"), noisy["verdict"]
     assert "consistent with the claimed ε in 2 of 2" in noisy["verdict"]
 

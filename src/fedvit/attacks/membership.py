@@ -58,6 +58,7 @@ FIT_MINIMUM = 20  # non-members of a class a Gaussian fit of their scores needs 
 PARAMETRIC = "tpr@0.001-parametric"  # TPR at 0.1% FPR of the per-class Gaussian fit
 GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the pool and the chunks on large models
 GRAM_BLOCK = 500  # rows per block of the pool gradients' Gram matrix (only the blocks on and above its diagonal)
+EPSILON_NULL_DRAWS = 200  # within-class shuffles behind the empirical ε's null (each one a full bound: ~12 ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -537,12 +538,9 @@ def judge(
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
     """Membership figures of one update from its strongest score against that score's null within the family
     (:func:`null_figures`): the score with the highest AUC among those that clear their null, else the highest AUC
-    of all; every score's figures and null beside it; with a ``delta``, the :func:`empirical_epsilon` the family
-    proves — from the scores calibrated per class, or from all on canaries: a raw score also separates a skewed
-    client's classes from the population's, which no DP guarantee bounds (the inclusion of a record is what DP
-    bounds; canaries are included at random, natural members are compared within their class). Returns them and the
-    strongest score's judged values on the members and non-members (``scores`` were taken on ``candidates``, at most
-    :data:`MAX_CANDIDATES` per side)."""
+    of all; every score's figures and null beside it; with a ``delta``, the ε the family proves
+    (:func:`privacy_bound`). Returns them and the strongest score's judged values on the members and non-members
+    (``scores`` were taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
     member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
     resolution, fewest = fpr_resolution(member_labels, non_member_labels)
     judged = [s.judged(member_labels, non_member_labels) for s in scores]
@@ -571,10 +569,9 @@ def judge(
     }
     if (fit := scores[best].fitted(member_labels, non_member_labels)) is not None:
         result["fit-check"] = fit_check(fit[1])
-    if delta is not None:  # only tests whose members and non-members are exchangeable when nothing leaks
-        valid = [(s.name, j) for s, j in zip(scores, judged, strict=True) if s.per_class or candidates.canaries]
-        result["empirical-epsilon"] = empirical_epsilon([j for _, j in valid], delta) | {
-            "scores": [name for name, _ in valid]}
+    if delta is not None:
+        result["empirical-epsilon"] = privacy_bound(scores, member_labels, non_member_labels, candidates.canaries,
+                                                    delta, seed)  # fmt: skip
     return result, inside, outside
 
 
@@ -585,6 +582,63 @@ def fit_check(non_members: np.ndarray, target: float = FPRS[1]) -> dict[str, Any
     low, high = clopper_pearson(passed, len(non_members))
     return {"target": target, "found": passed / max(len(non_members), 1), "ci": [low, high],
             "agrees": bool(low <= target <= high)}  # fmt: skip
+
+
+def exchangeable_sides(
+    member_labels: np.ndarray, non_member_labels: np.ndarray, canaries: bool, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Indices of the members and of the non-members that the ε bound compares: sides that are draws of one
+    distribution when the update holds nothing about its records, as the DP inequalities need. Canaries are included
+    at random: all of them. Natural members: of each class, as many members and non-members as the rarer side has
+    (drawn at random, independently of any score), so both sides have the same class composition and a score that
+    tells classes apart tells the sides apart no more than chance."""
+    if canaries:
+        return np.arange(len(member_labels)), np.arange(len(non_member_labels))
+    rng = np.random.default_rng([seed, 7])
+    members, non_members = [], []
+    for c in np.intersect1d(member_labels, non_member_labels):
+        inside, outside = np.flatnonzero(member_labels == c), np.flatnonzero(non_member_labels == c)
+        k = min(len(inside), len(outside))
+        members.append(rng.choice(inside, k, replace=False))
+        non_members.append(rng.choice(outside, k, replace=False))
+    return np.sort(np.concatenate([np.zeros(0, np.int64), *members])), np.sort(
+        np.concatenate([np.zeros(0, np.int64), *non_members]))  # fmt: skip
+
+
+def privacy_bound(
+    scores: list[Score] | list[RoundsScore], member_labels: np.ndarray, non_member_labels: np.ndarray,
+    canaries: bool, delta: float, seed: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """The :func:`empirical_epsilon` of the family's raw values on :func:`exchangeable_sides`, and its null: the
+    largest bound over :data:`EPSILON_NULL_DRAWS` shuffles of the same sides' member/non-member labels within each
+    class (a control that holds no information, through the same code). Raw values, not the per-class ranks the
+    other figures use: on sides of one class composition raw values are exchangeable as they are, a rank is not (a
+    member's rank among its class's n non-members moves from 0 to 1 in steps of 1/n, a non-member's from ½/n to
+    1 − ½/n). Ranks on the unmatched sides, as the bound once took them, "proved" ε up to 2.5 on no-information
+    controls (tests/test_label_distribution.py). Scores whose raw values repeat another's are counted once."""
+    if any(isinstance(s, RoundsScore) for s in scores):
+        raise ValueError("the empirical ε is a bound on one update's release: judge it on per-update scores")
+    inside, outside = exchangeable_sides(member_labels, non_member_labels, canaries, seed)
+    family: list[Score] = []
+    for s in scores:
+        if not any(np.array_equal(s.members, o.members) and np.array_equal(s.non_members, o.non_members)
+                   for o in family):  # fmt: skip
+            family.append(s)
+    values = [(s.members[inside], s.non_members[outside]) for s in family]
+    found = empirical_epsilon(values, delta)
+    labels = np.concatenate([member_labels[inside], non_member_labels[outside]])
+    is_member = np.r_[np.ones(len(inside), bool), np.zeros(len(outside), bool)]
+    pooled = [np.concatenate(v) for v in values]
+    rng, null, draws = np.random.default_rng(seed), 0.0, EPSILON_NULL_DRAWS if len(inside) and len(outside) else 0
+    for _ in range(draws):
+        shuffled = is_member.copy()
+        for c in np.unique(labels):
+            group = np.flatnonzero(labels == c)
+            shuffled[group] = rng.permutation(shuffled[group])
+        drawn = empirical_epsilon([(p[shuffled], p[~shuffled]) for p in pooled], delta)
+        null = max(null, drawn["epsilon-lower"])
+    return found | {"null": null, "null-draws": draws, "members": len(inside),
+                    "non-members": len(outside), "scores": [s.name for s in family]}  # fmt: skip
 
 
 def empirical_epsilon(judged: list[tuple[np.ndarray, np.ndarray]], delta: float,

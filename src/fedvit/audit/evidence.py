@@ -76,15 +76,17 @@ DEFAULT_DELTA = 1e-5  # the δ of the empirical ε where canaries are audited wi
 
 
 def privacy_evidence(claim: Any, found: dict[str, Any]) -> dict[str, Any]:
-    """The empirical lower bound on ε (:func:`fedvit.attacks.membership.empirical_epsilon`) beside the client's
-    claim (a :class:`fedvit.attacks.recipe.PrivacyClaim`, or None): consistent while the bound stays at or below
-    the claimed ε; a bound above it violates the claim at the bound's confidence."""
-    out = {"empirical-epsilon": found["epsilon-lower"], "delta": found["delta"], "confidence": found["confidence"],
-           "thresholds": found["thresholds"], "at": found["at"], "scores": found.get("scores")}  # fmt: skip
+    """The empirical lower bound on ε (:func:`fedvit.attacks.membership.privacy_bound`) beside its null and the
+    client's claim (a :class:`fedvit.attacks.recipe.PrivacyClaim`, or None): a bound above both the claimed ε and
+    its null violates the claim at the bound's confidence; consistent otherwise."""
+    out = {"empirical-epsilon": found["epsilon-lower"], "null": found["null"], "null-draws": found["null-draws"],
+           "delta": found["delta"], "confidence": found["confidence"], "thresholds": found["thresholds"],
+           "at": found["at"], "members": found["members"], "non-members": found["non-members"],
+           "scores": found["scores"]}  # fmt: skip
     if claim is None:
         return out | {"claimed-epsilon": None}
-    return out | {"claimed-epsilon": claim.epsilon, "claim": claim.described(),
-                  "consistent": bool(found["epsilon-lower"] <= claim.epsilon)}  # fmt: skip
+    violated = found["epsilon-lower"] > max(claim.epsilon, found["null"])
+    return out | {"claimed-epsilon": claim.epsilon, "claim": claim.described(), "consistent": not violated}
 
 
 def privacy_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
@@ -95,11 +97,14 @@ def privacy_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
     broken = [p for p in claimed if not p["consistent"]]
     bound = max(p["empirical-epsilon"] for p in claimed)
     confidence = claimed[0]["confidence"]
+    null = max(p["null"] for p in claimed)
     if broken:
         return (f"DP claim violated in {len(broken)} of {len(claimed)} update(s): empirical ε ≥ {bound:.2f} at "
-                f"{confidence:.0%} confidence against the claimed {broken[0]['claim']}"), True  # fmt: skip
+                f"{confidence:.0%} confidence (null {null:.2f}) against the claimed "
+                f"{broken[0]['claim']}"), True  # fmt: skip
     return (f"consistent with the claimed ε in {len(claimed)} of {len(claimed)} update(s) (empirical ε ≥ "
-            f"{bound:.2f} at {confidence:.0%} confidence; claimed {claimed[0]['claim']})"), False  # fmt: skip
+            f"{bound:.2f} at {confidence:.0%} confidence, null {null:.2f}; "
+            f"claimed {claimed[0]['claim']})"), False  # fmt: skip
 
 
 def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:

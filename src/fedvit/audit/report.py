@@ -109,7 +109,9 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
     if not privacy:
         return ""
     text = (f"; empirical ε ≥ {privacy['empirical-epsilon']:.2f} (δ {privacy['delta']:g}, "
-            f"{privacy['confidence']:.0%} confidence over {privacy['thresholds']} thresholds)")  # fmt: skip
+            f"{privacy['confidence']:.0%} confidence over {privacy['thresholds']} thresholds; {privacy['members']} "
+            f"members against {privacy['non-members']} non-members; null "
+            f"{privacy['null']:.2f}, the largest of {privacy['null-draws']} within-class shuffles)")  # fmt: skip
     if privacy["claimed-epsilon"] is None:
         return text
     return text + (": consistent with" if privacy["consistent"] else ": violates") + f" the claimed {privacy['claim']}"
