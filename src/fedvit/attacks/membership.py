@@ -486,6 +486,18 @@ def over_rounds(updates: list[list[Score]]) -> list[RoundsScore]:
             for name, parts in zip(names, found, strict=True)]  # fmt: skip
 
 
+def within_class_shuffles(is_member: np.ndarray, classes: np.ndarray, draws: int, seed: int) -> Iterator[np.ndarray]:
+    """``draws`` member masks, each ``is_member`` permuted within every class (the nulls' control: the class
+    composition of both sides stays, membership is at random)."""
+    rng = np.random.default_rng(seed)
+    groups = [np.flatnonzero(classes == c) for c in np.unique(classes)]
+    for _ in range(draws):
+        shuffled = is_member.copy()
+        for group in groups:
+            shuffled[group] = rng.permutation(is_member[group])
+        yield shuffled
+
+
 def null_figures(
     scores: list[Score] | list[RoundsScore], member_labels: np.ndarray, non_member_labels: np.ndarray, seed: int = 0
 ) -> list[dict[str, Any]]:  # fmt: skip
@@ -499,16 +511,11 @@ def null_figures(
     only tells the client's frequent classes from the population's (its label distribution, a noised model's class
     bias, the raw loss of a class-skewed client) is in its null, not counted as membership. The shuffles keep each
     class's non-member count: the null has the real split's resolution (None where a target is below it)."""
-    rng = np.random.default_rng(seed)
     classes = np.concatenate([member_labels, non_member_labels])
     is_member = np.concatenate([np.ones(len(member_labels), bool), np.zeros(len(non_member_labels), bool)])
-    groups = [np.flatnonzero(classes == c) for c in np.unique(classes)]
     resolution, _ = fpr_resolution(member_labels, non_member_labels)
     draws = []  # [draw][score] -> figures
-    for _ in range(NULL_DRAWS):
-        shuffled = is_member.copy()
-        for group in groups:
-            shuffled[group] = rng.permutation(is_member[group])
+    for shuffled in within_class_shuffles(is_member, classes, NULL_DRAWS, seed):
         labels = classes[shuffled], classes[~shuffled]
         draws.append([score_figures(s.resplit(shuffled), *labels, resolution) for s in scores])
     nulls: list[dict[str, Any]] = [dict.fromkeys(draws[0][0]) for _ in scores]
@@ -595,18 +602,17 @@ def exchangeable_sides(
     if canaries:
         return np.arange(len(member_labels)), np.arange(len(non_member_labels))
     rng = np.random.default_rng([seed, 7])
-    members, non_members = [], []
+    members, non_members = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for c in np.intersect1d(member_labels, non_member_labels):
         inside, outside = np.flatnonzero(member_labels == c), np.flatnonzero(non_member_labels == c)
         k = min(len(inside), len(outside))
         members.append(rng.choice(inside, k, replace=False))
         non_members.append(rng.choice(outside, k, replace=False))
-    return np.sort(np.concatenate([np.zeros(0, np.int64), *members])), np.sort(
-        np.concatenate([np.zeros(0, np.int64), *non_members]))  # fmt: skip
+    return np.sort(np.concatenate(members)), np.sort(np.concatenate(non_members))
 
 
 def privacy_bound(
-    scores: list[Score] | list[RoundsScore], member_labels: np.ndarray, non_member_labels: np.ndarray,
+    scores: list[Score], member_labels: np.ndarray, non_member_labels: np.ndarray,
     canaries: bool, delta: float, seed: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """The :func:`empirical_epsilon` of the family's raw values on :func:`exchangeable_sides`, and its null: the
@@ -629,12 +635,8 @@ def privacy_bound(
     labels = np.concatenate([member_labels[inside], non_member_labels[outside]])
     is_member = np.r_[np.ones(len(inside), bool), np.zeros(len(outside), bool)]
     pooled = [np.concatenate(v) for v in values]
-    rng, null, draws = np.random.default_rng(seed), 0.0, EPSILON_NULL_DRAWS if len(inside) and len(outside) else 0
-    for _ in range(draws):
-        shuffled = is_member.copy()
-        for c in np.unique(labels):
-            group = np.flatnonzero(labels == c)
-            shuffled[group] = rng.permutation(shuffled[group])
+    null, draws = 0.0, EPSILON_NULL_DRAWS if len(inside) and len(outside) else 0
+    for shuffled in within_class_shuffles(is_member, labels, draws, seed):
         drawn = empirical_epsilon([(p[shuffled], p[~shuffled]) for p in pooled], delta)
         null = max(null, drawn["epsilon-lower"])
     return found | {"null": null, "null-draws": draws, "members": len(inside),
