@@ -62,6 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "local-epochs, local-steps, batch-size, momentum, num-examples, optimizer, augment, a DP claim "
                    "(epsilon, delta, noise-multiplier, clipping-norm) or LocalDpMod's settings (local-dp-epsilon, "
                    "local-dp-delta, local-dp-clipping-norm, local-dp-sensitivity) (repeatable)")  # fmt: skip
+    g.add_argument("--app", type=Path, help="the app's code, a folder or a FAB, to read the client's recipe from "
+                   "(optimiser, lr, momentum, transforms, epochs, batch size); default: the FAB `fedvit tap` kept, or "
+                   "the app folder capture_mod/CapturingStrategy recorded. Parsed, never executed")  # fmt: skip
 
     g = p.add_argument_group("model (captures of another app; fedvit's captures name their own)")
     g.add_argument("--model", help="package.module:factory returning the app's nn.Module, or a timm model name")
@@ -107,7 +110,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "and a leakage-vs-budget panel (--max-seconds still caps each run)")  # fmt: skip
     g.add_argument("--device", help="auto (CUDA where there is one), cpu or cuda (default: a fedvit run's own "
                    "device, else auto)")  # fmt: skip
-    g.add_argument("--app", default=".", help="the fedvit app folder whose config -c amends (default: .)")
+    g.add_argument("--config-app", default=".", help="the fedvit app folder whose config -c amends (default: .)")
 
     g = p.add_argument_group("benchmark (no capture needed: client updates made by fedvit's own client code)")
     g.add_argument("--benchmark", action="store_true", help="make client updates per defence and setting, as "
@@ -169,7 +172,7 @@ def audit_budget(args: argparse.Namespace) -> AuditConfig | None:
         raise ValueError(f"auditing captures takes only audit.* settings in -c (the run's config is fixed): {foreign}")
     overrides = list(args.run_config) + [f"audit.{key}={value}" for key, value in flags.items()]
     try:
-        return parse_config(resolved_run_config(Path(args.app), overrides)).audit
+        return parse_config(resolved_run_config(Path(args.config_app), overrides)).audit
     except ConfigError as err:
         raise ValueError(str(err)) from None
 
@@ -255,7 +258,10 @@ def other_app_options(args: argparse.Namespace, options: Any) -> Any:
                                            for name in names}  # fmt: skip
     if unknown := sorted(set(overrides) - known):
         raise ValueError(f"--recipe {', '.join(unknown)}: not a recipe key (one of {', '.join(sorted(known))})")
-    return dataclasses.replace(options, spec=spec, overrides=overrides, data=user_data(args, values, spec))
+    app = args.app
+    if app is not None and not app.exists():
+        raise ValueError(f"--app {app}: no such folder or FAB")
+    return dataclasses.replace(options, spec=spec, overrides=overrides, data=user_data(args, values, spec), app=app)
 
 
 def user_data(args: argparse.Namespace, values: dict[str, Any], spec: Any) -> Any:
@@ -308,9 +314,9 @@ def benchmark(args: argparse.Namespace, budgets: list[int] | None) -> int:
                   if getattr(args, name) is not None]  # fmt: skip
     if args.device:
         overrides.append(f"device='{args.device}'")
-    if check_config(Path(args.app), overrides):
+    if check_config(Path(args.config_app), overrides):
         return 2
-    config = parse_config(resolved_run_config(Path(args.app), overrides))
+    config = parse_config(resolved_run_config(Path(args.config_app), overrides))
     defences = [d.strip() for d in (args.defences or "").split(",") if d.strip()] or None
     settings = [
         Setting(batch, steps)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedvit.attacks.label_distribution import Auxiliary, estimate, noise_auxiliary
+from fedvit.attacks.label_distribution import Auxiliary, RecipeFit, estimate, noise_auxiliary
 from fedvit.attacks.observation import (
     Observation,
     as_gradient,
@@ -114,6 +114,8 @@ class Recovered(NamedTuple):
     note: str
     momentum: float | None = None
     momentum_estimate: str = ""
+    optimiser: str | None = None  # the optimiser the simulation ran (None: none ran)
+    fit: RecipeFit | None = None  # how well the simulated recipe reproduces the update (None: nothing simulated)
 
 
 def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) -> Recovered:
@@ -145,7 +147,7 @@ def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) 
             return Recovered(None, "not estimated: DP clipping scaled the update by an unknown factor")
         aux = aux or noise_auxiliary(input_shape(obs), obs.num_classes, attacker_seed(obs))
         found = estimate(obs, aux, attacker_seed(obs))
-        return Recovered(found.counts, found.note, found.momentum, found.momentum_estimate)
+        return Recovered(found.counts, found.note, found.momentum, found.momentum_estimate, found.optimiser, found.fit)
     # Flower's client-side clipping scaled this update by an unknown factor: as DP clipping, the scale is estimated
     dp = dp or update_clipped(obs)
     # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received

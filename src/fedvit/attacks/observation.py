@@ -251,7 +251,7 @@ def config_recipe(config: Config, meta: dict) -> ClientRecipe:
         if sends_gradient:  # the mods clip lr·g in the model's space: the gradient's own norm bound is not C
             clip, noise = None, None
     return ClientRecipe(examples, batch, epochs, lr, config.momentum, mu, adversarial, sends_gradient, privacy=claim,
-                        update_clip=clip, update_noise=noise)  # fmt: skip
+                        optimiser="sgd", update_clip=clip, update_noise=noise)  # fmt: skip
 
 
 def simulated(obs: Observation) -> str | None:
@@ -267,7 +267,7 @@ def other_optimiser(obs: Observation) -> str | None:
     name = recipe(obs).optimiser
     if name is None or name in SIMULATED_OPTIMISERS:
         return None
-    return f"the client's optimiser is {name} (on record); fedvit simulates SGD, Adam and AdamW"
+    return f"the client's optimiser is {recipe(obs).source_of('optimiser') or name}; fedvit simulates SGD, Adam, AdamW"
 
 
 def not_plain_sgd(obs: Observation) -> str | None:
@@ -275,7 +275,7 @@ def not_plain_sgd(obs: Observation) -> str | None:
     does not hold for this client (None when it does): another optimiser, DP-SGD, or an update clipped to a norm."""
     client = recipe(obs)
     if client.optimiser not in (None, "sgd"):
-        return f"the client's optimiser is {client.optimiser} (on record), which rescales every entry of its update"
+        return f"the client's optimiser is {client.optimiser}, which rescales every entry of its update"
     if (claim := client.privacy) is not None and claim.noise_multiplier:
         return "the client claims DP-SGD: each image's gradient is clipped and noise is added to every step"
     if client.update_noise is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
+from fedvit.attacks.app_code import CodeRecipe
 from fedvit.attacks.augmentation import Augmentation, AugmentationError
 from fedvit.attacks.augmentation import parse as parse_augmentation
 from fedvit.capture.reader import AuditInputError, Exchange
@@ -139,17 +140,23 @@ class ClientRecipe:
         """Every value with where it came from ("lr 0.05 (ConfigRecord); momentum 0 (assumed plain SGD); ...")."""
         return "; ".join(f"{key} {value}" for key, value in self.sources) or "from the run config"
 
+    def source_of(self, key: str) -> str:
+        """Where the recipe's ``key`` came from, as the report states it ("" where nothing is said)."""
+        return dict(self.sources).get(key, "")
+
     def assumed(self) -> list[str]:
         """The values no record carries and nothing estimated (the report's assumptions of this update)."""
         return [f"{key} {value}" for key, value in self.sources if "assumed" in value or "unknown" in value]
 
-    def with_momentum(self, momentum: float, how: str) -> ClientRecipe:
-        """This recipe with a momentum estimated from the update (``how``: the evidence), everywhere it is used."""
-        sources = tuple(
-            (key, f"{momentum:g} (estimated from the update: {how})" if key == "momentum" else value)
-            for key, value in self.sources
-        )
-        return dataclasses.replace(self, momentum=momentum, momentum_known=True, sources=sources)
+    def with_inferred(self, optimiser: str, momentum: float, how: str) -> ClientRecipe:
+        """This recipe with the optimiser and SGD momentum inferred from the update (``how``: the evidence),
+        everywhere it is used."""
+        inferred = {"optimiser": f"{optimiser} (inferred from the update: {how})",
+                    "momentum": f"{momentum:g} (inferred from the update)" if optimiser == "sgd" else
+                    f"— ({optimiser}: betas 0.9, 0.999, eps 1e-8, torch's defaults, assumed)"}  # fmt: skip
+        sources = dict(self.sources) | inferred
+        return dataclasses.replace(self, optimiser=optimiser, momentum=momentum, momentum_known=True,
+                                   sources=tuple(sources.items()))
 
     @property
     def steps(self) -> int:
@@ -275,17 +282,51 @@ def recorded_augmentation(ex: Exchange, overrides: dict[str, str]) -> tuple[Augm
     return None if augmentation is None else (augmentation, found[1])
 
 
-def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRecipe:
-    """The recipe from (first found) the overrides, the received ConfigRecord, the run config, the reply's
-    metrics; defaults: full batch, one epoch, no momentum. ``local-steps`` (when given) fixes the images
-    processed to steps × batch size. The recipe holds, per value, where it came from (``sources``)."""
+CODE_NUMBERS = {"lr": "lr", "momentum": "momentum", "epochs": "epochs", "batch-size": "batch_size"}
+
+
+def code_augmentation(code: CodeRecipe) -> tuple[Augmentation | None, str] | None:
+    """The augmentation the code's random transforms amount to, as the simulations model it (random resized crops
+    and horizontal flips), and its sources; the transforms they do not model named beside. None: no random
+    transform in the code."""
+    if not code.transforms:
+        return None
+    crops = [t for t in code.transforms if t.name == "RandomResizedCrop"]
+    flips = [t for t in code.transforms if t.name == "RandomHorizontalFlip"]
+    other = [t for t in code.transforms if t not in crops + flips]
+    scale = crops[0].crop_scale if crops else None
+    augmentation = Augmentation(scale, bool(flips)) if scale is not None or flips else None
+    where = ", ".join(f"{t.name}({t.arguments}) {t.source}" for t in crops + flips)
+    text = f"{augmentation.describe()} (app code: {where})" if augmentation else "none simulated"
+    if crops and scale is None:
+        text += f"; the crop's scale at {crops[0].source} is not read statically: crops not simulated"
+    if other:
+        text += "; also " + ", ".join(f"{t.name}({t.arguments}) {t.source}" for t in other) + (
+            " in the code, which the simulations do not model")  # fmt: skip
+    return augmentation, text
+
+
+def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str], code: CodeRecipe | None = None) -> ClientRecipe:
+    """The recipe from (first found) the overrides, the app's code (:mod:`fedvit.attacks.app_code`), the received
+    ConfigRecord, the run config, the reply's metrics; defaults: full batch, one epoch, no momentum; the optimiser
+    left open (None: inferred from the update) where nothing states it. ``local-steps`` (when given) fixes the
+    images processed to steps × batch size. The recipe holds, per value, where it came from (``sources``)."""
     found: dict[str, tuple[float, str]] = {}
+    code_values = code.values() if code is not None else {}
     for key, aliases in RECIPE_KEYS.items():
+        stated = code_values.get(CODE_NUMBERS.get(key, "").replace("_", " "))
         for source, values in recipe_records(ex, overrides):
+            if source != "override" and stated is not None and stated.read and isinstance(stated.value, int | float):
+                found[key] = (float(stated.value), f"app code: {stated.source}" + (
+                    f", {stated.how}" if stated.how else ""))  # fmt: skip
+                break
             if (value := recorded_number(ex, key, (key, *aliases), source, values)) is not None:
                 found[key] = (value, source)
                 break
     sources: dict[str, str] = {}
+    for key, value in code_values.items():  # what the code leaves unread, and what it says that no key carries
+        if not value.read and key != "optimiser":
+            sources[key] = value.described()
 
     def take(key: str, default: float | None, why: str) -> float | None:
         if key in found:
@@ -308,12 +349,32 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str]) -> ClientRec
     claim = read_privacy_claim(ex, overrides)
     if claim is not None:
         sources["privacy claim"] = claim.described()
-    optimiser = recorded_optimiser(ex, overrides)
+    optimiser = recorded_optimiser(ex, {k: v for k, v in overrides.items() if k in OPTIMISER_KEYS})
+    stated = code_values.get("optimiser")
+    if optimiser is None and stated is not None:
+        if stated.read:
+            optimiser = (stated.value, f"app code: {stated.source}, {stated.how}")
+        else:
+            sources["optimiser"] = f"{stated.described()}: inferred from the update instead"
+    optimiser = optimiser or recorded_optimiser(ex, overrides)
     if optimiser is not None:
         sources["optimiser"] = f"{optimiser[0]} ({optimiser[1]})"
-    augment = recorded_augmentation(ex, overrides)
-    if augment is not None:
+    for key in ("weight decay", "betas", "trained"):
+        if key in code_values and code_values[key].read:
+            sources[key] = f"{code_values[key].described()}".replace(" (", " (app code: ", 1)
+    if code is not None and code.frozen:
+        sources["frozen"] = "; ".join(f.described().replace(" (", " (app code: ", 1) for f in code.frozen)
+    augment = recorded_augmentation(ex, {k: v for k, v in overrides.items() if k in AUGMENT_KEYS})
+    from_code = code_augmentation(code) if code is not None and augment is None else None
+    if augment is None and from_code is not None:
+        sources["augmentation"] = from_code[1]
+        augment = None if from_code[0] is None else (from_code[0], "")
+    elif augment is None:
+        augment = recorded_augmentation(ex, overrides)
+    if augment is not None and "augmentation" not in sources:
         sources["augmentation"] = f"{augment[0].describe()} ({augment[1]})"
+    if code is not None and not code.transforms and augment is None:
+        sources["augmentation"] = f"none (no random transform in {code.app}'s training code)"
     update_clip = recorded_number(ex, "clipping_norm", (FLOWER_CLIPPING_NORM,), "ConfigRecord", ex.received_config)
     if update_clip is not None:
         sources["update clipping"] = (

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from tqdm import tqdm
 
+from fedvit.attacks.app_code import App, AppCodeError, CodeRecipe, load_app, read_code
 from fedvit.attacks.label_distribution import Auxiliary
 from fedvit.attacks.membership import REFERENCES, Candidates, save_roc
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
@@ -66,6 +67,8 @@ class AuditOptions:
     budget: AuditConfig | None = None  # None: a fedvit run's own audit.*; another app's: AuditConfig() by model
     tv_by_model: bool = True  # another app's model: the TV weight by model family (False: ``budget.tv`` stands)
     overrides: dict[str, str] = dataclasses.field(default_factory=dict)  # recipe values the user knows
+    app: Path | None = None  # the app's code (a folder or a FAB): else the FAB a tap kept or the folder a mod named
+    fit_check: bool = True  # withhold what simulates a recipe that does not fit the update (off: mutation checks)
     sent_as: str = "auto"  # "gradient" | "weights": what another app's replies carry, when the distance misleads
     data: UserData | None = None  # the clients' data for scoring (else the ground truth fedvit's clients recorded)
     decoys: int = DEFAULT_DECOYS  # test-split decoys beside recorded ground truth (0: no re-identification)
@@ -103,6 +106,7 @@ class Reader:
         self._controls: dict[tuple[Path, int], dict[str, np.ndarray]] = {}
         self._colluders: dict[Path, list[tuple[int, np.ndarray, dict[str, np.ndarray]]]] = {}
         self._skeleton: Any = None
+        self._apps: dict[Path, App | str] = {}  # the app code of each path (or why it could not be read)
 
     def observe(self, ex: Exchange, index: int = 1) -> Observation:
         """``ex`` as the attacker holds it; ``index`` (1-based, in audit order) seeds another app's random starts."""
@@ -221,12 +225,14 @@ class Reader:
                 "or --sent gradient"
             )
         kind = self.options.sent_as if told else kind
-        client = read_recipe(ex, kind, self.options.overrides)
+        code, code_note = self.code(ex)
+        client = read_recipe(ex, kind, self.options.overrides, code)
         bias = head_bias(base)
         classes = int(received[bias].shape[0]) if bias else int(list(received.values())[-1].shape[0])
         meta = {
             "label": f"r{ex.round} n{ex.node}",
             "num-examples": client.examples,
+            "app-code": code_note,
             "sent": f"{kind} ({evidence})" + (", as told" if told else "") + (
                 f"; of {part} only ({len(trained)} of {len(names)} parameter tensors): the rest is --model's "
                 "weights, taken as the public weights the client froze" if trained else ""
@@ -245,6 +251,30 @@ class Reader:
             start_seed=index,
             trained=trained,
         )
+
+    def code(self, ex: Exchange) -> tuple[CodeRecipe | None, str]:
+        """What the app's training code says for ``ex`` (None: no code, or code not read), and where it came from or
+        why there is none: ``--app``, else the FAB a wire tap kept, else the folder a capture mod named."""
+        path = self.options.app or ex.app_code
+        if path is None:
+            why = {"wire-tap": "the tap kept no app bundle for this run (it sees none on TLS links, and none before "
+                               "a node fetched it)"}.get(ex.observer or "", "the capture names no app folder")
+            return None, f"none: {why}; give --app DIR|FAB to read the recipe from the app's code"
+        path = Path(path)
+        if path not in self._apps:
+            try:
+                self._apps[path] = load_app(path)
+            except (AppCodeError, OSError) as err:
+                if self.options.app is not None:
+                    raise AuditInputError(f"--app: {err}") from None
+                self._apps[path] = f"not read ({err})"
+        app = self._apps[path]
+        if isinstance(app, str):
+            return None, app
+        source = "--app" if self.options.app is not None else (
+            "the app bundle the tap kept" if ex.observer == "wire-tap" else "the app folder the capture named")
+        code = read_code(app, {"run config": ex.run_config, "ConfigRecord": ex.received_config})
+        return code, f"{app.where} ({source})" + "".join(f"; {n}" for n in code.notes)
 
     def budget(self, obs: Observation) -> tuple[AuditConfig, str]:
         """The optimisation budget for ``obs`` and how the report states it: a fedvit run's own (or the user's)
@@ -281,7 +311,8 @@ def attack_exchange(
     client = recipe(obs)
     started = time.perf_counter()
     held = Held(images, labels, gallery, exact, budget, {**obs.meta, "defence": defence_of(obs.config)}, aux,
-                candidates, options.budgets, options.device, options.references, position)  # fmt: skip
+                candidates, options.budgets, options.device, options.references, position,
+                fit_check=options.fit_check)  # fmt: skip
     obs, findings = measure_all(obs, held)  # a measure may estimate a recipe value: the one recipe from here on
     client = recipe(obs)
     rows = [row for f in findings.values() for row in f.rows]
@@ -301,6 +332,12 @@ def attack_exchange(
         "steps": client.steps,
         "examples": client.examples,
         "recipe": client.described(),
+        "app-code": obs.meta.get("app-code"),
+        "recipe-fit": None if (fit := held.found.get("recipe-fit")) is None else {
+            "recipe": fit.recipe, "scale": fit.scale, "cosine": fit.cosine, "own-cosine": fit.own_cosine,
+            "cosine-bound": fit.cosine_bound, "flatness": list(fit.flatness),
+            "fits": fit.fits,
+            "checked": held.fit_check},
         # recipe values no record carries and nothing estimated, and (another app) what no record can carry
         "assumptions": client.assumed() + (unrecorded(client) if obs.config is None else []),
         "labels": labelled["labels"],

@@ -199,6 +199,7 @@ class Held:
     device: str | None = None
     references: int = 0  # shadow updates behind the shadow-alignment membership score (0: that score is off)
     position: str = ""  # "update k/n", for progress bars
+    fit_check: bool = True  # withhold the simulation's figures where the recipe does not fit (off: a mutation check)
     found: dict[str, Any] = field(default_factory=dict)
 
 
@@ -239,18 +240,36 @@ class Measure:
 def label_counts(obs: Observation, held: Held) -> Finding:
     """The label counts of one update, scored against the client's true labels where exactly known and beside the
     prior's; leaves the simulated counts in ``held.found`` for membership's shadow updates (which simulate the
-    recipe's momentum: the record's, or the one estimated here)."""
+    recipe: the one stated, or the optimiser and momentum inferred here) and the recipe's fit to the update. Where
+    the recipe's simulation does not reproduce the update (:class:`~fedvit.attacks.label_distribution.RecipeFit`),
+    the counts are withheld, and so is every figure that rests on simulating that recipe."""
     started = time.perf_counter()
     try:
         found = recover_labels_and_momentum(obs, held.aux)
     except ValueError as err:  # a diverged update or simulation: said, not raised
         found = Recovered(None, f"not estimated: {err}")
-    if found.counts is not None and found.momentum is not None:
-        held.found["simulated-counts"] = found.counts
-    finding = _label_finding(obs, held, found.counts, found.note, started)
-    if found.momentum_estimate:
-        finding.recipe = recipe(obs).with_momentum(found.momentum, found.momentum_estimate)
+    inferred = recipe(obs).with_inferred(found.optimiser, found.momentum, found.momentum_estimate) if (
+        found.momentum_estimate) else None  # fmt: skip
+    if found.fit is not None:
+        held.found["recipe-fit"] = found.fit
+    if found.fit is not None and not found.fit.fits and held.fit_check:
+        note = f"withheld: {recipe_misfit(held)}; the counts rest on simulating it ({found.note})"
+        finding = _label_finding(obs, held, None, note, started)
+    else:
+        if found.counts is not None and found.momentum is not None:
+            held.found["simulated-counts"] = found.counts
+        finding = _label_finding(obs, held, found.counts, found.note, started)
+    finding.recipe = inferred
     return finding
+
+
+def recipe_misfit(held: Held) -> str | None:
+    """Why the figures that simulate the client's recipe are withheld: its simulation does not reproduce the update
+    (None: it does, or nothing was simulated, or the check is off)."""
+    fit = held.found.get("recipe-fit")
+    if fit is None or fit.fits or not held.fit_check:
+        return None
+    return f"recipe does not fit: {fit.described()}"
 
 
 def _label_finding(
@@ -302,6 +321,8 @@ def shadows_apply(obs: Observation, held: Held) -> str | None:
     """Why shadow updates cannot be trained for ``obs`` (None: they can)."""
     if held.references <= 0:
         return "no shadow updates asked for (--membership-references 0)"
+    if (why := recipe_misfit(held)) is not None:
+        return why
     if (why := other_optimiser(obs)) is not None:
         return why
     if not counts_simulated(held):
@@ -386,13 +407,18 @@ def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held)
     result, inside, outside = judge(scores, split.candidates, split.seed, delta)
     held.found["membership-roc"] = (inside, outside)
     result["power"] = power(obs, held, result)
-    if delta is not None:
-        result["privacy"] = privacy_evidence(claim, result.pop("empirical-epsilon"))
+    bound = result.pop("empirical-epsilon", None)
+    if delta is not None and (why := recipe_misfit(held)) is not None:
+        result["privacy"] = {"status": "withheld", "why": why, "claimed-epsilon": None}
+    elif delta is not None:
+        result["privacy"] = privacy_evidence(claim, bound)
     return membership_evidence(result, "")
 
 
 def power_applies(obs: Observation, held: Held) -> str | None:
     """Why the power simulation cannot run for ``obs`` (None: it can)."""
+    if (why := recipe_misfit(held)) is not None:
+        return why
     if not counts_simulated(held):
         return ("needs the update's class counts estimated by simulating its local training on labelled images that "
                 "are not the client's")  # fmt: skip

@@ -39,6 +39,7 @@ class Exchange:
     sent_records: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # labels a producer added (the benchmark's)
     observer: str | None = None  # who recorded it: "client-mod", "wire-tap", "server", "benchmark"
+    app_code: Path | None = None  # the app bundle the tap kept for this run (its code), or the folder a capture named
 
     @property
     def label(self) -> str:
@@ -133,6 +134,7 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
                 sent_records=sent,
                 meta=dict(manifest.get("meta") or {}),
                 observer=manifest.get("observer"),
+                app_code=_app_code(stem, manifest),
             )
         )
     return exchanges, skipped
@@ -155,6 +157,18 @@ def _run_file_config(stem: Path) -> dict[str, Any]:
     """The run config a wire tap completed after the fact (``run-<id>/run.json``), else nothing."""
     run_file = stem.parent.parent.parent / "run.json"  # run-<id>/captures/round-NNNN/<stem>
     return dict(json.loads(run_file.read_text()).get("run_config", {})) if run_file.is_file() else {}
+
+
+def _app_code(stem: Path, manifest: dict[str, Any]) -> Path | None:
+    """Where the captured app's code is: the FAB a wire tap kept (``run.json``'s ``fab-file``, relative to the tap's
+    folder), or the folder a ``capture_mod`` or ``CapturingStrategy`` recorded (``app-dir``); None: neither."""
+    run = stem.parent.parent.parent  # run-<id>/captures/round-NNNN/<stem>
+    run_file = run / "run.json"
+    if run_file.is_file() and (fab := json.loads(run_file.read_text()).get("fab-file")):
+        path = run.parent / fab
+        return path if path.is_file() else None
+    folder = manifest.get("app-dir")
+    return Path(folder) if folder and Path(folder).is_dir() else None
 
 
 def unreadable_links(path: Path) -> int:

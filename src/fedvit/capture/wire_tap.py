@@ -7,13 +7,15 @@ once a tree is whole, rebuilds the Message with Flower's own serde (``inflate_ob
 it in the capture layout of :mod:`fedvit.capture.writer`: what the node pulled is ``received``, what it pushed in
 reply is ``sent``. ``get-run`` and ``get-fab`` responses give each run's config (the FAB's defaults fused with the
 run's overrides, by Flower's own function), written to ``run-<id>/run.json`` and into the manifests (a node
-fetches the FAB after its first message of a run, so run.json is the complete record). A body that does not
+fetches the FAB after its first message of a run, so run.json is the complete record); the bundle itself is kept
+once under ``fabs/<sha256>.fab``: the app's code, which the audit reads the client's recipe from. A body that does not
 parse, an object that does not inflate, a full disk: each is logged and counted, and relaying goes on (the
 recorder never raises into the proxy, never blocks it: a full queue drops records).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import queue
@@ -49,6 +51,7 @@ from fedvit.core.results import atomic_write
 LOG = logging.getLogger("fedvit.tap")
 FLEET = "/v1/fleet/"
 DEFAULT_SPOOL_BYTES = 2 << 30
+FABS = "fabs"  # the app bundles the nodes fetched, by content hash (the tap's folder)
 
 
 @dataclass
@@ -95,7 +98,8 @@ class WireRecorder:
         self.out = Path(out).resolve()
         self.spool = ObjectSpool(self.out / ".spool", spool_bytes)
         self.stats: dict[str, int] = dict.fromkeys(
-            ("requests", "objects", "received", "sent", "parse-errors", "write-errors", "dropped", "incomplete"), 0
+            ("requests", "objects", "received", "sent", "fabs", "parse-errors", "write-errors", "dropped",
+             "incomplete"), 0,  # fmt: skip
         )
         self._pending: dict[str, PendingMessage] = {}  # root object id -> message being collected
         self._waiting_for: dict[str, set[str]] = {}  # object id -> roots that need it
@@ -179,15 +183,28 @@ class WireRecorder:
         self._save_run(request.run_id, info)
 
     def _got_fab(self, request: GetFabRequest, response: GetFabResponse) -> None:
-        """The app bundle a node fetched: its pyproject's defaults complete the run config (Flower's own fuse)."""
-        self._fab_configs[response.fab.hash_str] = response.fab.content
+        """The app bundle a node fetched: kept whole (the app's code, which the audit reads its recipe from), once
+        per content under ``fabs/<sha256>.fab``; its pyproject's defaults complete the run config (Flower's own
+        fuse)."""
+        fab_hash = response.fab.hash_str
+        if fab_hash not in self._fab_configs:
+            digest = hashlib.sha256(response.fab.content).hexdigest()
+            if digest != fab_hash:  # Flower names a FAB by its content's SHA-256: anything else was not relayed whole
+                LOG.warning("tap: a FAB whose content does not hash to its name %s; not kept", fab_hash[:12])
+                return
+            path = self.out / FABS / f"{digest}.fab"
+            if not path.exists():
+                atomic_write(path, response.fab.content)
+            self.stats["fabs"] += 1
+        self._fab_configs[fab_hash] = response.fab.content
         run = self._run_protos.get(request.run_id)
-        if run is not None and run.fab_hash == response.fab.hash_str:
+        if run is not None and run.fab_hash == fab_hash:
             self._save_run(request.run_id, self._runs.get(request.run_id, {}) | self._fused(run))
 
     def _fused(self, run: Any) -> dict[str, Any]:
         config = get_fused_config_from_fab(self._fab_configs[run.fab_hash], run)
-        return {"run_config": dict(config), "run-config-source": "the FAB's defaults with the run's overrides"}
+        return {"run_config": dict(config), "run-config-source": "the FAB's defaults with the run's overrides",
+                "fab-file": f"{FABS}/{run.fab_hash}.fab"}  # fmt: skip
 
     def _save_run(self, run_id: int, info: dict[str, Any]) -> None:
         if self._runs.get(run_id) != info:

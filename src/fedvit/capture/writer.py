@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -217,6 +218,21 @@ def capture_dir(context: Context) -> Path:
     return Path(str(chosen)).expanduser().resolve()
 
 
+@functools.cache
+def app_folder() -> str | None:
+    """The folder of the Flower app this process runs (its code, which the audit reads the recipe from): the first
+    ``sys.path`` entry with a ``pyproject.toml`` that declares ``[tool.flwr.app]`` (Flower puts the app's folder,
+    or its installed FAB's, on the path before it loads the app); None where none does."""
+    for entry in sys.path:
+        project = Path(entry or ".") / "pyproject.toml"
+        try:
+            if project.is_file() and "[tool.flwr.app" in project.read_text(errors="replace"):
+                return str(project.parent.resolve())
+        except OSError:
+            continue
+    return None
+
+
 _client_rounds = RoundCounter()  # per process: a deployment's per-message ClientApp processes need server-round
 
 
@@ -258,6 +274,7 @@ def capture_mod(msg: Message, context: Context, call_next: Callable[[Message, Co
             "node-config": dict(context.node_config),
             "observer": "client-mod",
             "run_config": dict(context.run_config),
+            "app-dir": app_folder(),
         }
         size = add_direction(stem, "received", msg, **head)
         size += add_direction(stem, "sent", reply, **head)
@@ -315,6 +332,7 @@ class CapturingStrategy(Strategy):
                 "node": node,
                 "observer": "server",
                 "run_config": self.run_config,
+                "app-dir": app_folder(),
             }
             stem = self._stem(rnd, msg)
             self._guarded(add_direction, stem, "received", msg, **head)
