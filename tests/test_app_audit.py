@@ -827,7 +827,7 @@ def test_an_optimiser_on_record_is_simulated_or_said_everywhere_it_matters(tmp_p
     assert "plain SGD" not in row["recipe"]
     labels = row["attacks"]["labels (head-bias gradient)"]
     assert "adam with torch's default betas" in labels and "momentum" not in labels
-    assert "unverified: the client's optimiser is adam (on record), which rescales every entry" in labels
+    assert "unverified: the client's optimiser is adam, which rescales every entry" in labels
     assert row["attacks"]["membership: shadow alignment"].startswith("applied: the update beyond 3 shadow")
     member = row["leakage"]["membership"]
     assert member["status"] == "measured" and "shadow alignment" in member["scores"]
@@ -835,7 +835,7 @@ def test_an_optimiser_on_record_is_simulated_or_said_everywhere_it_matters(tmp_p
 
     options = {"data": data, "references": 3, "overrides": {"optimizer": "rmsprop"}}
     (row,) = audit_app_captures(tmp_path / "cap", tmp_path / "o1", SPEC, BUDGET, **options)["updates"]
-    why = "the client's optimiser is rmsprop (on record); fedvit simulates SGD, Adam and AdamW"
+    why = "the client's optimiser is rmsprop (override); fedvit simulates SGD, Adam, AdamW"
     assert "optimiser rmsprop (override)" in row["recipe"]
     assert row["attacks"]["membership: shadow alignment"] == f"not applicable: {why}"
     member = row["leakage"]["membership"]

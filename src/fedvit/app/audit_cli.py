@@ -62,6 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "local-epochs, local-steps, batch-size, momentum, num-examples, optimizer, augment, a DP claim "
                    "(epsilon, delta, noise-multiplier, clipping-norm) or LocalDpMod's settings (local-dp-epsilon, "
                    "local-dp-delta, local-dp-clipping-norm, local-dp-sensitivity) (repeatable)")  # fmt: skip
+    g.add_argument("--no-fit-check", action="store_true", help="report the figures that simulate the client's recipe "
+                   "even where that recipe does not reproduce the update (to see what the check withholds; the "
+                   "fit is still reported)")  # fmt: skip
     g.add_argument("--app", type=Path, help="the app's code, a folder or a FAB, to read the client's recipe from "
                    "(optimiser, lr, momentum, transforms, epochs, batch size); default: the FAB `fedvit tap` kept, or "
                    "the app folder capture_mod/CapturingStrategy recorded. Parsed, never executed")  # fmt: skip
@@ -217,6 +220,7 @@ def audit_captures(args: argparse.Namespace, budgets: list[int] | None) -> None:
         references=args.membership_references,
         budgets=budgets,
         device=args.device,
+        fit_check=not args.no_fit_check,
     )
     options = other_app_options(args, options)
     run_audit(args.captures, args.out, options)

@@ -239,7 +239,8 @@ class App:
         if isinstance(expr, ast.BinOp) and type(expr.op) in _ARITHMETIC:
             left, how_left = self.resolve(module, expr.left, records, hops)
             right, how_right = self.resolve(module, expr.right, records, hops)
-            return _ARITHMETIC[type(expr.op)](left, right), "; ".join(h for h in (how_left, how_right) if h)
+            hows = "; ".join(h for h in (how_left, how_right) if h)
+            return _ARITHMETIC[type(expr.op)](left, right), f"`{ast.unparse(expr)}`" + (f" with {hows}" if hows else "")
         if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in _CASTS and expr.args:
             value, how = self.resolve(module, expr.args[0], records, hops)
             try:

@@ -55,6 +55,7 @@ from fedvit.attacks.observation import (
     received_model,
     recipe,
     trained_names,
+    update_norm,
 )
 from fedvit.attacks.recipe import ADAM_FAMILY, SIMULATED_OPTIMISERS
 from fedvit.core.model import classify, normalize
@@ -153,6 +154,7 @@ class Simulation:
     snapshots: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)  # parameters (``snapshots``)
     drawn: np.ndarray | None = None  # the auxiliary images it trained on, by index (-1: noise for a class aux lacks)
     head_delta: np.ndarray | None = None  # the head's simulated change, laid out as :func:`head_rows`
+    update_norm: float = math.nan  # ‖w_end − w_received‖ over every trained parameter
 
 
 def head_module(model: torch.nn.Module, bias: str) -> torch.nn.Module:
@@ -285,6 +287,7 @@ def simulate(
     weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
     system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
     change = math.sqrt(sum(float((end[n].detach() - params[n]).pow(2).sum()) for n in (bias, weight) if n in params))
+    moved_all = math.sqrt(sum(float((end[n].detach() - params[n]).pow(2).sum()) for n in end))
     delta = None
     if bias in params and weight in params:  # laid out as head_rows: per class its bias, then its weight row
         moved = [(end[n].detach() - params[n]).double().numpy() for n in (bias, weight)]
@@ -293,7 +296,7 @@ def simulate(
     if keep_weights:  # the state dict: the trained parameters with the model's buffers
         final = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
         final.update({n: w.detach().numpy().copy() for n, w in end.items()})
-    return Simulation(system, change, final, kept, drawn, None if delta is None else delta.reshape(-1))
+    return Simulation(system, change, final, kept, drawn, None if delta is None else delta.reshape(-1), moved_all)
 
 
 def clipped_update(start: dict[str, torch.Tensor], end: dict[str, torch.Tensor], bound: float
@@ -372,7 +375,8 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
             trials[optimiser, beta] = (tried, systems, found)
     if not trials:
         raise ValueError("the simulated local training diverged under every recipe tried")
-    fits = {key: recipe_fit(sim, rows, candidate_name(*key)) for key, (_, _, (_, sim)) in trials.items()}
+    moved = update_norm(obs)
+    fits = {key: recipe_fit(sim, rows, moved, candidate_name(*key)) for key, (_, _, (_, sim)) in trials.items()}
     key = min(fits, key=lambda k: fits[k].mismatch)  # a recipe that fits before any that does not
     obs, systems, (passed, _) = trials[key]
     optimiser, chosen = key
@@ -407,7 +411,7 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     # the same recipe on another draw of auxiliary images and another shuffle: how far two runs of it differ
     # the direction rests on the estimated counts, which rest on SGD's relation: checked under SGD only
     other = systems(counts, chosen, seed + OTHER_DRAW, 0.0) if optimiser == "sgd" else None
-    fit = recipe_fit(systems(counts, chosen, seed, 0.0), rows, candidate_name(*key), other)
+    fit = recipe_fit(systems(counts, chosen, seed, 0.0), rows, moved, candidate_name(*key), other)
     runs = systems.runs + sum(s.runs for _, s, _ in trials.values() if s is not systems)
     note += f"; {runs} simulations run in all (a repeated one looked up)"
     return LabelEstimate(counts, chosen, note, alternatives, how, optimiser, fit)
@@ -426,8 +430,10 @@ OTHER_DRAW = 7919  # seed offset of the second simulation (another draw of auxil
 
 @dataclasses.dataclass(frozen=True)
 class RecipeFit:
-    """How well simulating the recipe reproduces the update: at the estimated class counts, the simulated head
-    change against the observed one, by norm (``scale``: simulated / observed) and by direction (``cosine``)."""
+    """How well simulating the recipe reproduces the update, at the estimated class counts: the norm of the whole
+    trained update (``scale``: simulated / observed; a 10× lr moves the body's layers about 10× as far, while the
+    head's change saturates), the head change's direction (``cosine``) and how evenly its entries moved
+    (:func:`flatness`: Adam's signature)."""
 
     recipe: str
     scale: float
@@ -454,7 +460,7 @@ class RecipeFit:
         return math.inf if any(math.isnan(p) for p in parts) else max(parts) + (0 if self.fits else 1e6)
 
     def brief(self) -> str:
-        return (f"{self.recipe}: ×{self.scale:.2f}, cosine {self.cosine:.2f}, flatness {self.flatness[0]:.2f}/"
+        return (f"{self.recipe}: norm ×{self.scale:.2f}, cosine {self.cosine:.2f}, flatness {self.flatness[0]:.2f}/"
                 f"{self.flatness[1]:.2f}{'' if self.fits else ' (does not fit)'}")
 
     @property
@@ -467,22 +473,23 @@ class RecipeFit:
         direction = (f"cosine {self.cosine:.3f} (two simulations of it: {self.own_cosine:.3f}; fits from "
                      f"{self.cosine_bound:.3f})" if not math.isnan(self.own_cosine) else
                      f"cosine {self.cosine:.2f} (not checked: it rests on the counts, which rest on SGD's relation)")
-        return (f"{self.recipe} {verdict} the update at the estimated class counts: simulated/observed head change "
+        return (f"{self.recipe} {verdict} the update at the estimated class counts: simulated/observed update norm "
                 f"×{self.scale:.2f} (fits within ×{SCALE_MARGIN:g} either way), {direction}, flatness "
                 f"{self.flatness[0]:.2f}/{self.flatness[1]:.2f} (fits within {FLATNESS_MARGIN:g})")  # fmt: skip
 
 
-def recipe_fit(simulation: Simulation, rows: np.ndarray, name: str, other: Simulation | None = None) -> RecipeFit:
-    """The fit of one simulation's head change to the observed ``rows`` (:func:`head_rows`); ``other``: the same
-    recipe simulated on another draw (the direction's spread between two runs of the right recipe)."""
+def recipe_fit(simulation: Simulation, rows: np.ndarray, moved: float, name: str, other: Simulation | None = None
+               ) -> RecipeFit:  # fmt: skip
+    """The fit of one simulation to the observed update: its norm over every trained parameter against ``moved``
+    (the update's), its head change against ``rows`` (:func:`head_rows`); ``other``: the same recipe simulated on
+    another draw (the direction's spread between two runs of the right recipe)."""
     simulated = simulation.head_delta
-    observed = float(np.linalg.norm(rows))
-    if simulated is None or not np.isfinite(simulated).all() or observed == 0:
+    if simulated is None or not np.isfinite(simulated).all() or moved == 0 or not np.isfinite(simulation.update_norm):
         return RecipeFit(name, math.nan, math.nan)
     own = math.nan
     if other is not None and other.head_delta is not None and np.isfinite(other.head_delta).all():
         own = cosine_of(simulated, other.head_delta)
-    return RecipeFit(name, float(np.linalg.norm(simulated)) / observed, cosine_of(simulated, rows),
+    return RecipeFit(name, simulation.update_norm / moved, cosine_of(simulated, rows),
                      (flatness(simulated), flatness(rows)), own)  # fmt: skip
 
 

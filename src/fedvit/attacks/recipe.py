@@ -262,6 +262,12 @@ def recorded_name(ex: Exchange, overrides: dict[str, str], keys: tuple[str, ...]
     return None
 
 
+def told(overrides: dict[str, str], keys: tuple[str, ...]) -> tuple[str, str] | None:
+    """(a name in lower case, "override") where ``--recipe`` gives one of ``keys``; None otherwise."""
+    hit = next((overrides[k] for k in keys if overrides.get(k) not in ("", None)), None)
+    return None if hit is None else (str(hit).strip().lower(), "override")
+
+
 def recorded_optimiser(ex: Exchange, overrides: dict[str, str]) -> tuple[str, str] | None:
     """(the optimiser's name in lower case, where it was read) under :data:`OPTIMISER_KEYS`; None where no record
     names one."""
@@ -349,7 +355,8 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str], code: CodeRe
     claim = read_privacy_claim(ex, overrides)
     if claim is not None:
         sources["privacy claim"] = claim.described()
-    optimiser = recorded_optimiser(ex, {k: v for k, v in overrides.items() if k in OPTIMISER_KEYS})
+    optimiser = told(overrides, OPTIMISER_KEYS)
+    optimiser = optimiser and (optimiser[0].removeprefix("torch.optim."), optimiser[1])
     stated = code_values.get("optimiser")
     if optimiser is None and stated is not None:
         if stated.read:
@@ -364,16 +371,17 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str], code: CodeRe
             sources[key] = f"{code_values[key].described()}".replace(" (", " (app code: ", 1)
     if code is not None and code.frozen:
         sources["frozen"] = "; ".join(f.described().replace(" (", " (app code: ", 1) for f in code.frozen)
-    augment = recorded_augmentation(ex, {k: v for k, v in overrides.items() if k in AUGMENT_KEYS})
-    from_code = code_augmentation(code) if code is not None and augment is None else None
+    augment_told = told(overrides, AUGMENT_KEYS) is not None
+    augment = recorded_augmentation(ex, overrides) if augment_told else None
+    from_code = code_augmentation(code) if code is not None and not augment_told else None
     if augment is None and from_code is not None:
         sources["augmentation"] = from_code[1]
         augment = None if from_code[0] is None else (from_code[0], "")
-    elif augment is None:
+    elif augment is None and not augment_told:
         augment = recorded_augmentation(ex, overrides)
     if augment is not None and "augmentation" not in sources:
         sources["augmentation"] = f"{augment[0].describe()} ({augment[1]})"
-    if code is not None and not code.transforms and augment is None:
+    if code is not None and not code.transforms and augment is None and not augment_told:
         sources["augmentation"] = f"none (no random transform in {code.app}'s training code)"
     update_clip = recorded_number(ex, "clipping_norm", (FLOWER_CLIPPING_NORM,), "ConfigRecord", ex.received_config)
     if update_clip is not None:
@@ -395,7 +403,8 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str], code: CodeRe
     adam = optimiser is not None and optimiser[0] in ADAM_FAMILY
     if adam and "momentum" not in found:  # Adam's betas play its part: the report says so, not "plain SGD"
         decay = ", weight decay 0.01" if optimiser[0] == "adamw" else ""
-        sources["momentum"] = f"— ({optimiser[0]}: betas 0.9, 0.999, eps 1e-8{decay}, torch's defaults, assumed)"
+        sources["momentum"] = (f"— ({optimiser[0]}: its betas instead)" if "betas" in sources else
+                               f"— ({optimiser[0]}: betas 0.9, 0.999, eps 1e-8{decay}, torch's defaults, assumed)")
         momentum = 0.0
     else:
         momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0

@@ -55,7 +55,7 @@ UNRECORDED = ("weight decay 0 (assumed)", "optimiser SGD (assumed)", "no data au
 def unrecorded(client: ClientRecipe) -> list[str]:
     """What another app's update is assumed to do that no record says (an optimiser on record is not assumed)."""
     return [a for a in UNRECORDED if not (a.startswith("optimiser") and client.optimiser is not None)
-            and not (a.startswith("weight decay") and client.optimiser == "adamw")
+            and not (a.startswith("weight decay") and (client.optimiser == "adamw" or client.source_of("weight decay")))
             and not (a.startswith("no data augmentation") and client.augment is not None)]  # fmt: skip
 
 
@@ -337,7 +337,8 @@ def attack_exchange(
             "recipe": fit.recipe, "scale": fit.scale, "cosine": fit.cosine, "own-cosine": fit.own_cosine,
             "cosine-bound": fit.cosine_bound, "flatness": list(fit.flatness),
             "fits": fit.fits,
-            "checked": held.fit_check},
+            "checked": held.fit_check and not held.found.get("recipe-fit-unchecked"),
+            "not-checked": held.found.get("recipe-fit-unchecked") or (None if held.fit_check else "--no-fit-check")},
         # recipe values no record carries and nothing estimated, and (another app) what no record can carry
         "assumptions": client.assumed() + (unrecorded(client) if obs.config is None else []),
         "labels": labelled["labels"],

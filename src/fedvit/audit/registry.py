@@ -49,6 +49,7 @@ from fedvit.attacks.observation import (
     partial_update,
     recipe,
     simulated,
+    update_clipped,
 )
 from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
@@ -250,9 +251,11 @@ def label_counts(obs: Observation, held: Held) -> Finding:
         found = Recovered(None, f"not estimated: {err}")
     inferred = recipe(obs).with_inferred(found.optimiser, found.momentum, found.momentum_estimate) if (
         found.momentum_estimate) else None  # fmt: skip
+    unchecked = unfittable(obs)
     if found.fit is not None:
         held.found["recipe-fit"] = found.fit
-    if found.fit is not None and not found.fit.fits and held.fit_check:
+        held.found["recipe-fit-unchecked"] = unchecked
+    if found.fit is not None and not found.fit.fits and held.fit_check and unchecked is None:
         note = f"withheld: {recipe_misfit(held)}; the counts rest on simulating it ({found.note})"
         finding = _label_finding(obs, held, None, note, started)
     else:
@@ -263,11 +266,22 @@ def label_counts(obs: Observation, held: Held) -> Finding:
     return finding
 
 
+def unfittable(obs: Observation) -> str | None:
+    """Why the recipe's fit is not checked for ``obs`` (None: it is): the label estimate simulates the plain steps,
+    without DP-SGD's noise, LocalDpMod's or a clipping's scale, which then set the update's norm and direction."""
+    client = recipe(obs)
+    if client.privacy is not None and client.privacy.noise_multiplier:
+        return "DP-SGD's noise is not in the label estimate's simulation"
+    if client.update_noise is not None or update_clipped(obs):
+        return "the update was clipped (and noised) after training: its norm and direction are not the steps'"
+    return None
+
+
 def recipe_misfit(held: Held) -> str | None:
     """Why the figures that simulate the client's recipe are withheld: its simulation does not reproduce the update
     (None: it does, or nothing was simulated, or the check is off)."""
     fit = held.found.get("recipe-fit")
-    if fit is None or fit.fits or not held.fit_check:
+    if fit is None or fit.fits or not held.fit_check or held.found.get("recipe-fit-unchecked"):
         return None
     return f"recipe does not fit: {fit.described()}"
 
@@ -407,11 +421,8 @@ def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held)
     result, inside, outside = judge(scores, split.candidates, split.seed, delta)
     held.found["membership-roc"] = (inside, outside)
     result["power"] = power(obs, held, result)
-    bound = result.pop("empirical-epsilon", None)
-    if delta is not None and (why := recipe_misfit(held)) is not None:
-        result["privacy"] = {"status": "withheld", "why": why, "claimed-epsilon": None}
-    elif delta is not None:
-        result["privacy"] = privacy_evidence(claim, bound)
+    if delta is not None:  # on the loss scores, and the shadows' only where the recipe fits: it stands either way
+        result["privacy"] = privacy_evidence(claim, result.pop("empirical-epsilon"))
     return membership_evidence(result, "")
 
 

@@ -108,8 +108,6 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
     """The empirical ε the membership test proves, against the client's DP claim where it makes one."""
     if not privacy:
         return ""
-    if privacy.get("status") == "withheld":
-        return f"; empirical ε withheld ({privacy['why']})"
     text = (f"; empirical ε ≥ {privacy['empirical-epsilon']:.2f} (δ {privacy['delta']:g}, "
             f"{privacy['confidence']:.0%} confidence over {privacy['thresholds']} thresholds; {privacy['members']} "
             f"members against {privacy['non-members']} non-members; null "

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import sys
+import tomllib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -221,15 +222,21 @@ def capture_dir(context: Context) -> Path:
 @functools.cache
 def app_folder() -> str | None:
     """The folder of the Flower app this process runs (its code, which the audit reads the recipe from): the first
-    ``sys.path`` entry with a ``pyproject.toml`` that declares ``[tool.flwr.app]`` (Flower puts the app's folder,
-    or its installed FAB's, on the path before it loads the app); None where none does."""
+    ``sys.path`` entry whose ``pyproject.toml`` declares ``[tool.flwr.app.components]`` of which a module is loaded
+    in this process from that folder (Flower puts the app's folder, or its installed FAB's, on the path before it
+    loads the app); None where none is."""
     for entry in sys.path:
-        project = Path(entry or ".") / "pyproject.toml"
+        folder = Path(entry or ".").resolve()
         try:
-            if project.is_file() and "[tool.flwr.app" in project.read_text(errors="replace"):
-                return str(project.parent.resolve())
-        except OSError:
+            project = tomllib.loads((folder / "pyproject.toml").read_text())
+        except (OSError, tomllib.TOMLDecodeError):
             continue
+        components = project.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
+        for reference in components.values():
+            module = sys.modules.get(str(reference).partition(":")[0])
+            path = getattr(module, "__file__", None)
+            if path and Path(path).resolve().is_relative_to(folder):
+                return str(folder)
     return None
 
 
