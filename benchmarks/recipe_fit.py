@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from benchmarks.common import ROOT, write_csv
@@ -85,16 +84,15 @@ def mapping(captures: Path, sizes: dict[int, int]) -> list[str]:
     return [f"--partition={node}={partition}" for node, partition in found.items()]
 
 
-def audit(captures: Path, out: Path, args: list[str]) -> tuple[dict, float]:
-    started = time.perf_counter()
+def audit(captures: Path, out: Path, args: list[str]) -> dict:
     done = subprocess.run([sys.executable, "-m", "fedvit.app.cli", "audit", str(captures), "--out", str(out), *args],
                           capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
         sys.exit(f"fedvit audit failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return json.loads((out / "audit.json").read_text()), time.perf_counter() - started
+    return json.loads((out / "audit.json").read_text())
 
 
-def rows_of(case: tuple, report: dict, seconds: float) -> list[dict]:
+def rows_of(case: tuple, report: dict) -> list[dict]:
     model, capture, control, told, _ = case
     rows = []
     for update in report["updates"]:
@@ -115,7 +113,6 @@ def rows_of(case: tuple, report: dict, seconds: float) -> list[dict]:
             "labels": labels["status"], "membership-auc": member.get("auc"),
             "membership-null-auc": (member.get("null") or {}).get("auc"),
             "power": power.get("status"), "power-auc": (power.get("simulated") or {}).get("auc"),
-            "audit-seconds": round(seconds, 1),
         })  # fmt: skip
     return rows
 
@@ -136,8 +133,8 @@ def main() -> None:
                 where, flags = bare, [f for f in flags if f != "--bare"]
             sizes = CNN_SIZES if model == "cnn" else HEAD_SIZES
             base = (CNN if model == "cnn" else [*HEAD, "--membership-references", "3"]) + mapping(where, sizes)
-            report, seconds = audit(where, work / f"audit-{k}", base + flags)
-            rows += rows_of(case, report, seconds)
+            report = audit(where, work / f"audit-{k}", base + flags)
+            rows += rows_of(case, report)
             print(f"{model} {capture} {control}: " + ", ".join(f"{r['simulated']} fits {r['fits']} (norm "
                   f"×{r['norm-ratio']}, cos {r['cosine']}/{r['cosine-bound']}, flat {r['flatness-simulated']}/"
                   f"{r['flatness-observed']})" for r in rows[-len(report['updates']):]), flush=True)  # fmt: skip

@@ -188,8 +188,11 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     # one recipe: the momentum the label estimate found is the update's, in its recipe line, not among its assumptions
     (estimated,) = [part for part in row["recipe"].split("; ") if part.startswith("momentum ")]
     momentum = estimated.split()[1]
-    assert estimated.startswith(f"momentum {momentum} (estimated from the update: simulated/observed head change β 0:")
-    assert f"momentum {momentum} estimated from the update" in row["attacks"]["labels (head-bias gradient)"]
+    assert estimated == f"momentum {momentum} (inferred from the update)"
+    (optimiser,) = [part for part in row["recipe"].split("; ") if part.startswith("optimiser ")]
+    assert optimiser.startswith("optimiser sgd (inferred from the update: after the passes, SGD β 0: norm ×")
+    assert f"SGD β {momentum} inferred from the update" in row["attacks"]["labels (head-bias gradient)"]
+    assert row["recipe-fit"]["fits"] and row["recipe-fit"]["recipe"] == f"SGD β {momentum}", row["recipe-fit"]
     assert not [a for a in row["assumptions"] if a.startswith("momentum")] and "weight decay 0 (assumed)" in (
         row["assumptions"]
     )

@@ -63,7 +63,8 @@ def audit(captures: Path, out: Path, swap: bool = False, sizes: dict[int, int] =
 
 def assert_labels_and_membership_leak(report: dict, epochs: int, out: Path) -> None:
     """The realistic rounds' verdict: replies read as weights, label counts within the benchmarked error and beyond
-    the prior, one recipe (the momentum estimated, assumed nowhere), membership measured against its null."""
+    the prior, one recipe (the momentum read from the app's code, assumed nowhere, fitting the update), membership
+    measured against its null."""
     assert "eavesdropper on the wire" in report["threat-model"]
     for u in report["updates"]:
         assert u["sent"].startswith("weights"), u["sent"]
@@ -71,10 +72,12 @@ def assert_labels_and_membership_leak(report: dict, epochs: int, out: Path) -> N
         labels = u["leakage"]["labels"]
         assert labels["status"] == "measured" and labels["error"] <= BENCHMARKED_ERROR["cnn"][epochs], labels
         assert labels["clears"], labels  # far closer to the truth than the prior (Dirichlet classes)
-        # one recipe: the app's momentum (on no record) estimated once, stated everywhere, assumed nowhere
-        assert "momentum 0.9 estimated from the update" in u["attacks"]["labels (head-bias gradient)"]
-        assert "momentum 0.9 (estimated from the update: simulated/observed head change" in u["recipe"]
-        assert not [a for a in u["assumptions"] if a.startswith("momentum")], u["assumptions"]
+        # one recipe: the app's momentum (on no record) read from its code in the bundle the tap kept, assumed nowhere
+        assert "momentum 0.9 (app code: task.py:" in u["recipe"] and ", MOMENTUM = 0.9)" in u["recipe"], u["recipe"]
+        assert "optimiser sgd (app code: task.py:" in u["recipe"], u["recipe"]
+        assert ", momentum 0.9)" in u["attacks"]["labels (head-bias gradient)"]
+        assert u["recipe-fit"]["fits"] and u["recipe-fit"]["recipe"] == "SGD β 0.9", u["recipe-fit"]
+        assert not [a for a in u["assumptions"] if a.startswith(("momentum", "optimiser"))], u["assumptions"]
         member = u["leakage"]["membership"]
         assert member["status"] == "measured" and member["members"] == u["examples"]
         assert member["reference"].startswith("the update beyond 8 shadow updates"), member

@@ -257,3 +257,55 @@ def test_tls_is_relayed_as_bytes_with_metadata_only(tmp_path):
     assert entries[0]["protocol"] == "tls" and entries[0]["readable"] is False
     assert entries[0]["bytes-up"] == len(hello)
     assert not (tmp_path / "run-1").exists()
+
+
+def fab_bundle() -> bytes:
+    """A FAB as ``flwr build`` makes one: a zip archive of the app's pyproject.toml and code."""
+    import io
+    import zipfile
+    from pathlib import Path
+
+    app = Path(__file__).parent / "headapp"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        for path in sorted(app.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                bundle.write(path, path.relative_to(app).as_posix())
+    return buffer.getvalue()
+
+
+def test_the_app_bundle_a_node_fetches_is_kept_once_by_its_hash_and_named_in_run_json(tmp_path):
+    """get-fab: the FAB's content kept under fabs/<sha256>.fab (a second node's fetch adds nothing), run.json names
+    it beside the run config fused from its defaults; a bundle whose content does not hash to its name is not
+    kept."""
+    import hashlib
+
+    from flwr.proto.fab_pb2 import Fab, GetFabRequest, GetFabResponse  # pylint: disable=E0611
+    from flwr.proto.run_pb2 import GetRunRequest, GetRunResponse  # pylint: disable=E0611
+    from flwr.proto.run_pb2 import Run as ProtoRun  # pylint: disable=E0611
+
+    from fedvit.attacks.app_code import load_app, read_code
+    from fedvit.capture.reader import _app_code
+
+    content = fab_bundle()
+    digest = hashlib.sha256(content).hexdigest()
+    run = ProtoRun(run_id=11, fab_id="thirdparty/vithead", fab_version="1.0.0", fab_hash=digest)
+    recorder = WireRecorder(tmp_path)
+    recorder.handle("/v1/fleet/get-run", GetRunRequest(run_id=11).SerializeToString(),
+                    GetRunResponse(run=run).SerializeToString(), 200)  # fmt: skip
+    for _ in range(2):  # two nodes fetch the same bundle
+        recorder.handle("/v1/fleet/get-fab", GetFabRequest(hash_str=digest, run_id=11).SerializeToString(),
+                        GetFabResponse(fab=Fab(hash_str=digest, content=content)).SerializeToString(), 200)  # fmt: skip
+    kept = tmp_path / "fabs" / f"{digest}.fab"
+    assert kept.read_bytes() == content and recorder.stats["fabs"] == 1
+    info = json.loads((tmp_path / "run-11" / "run.json").read_text())
+    assert info["fab-file"] == f"fabs/{digest}.fab" and info["run_config"]["lr"] == 0.001
+    stem = tmp_path / "run-11" / "captures" / "round-0001" / "node-7"
+    assert _app_code(stem, {}) == kept
+    code = read_code(load_app(kept), {"run config": info["run_config"]})
+    assert code.optimiser.value == "adam" and code.lr.value == 0.001
+    forged = b"not the bundle"
+    recorder.handle("/v1/fleet/get-fab", GetFabRequest(hash_str="ab" * 32, run_id=12).SerializeToString(),
+                    GetFabResponse(fab=Fab(hash_str="ab" * 32, content=forged)).SerializeToString(), 200)  # fmt: skip
+    assert not (tmp_path / "fabs" / f"{'ab' * 32}.fab").exists() and recorder.stats["fabs"] == 1
+    recorder.close()

@@ -411,7 +411,8 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     # the same recipe on another draw of auxiliary images and another shuffle: how far two runs of it differ
     # the direction rests on the estimated counts, which rest on SGD's relation: checked under SGD only
     other = systems(counts, chosen, seed + OTHER_DRAW, 0.0) if optimiser == "sgd" else None
-    fit = recipe_fit(systems(counts, chosen, seed, 0.0), rows, moved, candidate_name(*key), other)
+    fit = recipe_fit(systems(counts, chosen, seed, 0.0), rows, moved, candidate_name(*key), other) if (
+        optimiser in SIMULATED_OPTIMISERS) else None  # another optimiser: SGD's steps ran in its place, not it
     runs = systems.runs + sum(s.runs for _, s, _ in trials.values() if s is not systems)
     note += f"; {runs} simulations run in all (a repeated one looked up)"
     return LabelEstimate(counts, chosen, note, alternatives, how, optimiser, fit)

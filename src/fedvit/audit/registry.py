@@ -335,9 +335,7 @@ def shadows_apply(obs: Observation, held: Held) -> str | None:
     """Why shadow updates cannot be trained for ``obs`` (None: they can)."""
     if held.references <= 0:
         return "no shadow updates asked for (--membership-references 0)"
-    if (why := recipe_misfit(held)) is not None:
-        return why
-    if (why := other_optimiser(obs)) is not None:
+    if (why := other_optimiser(obs) or recipe_misfit(held)) is not None:
         return why
     if not counts_simulated(held):
         return ("shadow updates need a multi-step update whose label counts were estimated on images that are not "
@@ -428,7 +426,7 @@ def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held)
 
 def power_applies(obs: Observation, held: Held) -> str | None:
     """Why the power simulation cannot run for ``obs`` (None: it can)."""
-    if (why := recipe_misfit(held)) is not None:
+    if (why := other_optimiser(obs) or recipe_misfit(held)) is not None:
         return why
     if not counts_simulated(held):
         return ("needs the update's class counts estimated by simulating its local training on labelled images that "
