@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from benchmarks.common import ROOT, side_by_side, write_csv
 from benchmarks.label_distribution import BATCH, PARTITIONS, models
-from fedvit.attacks.label_distribution import Auxiliary, prior_accuracy
+from fedvit.attacks.holdings import Auxiliary, Candidates
+from fedvit.attacks.label_distribution import prior_accuracy
 from fedvit.attacks.labels import label_accuracy
-from fedvit.attacks.membership import Candidates
 from fedvit.attacks.model_spec import head_bias
 from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe

@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import ROOT, write_csv
-from fedvit.attacks.label_distribution import Auxiliary
-from fedvit.attacks.membership import Candidates
+from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.model_spec import ModelSpec
 from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe
@@ -77,7 +76,7 @@ def audited(obs: Observation, aux: Auxiliary, candidates: Candidates) -> tuple[f
     obs, findings = measure_all(obs, held)
     found = evidence(obs, findings, held)
     return time.perf_counter() - started, {**found, "counts": findings[registry.LABELS].rows[0]["labels"],
-                                            "frozen-features": held.found["frozen-features"]}  # fmt: skip
+                                            "frozen-features": held.found.frozen_features}  # fmt: skip
 
 
 def main() -> None:

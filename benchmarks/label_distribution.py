@@ -27,7 +27,8 @@ from benchmarks.common import ROOT, TINY, side_by_side, write_csv
 
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 
-from fedvit.attacks.label_distribution import Auxiliary, estimate, prior_accuracy  # noqa: E402
+from fedvit.attacks.holdings import Auxiliary
+from fedvit.attacks.label_distribution import estimate, prior_accuracy  # noqa: E402
 from fedvit.attacks.labels import label_accuracy  # noqa: E402
 from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec, head_bias  # noqa: E402
 from fedvit.attacks.observation import Observation  # noqa: E402

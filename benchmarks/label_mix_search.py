@@ -25,10 +25,10 @@ import torch
 
 from benchmarks.common import ROOT, write_csv
 from benchmarks.label_distribution import client_update, models
+from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.label_distribution import (
     PASSES,
     SEARCH_STEPS,
-    Auxiliary,
     head_rows,
     integer_counts,
     learned_mix,
@@ -37,10 +37,10 @@ from fedvit.attacks.label_distribution import (
     prior_accuracy,
     residual_search,
     scaled_rhs,
-    simulate,
     solve_counts,
 )
 from fedvit.attacks.labels import label_accuracy
+from fedvit.attacks.simulation import simulate
 
 OUT = ROOT / "docs" / "results" / "data" / "label-mix-search.csv"
 CASES = [(size, epochs, seed) for epochs in (1, 3, 5) for size in (1000,) for seed in (0, 1, 2, 3, 4)]

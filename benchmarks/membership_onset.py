@@ -28,7 +28,8 @@ import torch
 
 from benchmarks.common import ROOT, side_by_side, write_csv
 from benchmarks.label_distribution import BATCH, DRAWS, LR, MOMENTUM, PARTITIONS, epochs_at, models
-from fedvit.attacks.membership import Candidates, infer, reference_updates, split_for_references
+from fedvit.attacks.holdings import Candidates
+from fedvit.attacks.membership import infer, reference_updates, split_for_references
 from fedvit.attacks.model_spec import head_bias
 from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe

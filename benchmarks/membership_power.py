@@ -19,8 +19,9 @@ import torch
 from benchmarks.common import ROOT, write_csv
 from benchmarks.label_distribution import BATCH, LR, MOMENTUM, PARTITIONS, epochs_at, models
 from benchmarks.membership_onset import images_of
-from fedvit.attacks.label_distribution import Auxiliary
-from fedvit.attacks.membership import Candidates, candidate_losses, judge, loss_scores, simulated_power
+from fedvit.attacks.holdings import Auxiliary, Candidates
+from fedvit.attacks.membership import candidate_losses, loss_scores, simulated_power
+from fedvit.attacks.membership_stats import judge
 from fedvit.attacks.model_spec import head_bias
 from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe

@@ -18,9 +18,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedvit.app.audit_cli import find_spec_file, read_spec_file, spec_from
+from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.model_spec import ModelSpec, SpecError, model_settings
 from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe, map_state, sent_kind
+from fedvit.attacks.simulation import simulate
 from fedvit.audit.pipeline import AuditOptions, audit_captures
 from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
@@ -700,7 +702,7 @@ def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path,
     the --model weights; the simulations train the head alone (the backbone of a shadow stays as received), labels
     and membership are measured and image inversion says what it would need. The backbone's features are computed
     once and the head runs alone: the same figures as the whole model's."""
-    from fedvit.attacks.label_distribution import Auxiliary, simulate
+
     from fedvit.audit import registry
     from fedvit.audit.pipeline import Reader
     from fedvit.capture.reader import load_exchanges
@@ -752,7 +754,7 @@ class ScaledHead(HeadOnBackbone):
 def test_frozen_features_are_refused_where_the_backbone_is_not_deterministic_or_the_head_is_not_last():
     """BatchNorm, dropout or a layer after the head: the whole model runs, and the reason is said."""
     from fedvit.attacks.frozen_features import on_features
-    from fedvit.attacks.label_distribution import Auxiliary
+    from fedvit.attacks.holdings import Auxiliary
 
     images, labels = load_data(5, 8, 7)
     aux = Auxiliary(images, labels, "partition 5")

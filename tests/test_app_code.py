@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from fedvit.attacks.app_code import App, AppCodeError, app_sources, load_app, read_code
-from fedvit.attacks.label_distribution import SCALE_MARGIN, RecipeFit, flatness
 from fedvit.attacks.recipe import read_recipe
+from fedvit.attacks.simulation import SCALE_MARGIN, RecipeFit, flatness
 from fedvit.capture.reader import Exchange
 
 HEADAPP = Path(__file__).parent / "headapp"
@@ -173,3 +173,37 @@ def test_the_fit_needs_the_scale_the_flatness_and_where_checked_the_direction():
     assert not RecipeFit("SGD β 0", 1.0, 0.999, (0.65, 0.90), 0.999).fits  # Adam's update, SGD simulated
     unchecked = RecipeFit("Adam", 1.3, 0.5, (0.96, 0.89))  # Adam: the direction rests on SGD's relation
     assert unchecked.fits and unchecked.mismatch < RecipeFit("SGD β 0", 0.4, 0.9, (0.65, 0.89)).mismatch
+
+
+def test_a_capture_mod_records_the_folder_of_the_app_whose_module_it_runs_in(tmp_path, monkeypatch):
+    """capture_mod and CapturingStrategy record ``app-dir``: the sys.path folder whose pyproject declares the Flower
+    app of a module loaded in the process (a folder with another app's pyproject is passed over); the reader hands
+    it to the audit as the app's code."""
+    import importlib
+    import sys
+
+    from fedvit.capture.reader import _app_code
+    from fedvit.capture.writer import app_folder
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "pyproject.toml").write_text('[tool.flwr.app.components]\nclientapp = "notloaded.client_app:app"\n')
+    app = write_app(tmp_path / "app", "torch.optim.SGD(model.parameters(), lr=lr)")
+    (app / "pyproject.toml").write_text('[tool.flwr.app.components]\nclientapp = "pkg.client_app:app"\n')
+    (app / "pkg" / "__init__.py").write_text("")
+    (app / "pkg" / "client_app.py").write_text("app = None\n")  # importable stand-in: loaded, not parsed here
+    # only these two apps on the path (the checkout's own pyproject declares fedvit's app, whose modules may be loaded)
+    kept = [p for p in sys.path if not (Path(p or ".") / "pyproject.toml").is_file()]
+    monkeypatch.setattr(sys, "path", [str(other), str(app), *kept])
+    monkeypatch.delitem(sys.modules, "pkg", raising=False)
+    monkeypatch.delitem(sys.modules, "pkg.client_app", raising=False)
+    app_folder.cache_clear()
+    assert app_folder() is None  # no module of either app loaded yet
+    importlib.import_module("pkg.client_app")
+    app_folder.cache_clear()
+    try:
+        assert app_folder() == str(app.resolve())
+    finally:
+        app_folder.cache_clear()
+    assert _app_code(tmp_path / "run-1" / "captures" / "round-0001" / "node-1", {"app-dir": str(app)}) == app
+    assert _app_code(tmp_path / "run-1" / "captures" / "round-0001" / "node-1", {"app-dir": "/no/such"}) is None

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.observation import Reconstruction, recipe
 from fedvit.audit.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
 from fedvit.core.config import parse_config
@@ -94,7 +95,7 @@ def test_optimisation_reconstructs_every_image_of_a_batch_with_progress(tmp_path
 
 
 def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
-    from fedvit.attacks.label_distribution import Auxiliary
+
     from fedvit.attacks.labels import label_accuracy, recover_labels
     from fedvit.audit.user_data import test_split_sample
 

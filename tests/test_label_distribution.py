@@ -12,23 +12,37 @@ import numpy as np
 import pytest
 import torch
 
+from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.label_distribution import (
     ADAM_ERROR,
     BENCHMARKED_ERROR,
-    Auxiliary,
     Systems,
     estimate,
     integer_counts,
     prior_accuracy,
-    simulate,
-    step_weights,
 )
 from fedvit.attacks.labels import label_accuracy
-from fedvit.attacks.membership import Candidates, infer, roc_figures
+from fedvit.attacks.membership import infer
+from fedvit.attacks.membership_stats import (
+    Score,
+    calibrate,
+    class_ranks,
+    clears_null,
+    clopper_pearson,
+    empirical_epsilon,
+    fpr_resolution,
+    intervals,
+    judge,
+    null_figures,
+    over_rounds,
+    privacy_bound,
+    roc_figures,
+)
 from fedvit.attacks.model_spec import ModelSpec
 from fedvit.attacks.observation import Observation, Reconstruction
 from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
+from fedvit.attacks.simulation import simulate, step_weights
 from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, verdict
 from fedvit.audit.metrics import psnr, psnr_table, score
 
@@ -169,7 +183,7 @@ def test_tpr_is_given_only_at_fprs_the_calibration_resolves_with_exact_intervals
     class's non-members ties at the top and TPR at 0.1% would equal TPR at 1%: neither is given, each says how many
     non-members per class it needs, and the verdict reads TPR at the resolution. With 200 per class 1% is resolved
     (with Clopper–Pearson intervals on the TPR and on the FPR reached), 0.1% is not."""
-    from fedvit.attacks.membership import calibrate, clears_null, clopper_pearson, fpr_resolution, intervals
+
     from fedvit.audit.report import evidence_text
 
     rng = np.random.default_rng(0)
@@ -209,7 +223,6 @@ def test_below_the_resolution_a_gaussian_fit_gives_tpr_at_0_1_percent_where_it_a
     long-tailed (exponential) the check disagrees and the report gives no parametric figure."""
     from scipy.stats import norm
 
-    from fedvit.attacks.membership import Score, judge
     from fedvit.audit.report import tpr_text
 
     rng = np.random.default_rng(0)
@@ -353,7 +366,7 @@ def test_the_strongest_score_is_reported_against_the_null_of_the_same_maximum():
     the family is at least its null alone. (At 1% FPR 250 members are too few to single any out.)"""
     from sklearn.metrics import roc_auc_score
 
-    from fedvit.attacks.membership import candidate_losses, judge, loss_drop_score, null_figures, sent_loss_score
+    from fedvit.attacks.membership import candidate_losses, loss_drop_score, sent_loss_score
 
     obs, candidates = textures_update(40, 0.5, size=250)
     model = Net()
@@ -384,7 +397,7 @@ def test_the_empirical_epsilon_compares_sides_of_one_class_composition():
     bounds — the ε bound compares as many members as non-members of each class, so it proves nothing there (a false
     "violates" otherwise); members that do score higher within their class prove ε beyond the bound's null; on
     canaries, included at random, every image counts and the class-first score proves a large ε."""
-    from fedvit.attacks.membership import Score, judge
+
 
     rng = np.random.default_rng(0)
     members, non_members = np.zeros(300, np.int64), np.repeat(np.arange(10), 100)
@@ -412,10 +425,9 @@ def test_the_empirical_epsilon_proves_nothing_on_a_control_without_information(m
     most 2 of 40 (none when written). Ranks calibrated against the non-members of each class (the
     other figures' calibration, which the bound once used) "prove" ε > 0 in about half of them, up to ε 2: a
     member's rank among the other side is not exchangeable with a non-member's rank among its own side."""
-    from fedvit.attacks import membership
-    from fedvit.attacks.membership import Score, calibrate, empirical_epsilon, privacy_bound
+    from fedvit.attacks import membership_stats
 
-    monkeypatch.setattr(membership, "EPSILON_NULL_DRAWS", 5)  # the bound is under test here, not its null
+    monkeypatch.setattr(membership_stats, "EPSILON_NULL_DRAWS", 5)  # the bound is under test here, not its null
     rng = np.random.default_rng(1)
     audit_bounds, rank_bounds = [], []
     for _ in range(40):
@@ -457,7 +469,7 @@ def test_a_clients_rounds_combined_show_more_than_its_best_round():
     its best single round's, beyond the null built the same way; "members" the client never held (as many of each
     class) combined over the same updates clear nothing. (At 1% FPR the average dilutes what single rounds show:
     rounds 2 and 4 single out members beyond their nulls, the combination does not; the report keeps both.)"""
-    from fedvit.attacks.membership import candidate_losses, judge, loss_drop_score, over_rounds, sent_loss_score
+    from fedvit.attacks.membership import candidate_losses, loss_drop_score, sent_loss_score
 
     mine, theirs = make_textures(300, 100), make_textures(300, 101)
     candidates = Candidates(mine, make_textures(2000, 999), "other textures")
@@ -545,7 +557,7 @@ def test_a_score_that_only_tells_the_class_is_not_membership():
     """Members skewed to some classes, non-members uniform, a score that depends on the class alone (a noised
     model's class bias): its raw AUC is high; calibrated on each class's non-members it is not, and the
     within-class null reaches it either way."""
-    from fedvit.attacks.membership import Score, calibrate, null_figures
+
 
     rng = np.random.default_rng(0)
     member_labels = rng.choice(10, 500, p=np.r_[np.full(3, 0.3), np.full(7, 0.1 / 7)])
@@ -560,7 +572,7 @@ def test_a_score_that_only_tells_the_class_is_not_membership():
 
 
 def test_calibration_ranks_each_class_among_its_non_members():
-    from fedvit.attacks.membership import calibrate
+
 
     inside, outside = calibrate(np.array([5.0, 1.0, 7.0]), np.array([1.0, 3.0, 10.0, 10.0, 4.0]),
                                 np.array([0, 1, 2]), np.array([0, 0, 1, 1, 2]))  # fmt: skip
@@ -571,7 +583,7 @@ def test_calibration_ranks_each_class_among_its_non_members():
 def test_calibration_in_one_sort_is_each_class_ranked_on_its_own():
     """The one-sort calibration equals ranking each class's scores among that class's non-members (all non-members
     for a class with fewer than two), ties included."""
-    from fedvit.attacks.membership import calibrate, class_ranks
+
 
     rng = np.random.default_rng(0)
     for case in range(200):
@@ -591,7 +603,7 @@ def test_calibrated_auc_is_the_within_class_auc_however_skewed_the_classes():
     """A class holding most members with a long-tailed score, another holding most non-members: the pooled
     calibrated AUC is the member-weighted within-class AUC, and a null split centres on 0.5 (a mean/std
     standardisation gives 0.50 for a within-class 0.63 here, and 0.46 for the null)."""
-    from fedvit.attacks.membership import calibrate
+
 
     rng = np.random.default_rng(0)
     member_labels, outsider_labels = np.repeat([0, 1], [900, 100]), np.repeat([0, 1], [100, 900])
@@ -687,7 +699,6 @@ def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
     counts are said to rest on SGD's relation."""
     import dataclasses
 
-    from fedvit.attacks.label_distribution import simulate
     from fedvit.attacks.observation import not_plain_sgd
     from fedvit.attacks.recipe import PrivacyClaim
 

@@ -201,12 +201,14 @@ def test_over_tls_the_tap_relays_but_records_nothing_readable(tmp_path):
     done, final, captures = deploy(tmp_path / "tls", through_tap=True, tls=True, rounds=1)
     assert final.exists(), done.stdout[-2000:]  # the federation trained through the tap
     assert not list(captures.rglob("*.safetensors")) and not list(captures.rglob("node-*.json"))
+    assert not (captures / "fabs").exists()  # the app bundle crossed the link encrypted too
     links = [json.loads(line) for line in (captures / "connections.jsonl").read_text().splitlines()]
     assert links and all(link["protocol"] == "tls" and not link["readable"] for link in links)
     out = tmp_path / "audit"
     audit = fedvit("audit", str(captures), "--out", str(out), "--model", "cnnapp.task:Net", "--app-dir", str(APP))
     assert audit.returncode == 0, audit.stderr
     assert "the wire shows nothing; the server still sees every update" in (out / "audit.md").read_text()
+    assert "no app bundle to read the client's recipe from: give --app" in (out / "audit.md").read_text()
 
 
 def test_the_tap_stops_cleanly_and_says_what_it_saw(tmp_path):

@@ -64,9 +64,9 @@ class Value:
     def described(self) -> str:
         if self.value is None:
             return f"unread ({self.source}: {self.how})"
-        return f"{self.value:g} ({self.source}{', ' + self.how if self.how else ''})" if isinstance(
-            self.value, float | int) and not isinstance(self.value, bool) else f"{self.value} ({self.source}" + (
-            f", {self.how})" if self.how else ")")  # fmt: skip
+        number = isinstance(self.value, int | float) and not isinstance(self.value, bool)
+        shown = f"{self.value:g}" if number else str(self.value)
+        return f"{shown} ({self.source}" + (f", {self.how})" if self.how else ")")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedvit.attacks.label_distribution import Auxiliary
-from fedvit.attacks.membership import Candidates
+from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.model_spec import ModelSpec
 from fedvit.attacks.observation import Observation, input_shape, public_model, received_model
 from fedvit.core.model import normalize

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedvit.attacks.label_distribution import Auxiliary, RecipeFit, estimate, noise_auxiliary
+from fedvit.attacks.holdings import Auxiliary
+from fedvit.attacks.label_distribution import estimate, noise_auxiliary
 from fedvit.attacks.observation import (
     Observation,
     as_gradient,
@@ -30,6 +31,7 @@ from fedvit.attacks.observation import (
     simulated,
     update_clipped,
 )
+from fedvit.attacks.simulation import RecipeFit
 from fedvit.core.model import classify
 
 

@@ -31,9 +31,10 @@ def threat_model(observers: list[str | None], assumed: bool) -> str:
     """The threat model the captures stand for, and how much of the recipe it knows."""
     seen = "; ".join(dict.fromkeys(THREAT_MODELS.get(o or "", CLIENT_LINK) for o in observers)) or CLIENT_LINK
     knows = (
-        "parameter-aware: reads the recipe the records and run config carry, assumes the rest (listed per update)"
+        "parameter-aware: reads the recipe from the app's code, the records and the update, assumes the rest (listed "
+        "per update)"
         if assumed
-        else "parameter-aware: every recipe value from the records or the run config"
+        else "parameter-aware: every recipe value from the app's code, the records or the update"
     )
     return f"{seen}; {knows} (Carletti et al., SoK, USENIX Security 2025)"
 
@@ -76,7 +77,7 @@ DEFAULT_DELTA = 1e-5  # the δ of the empirical ε where canaries are audited wi
 
 
 def privacy_evidence(claim: Any, found: dict[str, Any]) -> dict[str, Any]:
-    """The empirical lower bound on ε (:func:`fedvit.attacks.membership.privacy_bound`) beside its null and the
+    """The empirical lower bound on ε (:func:`fedvit.attacks.membership_stats.privacy_bound`) beside its null and the
     client's claim (a :class:`fedvit.attacks.recipe.PrivacyClaim`, or None): a bound above both the claimed ε and
     its null violates the claim at the bound's confidence; consistent otherwise."""
     out = {"empirical-epsilon": found["epsilon-lower"], "null": found["null"], "null-draws": found["null-draws"],

@@ -22,8 +22,8 @@ import numpy as np
 from tqdm import tqdm
 
 from fedvit.attacks.app_code import App, AppCodeError, CodeRecipe, load_app, read_code
-from fedvit.attacks.label_distribution import Auxiliary
-from fedvit.attacks.membership import REFERENCES, Candidates, save_roc
+from fedvit.attacks.holdings import Auxiliary, Candidates
+from fedvit.attacks.membership import REFERENCES
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, dense_update, model_skeleton, recipe
 from fedvit.attacks.recipe import ClientRecipe, map_part, read_recipe, sent_kind
@@ -32,7 +32,7 @@ from fedvit.audit.evidence import threat_model, verdict
 from fedvit.audit.frontier import frontier_rows, write_frontier
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
-from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
+from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid, save_roc
 from fedvit.audit.user_data import Truths, UserData
 from fedvit.capture.reader import (
     NOTHING_ON_THE_WIRE,
@@ -333,17 +333,17 @@ def attack_exchange(
         "examples": client.examples,
         "recipe": client.described(),
         "app-code": obs.meta.get("app-code"),
-        "recipe-fit": None if (fit := held.found.get("recipe-fit")) is None else {
+        "recipe-fit": None if (fit := held.found.recipe_fit) is None else {
             "recipe": fit.recipe, "scale": fit.scale, "cosine": fit.cosine, "own-cosine": fit.own_cosine,
             "cosine-bound": fit.cosine_bound, "flatness": list(fit.flatness),
             "fits": fit.fits,
-            "checked": held.fit_check and not held.found.get("recipe-fit-unchecked"),
-            "not-checked": held.found.get("recipe-fit-unchecked") or (None if held.fit_check else "--no-fit-check")},
+            "checked": held.fit_check and not held.found.fit_unchecked,
+            "not-checked": held.found.fit_unchecked or (None if held.fit_check else "--no-fit-check")},
         # recipe values no record carries and nothing estimated, and (another app) what no record can carry
         "assumptions": client.assumed() + (unrecorded(client) if obs.config is None else []),
         "labels": labelled["labels"],
         "label-accuracy": labelled["label-accuracy"],
-        "frozen-features": held.found.get("frozen-features"),  # a partial update: its head on cached features?
+        "frozen-features": held.found.frozen_features,  # a partial update: its head on cached features?
         "attacks": statuses,
         "best-attack": best,
         "leakage": evidence(obs, findings, held),
@@ -351,8 +351,9 @@ def attack_exchange(
     } | {k: (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
     recs = {n: f.reconstruction for n, f in findings.items() if f.reconstruction is not None}
     ranks = {n: f.scores["reid-ranks"] for n, f in findings.items() if f.reconstruction is not None}
-    scores = (membership_scores(findings), held.found["membership-split"]) if "membership-split" in held.found else None
-    return rows, update, {"ranks": ranks, "membership": held.found.get("membership-roc"), "scores": scores} | recs
+    split = held.found.membership_split
+    scores = None if split is None else (membership_scores(findings), split)
+    return rows, update, {"ranks": ranks, "membership": held.found.membership_roc, "scores": scores} | recs
 
 
 def audit_exchanges(
@@ -451,7 +452,8 @@ def audit_captures(captures: Path, out: Path, options: AuditOptions | None = Non
     hidden = unreadable_links(captures)
     notes = [f"skipped {s}" for s in skipped]
     if hidden:
-        notes.append(f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded")
+        notes.append(f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded (no "
+                     "messages, and no app bundle to read the client's recipe from: give --app DIR|FAB)")
     if not exchanges and not hidden:
         old = (
             " (these are fedvit's captures in the layout before the one capture layout, captures/round-N/partition-P:"

@@ -17,8 +17,9 @@ from tqdm import tqdm
 from fedvit.attacks import april
 from fedvit.attacks.cocktail import cocktail_party
 from fedvit.attacks.frozen_features import head_path, on_features
+from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.inversion import collusion_inversion, fedavg_aware_invert, invert
-from fedvit.attacks.label_distribution import Auxiliary, benchmarked_error, prior_accuracy
+from fedvit.attacks.label_distribution import benchmarked_error, prior_accuracy
 from fedvit.attacks.labels import Recovered, label_accuracy, recover_labels_and_momentum
 from fedvit.attacks.membership import (
     ALIGNMENT,
@@ -26,18 +27,15 @@ from fedvit.attacks.membership import (
     LOSS_SCORES,
     SENT_LOSS,
     SENT_LOSS_PER_CLASS,
-    Candidates,
-    Score,
     alignment_score,
     candidate_losses,
-    judge,
     loss_drop_score,
-    over_rounds,
     reference_updates,
     sent_loss_score,
     simulated_power,
     split_for_references,
 )
+from fedvit.attacks.membership_stats import Score, judge, over_rounds
 from fedvit.attacks.observation import (
     Observation,
     Reconstruction,
@@ -53,6 +51,7 @@ from fedvit.attacks.observation import (
 )
 from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
+from fedvit.attacks.simulation import RecipeFit
 from fedvit.audit.evidence import DEFAULT_DELTA, image_evidence, label_evidence, membership_evidence, privacy_evidence
 from fedvit.audit.metrics import as_batch, score
 from fedvit.core.config import AuditConfig
@@ -180,13 +179,37 @@ def applicable(obs: Observation) -> tuple[list[Attack], dict[str, str]]:
 # ---------------------------------------------------------------------------- every leakage measure
 
 
+class MembershipSplit(NamedTuple):
+    """What every membership score of one update is taken on: the candidates, the images that train the shadow
+    updates (None: no shadows) and the seed of the null's shuffles."""
+
+    candidates: Candidates
+    pool: Auxiliary | None
+    seed: int
+
+
+@dataclass
+class Found:
+    """What the measures of one update leave for later ones, typed. One object per update, shared by its views (the
+    whole model's and, where :func:`head_only` applies, the head's)."""
+
+    simulated_counts: np.ndarray | None = None  # the class counts the label estimate simulated (shadows, power)
+    recipe_fit: RecipeFit | None = None  # how well the recipe's simulation reproduces the update
+    fit_unchecked: str | None = None  # why that fit is not checked (None: it is)
+    membership_split: MembershipSplit | None = None  # decided once: every membership score is taken on it
+    membership_losses: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # the candidates' losses
+    membership_roc: tuple[np.ndarray, np.ndarray] | None = None  # the strongest score's judged values (ROC plot)
+    features_decided: bool = False  # head_only decided (its outcome below)
+    frozen_features: str | None = None  # the frozen layers' outputs computed once, or why the whole model runs
+    head_only: tuple[Observation, Held] | None = None  # the observation and holdings on the head's inputs
+
+
 @dataclass
 class Held:
     """What the audit holds for one update beside the observation. Truth (``images``, ``labels``, ``gallery``;
     ``exact`` when they are exactly the update's) reaches only the scoring; ``aux`` (labelled images that are not
     the client's) and ``candidates`` (membership's) are what an attacker may hold. ``found``: what earlier
-    measures left for later ones (the class counts the label estimate simulated, its momentum being in the recipe;
-    the membership scores' split and losses; the strongest membership score's values, for the ROC plot)."""
+    measures left for later ones (:class:`Found`)."""
 
     images: np.ndarray | None
     labels: np.ndarray | None
@@ -201,7 +224,7 @@ class Held:
     references: int = 0  # shadow updates behind the shadow-alignment membership score (0: that score is off)
     position: str = ""  # "update k/n", for progress bars
     fit_check: bool = True  # withhold the simulation's figures where the recipe does not fit (off: a mutation check)
-    found: dict[str, Any] = field(default_factory=dict)
+    found: Found = field(default_factory=Found)
 
 
 @dataclass
@@ -242,7 +265,7 @@ def label_counts(obs: Observation, held: Held) -> Finding:
     """The label counts of one update, scored against the client's true labels where exactly known and beside the
     prior's; leaves the simulated counts in ``held.found`` for membership's shadow updates (which simulate the
     recipe: the one stated, or the optimiser and momentum inferred here) and the recipe's fit to the update. Where
-    the recipe's simulation does not reproduce the update (:class:`~fedvit.attacks.label_distribution.RecipeFit`),
+    the recipe's simulation does not reproduce the update (:class:`~fedvit.attacks.simulation.RecipeFit`),
     the counts are withheld, and so is every figure that rests on simulating that recipe."""
     started = time.perf_counter()
     try:
@@ -253,14 +276,14 @@ def label_counts(obs: Observation, held: Held) -> Finding:
         found.momentum_estimate) else None  # fmt: skip
     unchecked = unfittable(obs)
     if found.fit is not None:
-        held.found["recipe-fit"] = found.fit
-        held.found["recipe-fit-unchecked"] = unchecked
+        held.found.recipe_fit = found.fit
+        held.found.fit_unchecked = unchecked
     if found.fit is not None and not found.fit.fits and held.fit_check and unchecked is None:
         note = f"withheld: {recipe_misfit(held)}; the counts rest on simulating it ({found.note})"
         finding = _label_finding(obs, held, None, note, started)
     else:
         if found.counts is not None and found.momentum is not None:
-            held.found["simulated-counts"] = found.counts
+            held.found.simulated_counts = found.counts
         finding = _label_finding(obs, held, found.counts, found.note, started)
     finding.recipe = inferred
     return finding
@@ -280,8 +303,8 @@ def unfittable(obs: Observation) -> str | None:
 def recipe_misfit(held: Held) -> str | None:
     """Why the figures that simulate the client's recipe are withheld: its simulation does not reproduce the update
     (None: it does, or nothing was simulated, or the check is off)."""
-    fit = held.found.get("recipe-fit")
-    if fit is None or fit.fits or not held.fit_check or held.found.get("recipe-fit-unchecked"):
+    fit = held.found.recipe_fit
+    if fit is None or fit.fits or not held.fit_check or held.found.fit_unchecked:
         return None
     return f"recipe does not fit: {fit.described()}"
 
@@ -322,15 +345,6 @@ LABEL_COUNTS = Measure(
 # ---- membership: the client's images against images it never held, one entry per score
 
 
-class MembershipSplit(NamedTuple):
-    """What every membership score of one update is taken on: the candidates, the images that train the shadow
-    updates (None: no shadows) and the seed of the null's shuffles."""
-
-    candidates: Candidates
-    pool: Auxiliary | None
-    seed: int
-
-
 def shadows_apply(obs: Observation, held: Held) -> str | None:
     """Why shadow updates cannot be trained for ``obs`` (None: they can)."""
     if held.references <= 0:
@@ -346,31 +360,31 @@ def shadows_apply(obs: Observation, held: Held) -> str | None:
 def counts_simulated(held: Held) -> bool:
     """Whether the label estimate simulated this update's training on labelled images that are not the client's
     (what the shadow updates and the power twin repeat)."""
-    return held.found.get("simulated-counts") is not None and held.aux is not None
+    return held.found.simulated_counts is not None and held.aux is not None
 
 
 def membership_split(obs: Observation, held: Held) -> MembershipSplit:
     """Decided once per update, so that every score is judged on one split against one null: where shadow updates
     apply, half the non-members train them and every score is taken on the other half
     (:func:`~fedvit.attacks.membership.split_for_references`)."""
-    if "membership-split" not in held.found:
+    if held.found.membership_split is None:
         candidates, pool = held.candidates, None
         if alignment_applies(obs, held) is None:
             candidates, pool = split_for_references(candidates)
-        held.found["membership-split"] = MembershipSplit(candidates, pool, attacker_seed(obs))
-    return held.found["membership-split"]
+        held.found.membership_split = MembershipSplit(candidates, pool, attacker_seed(obs))
+    return held.found.membership_split
 
 
 def candidate_losses_of(obs: Observation, held: Held) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The candidates' losses under the received and sent weights, computed once for the loss-based scores."""
-    if "membership-losses" not in held.found:
-        held.found["membership-losses"] = candidate_losses(obs, membership_split(obs, held).candidates)
-    return held.found["membership-losses"]
+    if held.found.membership_losses is None:
+        held.found.membership_losses = candidate_losses(obs, membership_split(obs, held).candidates)
+    return held.found.membership_losses
 
 
 def alignment(obs: Observation, held: Held) -> Score:
     split = membership_split(obs, held)
-    shadows = reference_updates(obs, split.pool, held.found["simulated-counts"], recipe(obs).momentum, split.seed,
+    shadows = reference_updates(obs, split.pool, held.found.simulated_counts, recipe(obs).momentum, split.seed,
                                 held.references)  # fmt: skip
     return alignment_score(obs, split.candidates, shadows, split.pool)
 
@@ -407,17 +421,17 @@ MEMBERSHIP_SCORES: tuple[Measure, ...] = (
 
 
 def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, Any]:
-    """The strongest membership score against its null within the family (:func:`fedvit.attacks.membership.judge`),
-    what a simulated update like this one shows (:func:`power`) and, where the update claims DP or canaries are
-    scored, the empirical ε; leaves the strongest score's judged values in ``held.found["membership-roc"]`` for the
-    ROC plot."""
+    """The strongest membership score against its null within the family
+    (:func:`fedvit.attacks.membership_stats.judge`), what a simulated update like this one shows (:func:`power`)
+    and, where the update claims DP or canaries are scored, the empirical ε; leaves the strongest score's judged
+    values in ``held.found.membership_roc`` for the ROC plot."""
     scores = membership_scores(findings)
     if not scores:
         return membership_evidence(None, next(iter(findings.values())).status.removeprefix("not applicable: "))
-    split, claim = held.found["membership-split"], recipe(obs).privacy
+    split, claim = held.found.membership_split, recipe(obs).privacy
     delta = claim.delta if claim is not None else DEFAULT_DELTA if split.candidates.canaries else None
     result, inside, outside = judge(scores, split.candidates, split.seed, delta)
-    held.found["membership-roc"] = (inside, outside)
+    held.found.membership_roc = (inside, outside)
     result["power"] = power(obs, held, result)
     if delta is not None:  # on the loss scores, and the shadows' only where the recipe fits: it stands either way
         result["privacy"] = privacy_evidence(claim, result.pop("empirical-epsilon"))
@@ -445,8 +459,8 @@ def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any
     what it saw with the same scores."""
     if (why := power_applies(obs, held)) is not None:
         return {"status": "not measured", "why": why}
-    split = held.found["membership-split"]
-    simulated = simulated_power(obs, held.aux, held.found["simulated-counts"], recipe(obs).momentum, split.seed,
+    split = held.found.membership_split
+    simulated = simulated_power(obs, held.aux, held.found.simulated_counts, recipe(obs).momentum, split.seed,
                                 result["non-members"])  # fmt: skip
     observed = max(result["scores"][name]["auc"] for name in LOSS_SCORES if name in result["scores"])
     return {
@@ -466,7 +480,7 @@ def membership_scores(findings: dict[str, Finding]) -> list[Score]:
 
 
 def judge_rounds(updates: list[tuple[list[Score], MembershipSplit]]) -> dict[str, Any]:
-    """One client's membership over its captured updates (:func:`fedvit.attacks.membership.over_rounds`), against
+    """One client's membership over its captured updates (:func:`fedvit.attacks.membership_stats.over_rounds`), against
     the same family null with each shuffle applied to every update alike. Needs the same candidates in each
     update (the client's images and the non-members, as ``--data`` maps them)."""
     first = updates[0][1].candidates
@@ -555,29 +569,29 @@ JUDGES: dict[str, Callable[[Observation, dict[str, Finding], Held], dict[str, An
 def head_only(obs: Observation, held: Held) -> tuple[Observation, Held] | None:
     """A head fine-tuned on a frozen backbone: the observation and holdings on the head's inputs, computed once
     (:func:`~fedvit.attacks.frozen_features.on_features`; None where they are not: the reason in
-    ``held.found["frozen-features"]``). Decided on the first call; every later call returns the same pair."""
-    if "frozen-features" not in held.found:
-        held.found["head-only"] = None
+    ``held.found.frozen_features``). Decided on the first call; every later call returns the same pair."""
+    if not held.found.features_decided:
+        held.found.features_decided = True
         if obs.trained is None:
-            held.found["frozen-features"] = None
+            held.found.frozen_features = None
         elif held.aux is None:
-            held.found["frozen-features"] = "the whole model runs: no auxiliary images to compute features of"
+            held.found.frozen_features = "the whole model runs: no auxiliary images to compute features of"
         else:
             started = time.perf_counter()
             found = on_features(obs, held.aux, held.candidates)
             if isinstance(found, str):
-                held.found["frozen-features"] = f"the whole model runs: {found}"
+                held.found.frozen_features = f"the whole model runs: {found}"
             else:
                 head_obs, aux, candidates = found
-                held.found["head-only"] = (head_obs, dataclasses.replace(held, aux=aux, candidates=candidates))
-                held.found["frozen-features"] = (
+                held.found.head_only = (head_obs, dataclasses.replace(held, aux=aux, candidates=candidates))
+                held.found.frozen_features = (
                     f"the frozen layers' outputs computed once for {len(aux.images) + len(aux.noise)} auxiliary and "
                     f"{0 if candidates is None else len(candidates.members[0]) + len(candidates.non_members[0])} "
                     f"candidate images in "
                     f"{time.perf_counter() - started:.1f} s; label counts and membership run on "
                     f"{head_path(obs)} alone"
                 )
-    pair = held.found["head-only"]
+    pair = held.found.head_only
     return None if pair is None else (dataclasses.replace(pair[0], client=obs.client), pair[1])
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from fedvit.attacks.membership_stats import split_roc
 from fedvit.attacks.observation import Observation, Reconstruction
 from fedvit.audit.frontier import fmt, reid_cell
 from fedvit.audit.metrics import as_batch, match_batch
@@ -215,4 +216,22 @@ def draw_grid(panels: list[tuple], columns: list[str], path: Path, title: str = 
         fig.suptitle(title, fontsize=7)
     fig.tight_layout(rect=(0, 0, 1, 0.97) if title else (0, 0, 1, 1))  # keep a title clear of the headings
     fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def save_roc(curves: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> None:
+    """Log-log ROC curves (one per update; the diagonal is chance), as Carlini et al. plot them."""
+    from fedvit.core.plots import plt
+
+    if not curves:
+        return
+    fig, ax = plt.subplots(figsize=(4, 4))
+    for label, inside, outside in curves:
+        fpr, tpr, _ = split_roc(inside, outside)
+        ax.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label=label, lw=1)
+    ax.plot([1e-5, 1], [1e-5, 1], "k--", lw=0.7, label="chance")
+    ax.set(xscale="log", yscale="log", xlabel="false positive rate", ylabel="true positive rate",
+           xlim=(1e-4, 1), ylim=(1e-4, 1), title="membership inference (per update)")  # fmt: skip
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: long update names fit
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)

@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fedvit.attacks.label_distribution import Auxiliary
-from fedvit.attacks.membership import Candidates
+from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.model_spec import import_callable
 from fedvit.attacks.observation import Observation, input_shape, recipe
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery, evenly_spaced, gallery_from_test_split

@@ -1,0 +1,437 @@
+"""The statistics of membership inference, whatever the score: each score's ROC figures at the false-positive rates
+its calibrated scores resolve, with Clopper–Pearson intervals (Carlini et al., "Membership Inference Attacks From
+First Principles", S&P 2022, arXiv 2112.03570); the null of within-class label shuffles over the whole family of
+scores (Westfall and Young's max-T), the judgement against it (:func:`judge`), scores combined over a client's
+rounds, and the empirical lower bound on ε that the membership test proves (:func:`privacy_bound`). The scores
+themselves are in :mod:`fedvit.attacks.membership`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from scipy.special import ndtri
+
+from fedvit.attacks.holdings import Candidates
+from fedvit.attacks.reidentification import evenly_spaced
+
+FPRS = (0.001, 0.01)
+CONFIDENCE = 0.95  # Clopper–Pearson intervals on the TPR and the FPR reached
+NULL_DRAWS = 1000  # within-class label shuffles behind the null
+NULL_QUANTILE = 0.999  # a finding must beat this quantile of the null (per figure and update)
+FIT_MINIMUM = 20  # non-members of a class a Gaussian fit of their scores needs (LiRA's offline test)
+PARAMETRIC = "tpr@0.001-parametric"  # TPR at 0.1% FPR of the per-class Gaussian fit
+MAX_CANDIDATES = 5000  # per side; more are subsampled (evenly)
+EPSILON_NULL_DRAWS = 200  # within-class shuffles behind the empirical ε's null (each one a full bound: ~12 ms)
+
+
+def evenly(images: np.ndarray, labels: np.ndarray, most: int = MAX_CANDIDATES) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``most`` of the images (evenly spaced) with their labels."""
+    if len(images) <= most:
+        return images, labels
+    keep = evenly_spaced(len(images), most)
+    return images[keep], labels[keep]
+
+
+def class_ranks(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """The mid-rank of each score among ``reference``: (#{r < s} + ½ #{r = s}) / len(reference), in [0, 1]."""
+    ordered = np.sort(reference)
+    below = np.searchsorted(ordered, scores, side="left")
+    through = np.searchsorted(ordered, scores, side="right")
+    return (below + 0.5 * (through - below)) / len(ordered)
+
+
+def calibrate(
+    member_scores: np.ndarray, non_member_scores: np.ndarray, member_labels: np.ndarray, non_member_labels: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Both sides' scores as their mid-rank among the non-members of their class (:func:`class_ranks`: the class's
+    empirical CDF), so that the pooled AUC is the member-weighted mean of the within-class AUCs (up to the ranks'
+    granularity) and a null split centres on 0.5 however skewed a class's scores are (a mean/std standardisation
+    does not: with most members in a long-tailed class it gives 0.50 where the within-class AUC is 0.63,
+    tests/test_label_distribution.py). A class with fewer than two non-members is ranked among all non-members."""
+    # One sort for every class: each score becomes its rank among all scores, keyed by class (class × n + rank), so a
+    # class's non-members are one contiguous run of the sorted keys (the null calls this thousands of times).
+    scores = np.concatenate([member_scores, non_member_scores])
+    labels = np.concatenate([member_labels, non_member_labels]).astype(np.int64)
+    order = np.unique(scores, return_inverse=True)[1].astype(np.int64)
+    span = len(scores) + 1
+    keys = labels * span + order
+    reference = np.sort(keys[len(member_scores):])
+    classes, of_class = np.unique(labels, return_inverse=True)
+    starts = np.searchsorted(reference, classes * span, "left")
+    first, count = starts[of_class], (np.searchsorted(reference, classes * span + span, "left") - starts)[of_class]
+    by_key = np.argsort(keys, kind="stable")  # sorted queries: searchsorted walks the reference once
+    below, through = np.empty(len(keys), np.int64), np.empty(len(keys), np.int64)
+    below[by_key] = np.searchsorted(reference, keys[by_key], "left")
+    through[by_key] = np.searchsorted(reference, keys[by_key], "right")
+    below, tied = below - first, through - below
+    ranks = (below + 0.5 * tied) / np.maximum(count, 1)
+    few = count < 2  # ranked among all non-members
+    if few.any():
+        ranks[few] = class_ranks(scores[few], non_member_scores)
+    return ranks[: len(member_scores)], ranks[len(member_scores) :]
+
+
+def fpr_resolution(member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[float, int]:
+    """The lowest FPR the calibrated scores resolve, and the fewest non-members any member's class is ranked among.
+    A calibrated score is a rank among its class's n_c non-members (:func:`calibrate`), so it moves in steps of
+    1/n_c: below 1/min n_c a threshold can no longer tell the members of the smallest class apart, and every member
+    above all its class's non-members ties at the top (so TPR at 0.1% equalled TPR at 1% with ~93 per class)."""
+    counts = [int(np.sum(non_member_labels == c)) for c in np.unique(member_labels)]
+    counts = [n if n >= 2 else len(non_member_labels) for n in counts]  # ranked among all non-members (calibrate)
+    fewest = min(counts) if counts else len(non_member_labels)
+    return 1.0 / max(fewest, 1), fewest
+
+
+def operating_point(fpr: np.ndarray, tpr: np.ndarray, target: float) -> tuple[float, float]:
+    """The highest TPR at an FPR no larger than ``target`` (the ROC's step function) and the FPR it is reached at."""
+    within = fpr <= target + 1e-12
+    if not within.any():
+        return 0.0, 0.0
+    best = int(np.argmax(np.where(within, tpr, -1.0)))
+    return float(tpr[best]), float(fpr[best])
+
+
+def resolved(target: float, resolution: float) -> bool:
+    """Whether an FPR ``target`` is at or above the resolution (:func:`fpr_resolution`)."""
+    return target >= resolution - 1e-12
+
+
+def split_roc(member_scores: np.ndarray, non_member_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The ROC curve (FPR, TPR) of members (positive) against non-members, a higher score meaning member, with a
+    point at every distinct score (none dropped: a collinear threshold can be the best one below an FPR target),
+    and its AUC (the trapezoid rule: the Mann–Whitney statistic, ties counted half). Written out, as a sort and two
+    cumulative sums, for the thousands of calls behind a null."""
+    scores = np.concatenate([member_scores, non_member_scores])
+    is_member = np.concatenate([np.ones(len(member_scores)), np.zeros(len(non_member_scores))])
+    order = np.argsort(-scores, kind="stable")
+    scores, is_member = scores[order], is_member[order]
+    ends = np.r_[np.flatnonzero(np.diff(scores)), len(scores) - 1]  # the last image at each distinct score
+    true_positives = np.cumsum(is_member)[ends]
+    tpr = np.r_[0.0, true_positives / max(len(member_scores), 1)]
+    fpr = np.r_[0.0, (ends + 1 - true_positives) / max(len(non_member_scores), 1)]
+    return fpr, tpr, float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1])) / 2)
+
+
+def needs(target: float) -> int:
+    """Non-members per class that resolve an FPR of ``target``."""
+    return math.ceil(1.0 / target - 1e-9)
+
+
+def roc_figures(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float = 0.0) -> dict[str, Any]:
+    """ROC AUC, TPR at each of :data:`FPRS` that ``resolution`` (:func:`fpr_resolution`) allows (None below it)
+    and TPR at the resolution itself (members positive, a higher score meaning member)."""
+    fpr, tpr, auc = split_roc(member_scores, non_member_scores)
+    figures: dict[str, Any] = {"auc": auc}
+    for f in FPRS:
+        figures[f"tpr@{f:g}"] = operating_point(fpr, tpr, f)[0] if resolved(f, resolution) else None
+    return figures | {"tpr@resolution": operating_point(fpr, tpr, max(resolution, 0.0))[0]}
+
+
+def intervals(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float) -> dict[str, Any]:
+    """Per resolved FPR target (and the resolution): the FPR actually reached, and 95% Clopper–Pearson intervals on
+    the TPR (of the members) and on that FPR (of the non-members); per target below the resolution, the
+    non-members per class it needs."""
+    fpr, tpr, _ = split_roc(member_scores, non_member_scores)
+    out: dict[str, Any] = {}
+    for name, target in [*((f"{f:g}", f) for f in FPRS), ("resolution", resolution)]:
+        if not resolved(target, resolution):
+            out[f"tpr@{name}-needs"] = needs(target)
+            continue
+        rate, reached = operating_point(fpr, tpr, target)
+        out[f"tpr@{name}-ci"] = clopper_pearson(round(rate * len(member_scores)), len(member_scores))
+        out[f"fpr@{name}"] = reached
+        out[f"fpr@{name}-ci"] = clopper_pearson(round(reached * len(non_member_scores)), len(non_member_scores))
+    return out
+
+
+def clopper_pearson(successes: int, trials: int, confidence: float = CONFIDENCE) -> list[float]:
+    """The exact (Clopper–Pearson) interval of a binomial proportion."""
+    from scipy.stats import binomtest
+
+    if trials == 0:
+        return [0.0, 1.0]
+    found = binomtest(int(successes), int(trials)).proportion_ci(confidence, method="exact")
+    return [float(found.low), float(found.high)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """One membership score of an update's candidates, a higher value meaning member: its name, how it was
+    computed, its raw values on the members and on the non-members, and whether it is judged calibrated per class
+    (:func:`calibrate`) or as it is (one threshold for every class, as the plain loss attack sets it)."""
+
+    name: str
+    reference: str
+    members: np.ndarray
+    non_members: np.ndarray
+    per_class: bool = True
+
+    def judged(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The values the figures are read from: calibrated per class, or raw."""
+        if not self.per_class:
+            return self.members, self.non_members
+        return calibrate(self.members, self.non_members, member_labels, non_member_labels)
+
+    def fitted(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both sides' values as z-scores under a Gaussian fitted to the non-members of their class (LiRA's offline
+        test, Carlini et al., arXiv 2112.03570): a calibration that reaches below one over the class's non-members.
+        None for a score judged raw, or where a member's class has fewer than :data:`FIT_MINIMUM` non-members."""
+        if not self.per_class:
+            return None
+        classes = int(max(member_labels.max(initial=0), non_member_labels.max(initial=0))) + 1
+        count = np.bincount(non_member_labels, minlength=classes).astype(float)
+        if (count[np.unique(member_labels)] < FIT_MINIMUM).any():
+            return None
+        mean = np.bincount(non_member_labels, self.non_members, classes) / np.maximum(count, 1)
+        spread = np.bincount(non_member_labels, (self.non_members - mean[non_member_labels]) ** 2, classes)
+        spread = np.sqrt(spread / np.maximum(count - 1, 1)) + 1e-12
+        return ((self.members - mean[member_labels]) / spread[member_labels],
+                (self.non_members - mean[non_member_labels]) / spread[non_member_labels])  # fmt: skip
+
+    def resplit(self, is_member: np.ndarray) -> Score:
+        """The same values on another member/non-member split of the pooled candidates (a null's shuffle)."""
+        pooled = np.concatenate([self.members, self.non_members])
+        return dataclasses.replace(self, members=pooled[is_member], non_members=pooled[~is_member])
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundsScore:
+    """One score over a client's captured updates, on the same candidates in each: per update its values ranked
+    among the non-members (of their class where the score is calibrated, else of all), as normal quantiles, summed
+    and divided by √R (Stouffer's combination): an image the client trains on in every round adds up its
+    evidence, as FedMIA combines a client's updates across rounds (Zhu et al., arXiv 2402.06289)."""
+
+    name: str
+    reference: str
+    parts: tuple[Score, ...]
+    per_class: bool = True
+
+    def judged(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        members, non_members = np.zeros(len(member_labels)), np.zeros(len(non_member_labels))
+        floor = 0.5 / max(len(non_member_labels), 1)  # a rank of 0 or 1 is the edge of what the non-members tell
+        for part in self.parts:
+            if part.per_class:
+                ranks = part.judged(member_labels, non_member_labels)
+            else:
+                ranks = class_ranks(part.members, part.non_members), class_ranks(part.non_members, part.non_members)
+            members += ndtri(np.clip(ranks[0], floor, 1 - floor))  # the normal quantile
+            non_members += ndtri(np.clip(ranks[1], floor, 1 - floor))
+        return members / math.sqrt(len(self.parts)), non_members / math.sqrt(len(self.parts))
+
+    def fitted(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> None:
+        """No parametric fit: a combination of ranks has no per-class Gaussian to fit."""
+        return None
+
+    def resplit(self, is_member: np.ndarray) -> RoundsScore:
+        return dataclasses.replace(self, parts=tuple(p.resplit(is_member) for p in self.parts))
+
+
+def score_figures(
+    score: Score | RoundsScore, member_labels: np.ndarray, non_member_labels: np.ndarray, resolution: float
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`roc_figures` of the score's judged values, and the TPR at 0.1% FPR of its Gaussian fit
+    (:meth:`Score.fitted`; None without one)."""
+    found = roc_figures(*score.judged(member_labels, non_member_labels), resolution)
+    fit = score.fitted(member_labels, non_member_labels)
+    return found | {PARAMETRIC: None if fit is None else float(np.mean(fit[0] > ndtri(1 - FPRS[0])))}
+
+
+def over_rounds(updates: list[list[Score]]) -> list[RoundsScore]:
+    """Each score that every one of a client's updates has, combined over them (:class:`RoundsScore`)."""
+    names = [s.name for s in updates[0] if all(any(o.name == s.name for o in u) for u in updates)]
+    found = [[next(s for s in u if s.name == name) for u in updates] for name in names]
+    return [RoundsScore(name, f"{parts[0].reference}, over {len(parts)} update(s)", tuple(parts), parts[0].per_class)
+            for name, parts in zip(names, found, strict=True)]  # fmt: skip
+
+
+def within_class_shuffles(is_member: np.ndarray, classes: np.ndarray, draws: int, seed: int) -> Iterator[np.ndarray]:
+    """``draws`` member masks, each ``is_member`` permuted within every class (the nulls' control: the class
+    composition of both sides stays, membership is at random)."""
+    rng = np.random.default_rng(seed)
+    groups = [np.flatnonzero(classes == c) for c in np.unique(classes)]
+    for _ in range(draws):
+        shuffled = is_member.copy()
+        for group in groups:
+            shuffled[group] = rng.permutation(is_member[group])
+        yield shuffled
+
+
+def null_figures(
+    scores: list[Score] | list[RoundsScore], member_labels: np.ndarray, non_member_labels: np.ndarray, seed: int = 0
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Per score, the null of each figure across :data:`NULL_DRAWS` shuffles of the member/non-member labels within
+    each class, every score judged on each draw as on the real split (calibrated on the draw's own non-members
+    where it is calibrated). Several scores are one family (Westfall and Young's max-T): each figure is
+    standardised by its score's own draws (mean, spread), the family's threshold is the :data:`NULL_QUANTILE` of the
+    largest standardised figure across the scores in each draw, and each score's null is that threshold in its own
+    units, so choosing the strongest of k scores does not inflate the evidence and no score's null is set by
+    another's (one score alone: the plain quantile). The class composition of the two sides stays, so a score that
+    only tells the client's frequent classes from the population's (its label distribution, a noised model's class
+    bias, the raw loss of a class-skewed client) is in its null, not counted as membership. The shuffles keep each
+    class's non-member count: the null has the real split's resolution (None where a target is below it)."""
+    classes = np.concatenate([member_labels, non_member_labels])
+    is_member = np.concatenate([np.ones(len(member_labels), bool), np.zeros(len(non_member_labels), bool)])
+    resolution, _ = fpr_resolution(member_labels, non_member_labels)
+    draws = []  # [draw][score] -> figures
+    for shuffled in within_class_shuffles(is_member, classes, NULL_DRAWS, seed):
+        labels = classes[shuffled], classes[~shuffled]
+        draws.append([score_figures(s.resplit(shuffled), *labels, resolution) for s in scores])
+    nulls: list[dict[str, Any]] = [dict.fromkeys(draws[0][0]) for _ in scores]
+    for figure in draws[0][0]:  # a figure a score lacks (below the resolution, no fit) is None in every draw
+        present = [k for k in range(len(scores)) if draws[0][k][figure] is not None]
+        if not present:
+            continue
+        found = np.array([[d[k][figure] for k in present] for d in draws])  # [draws, scores]
+        if len(present) == 1:
+            nulls[present[0]][figure] = float(np.quantile(found[:, 0], NULL_QUANTILE))
+            continue
+        centre, spread = found.mean(0), np.maximum(found.std(0), 1e-12)
+        threshold = np.quantile(((found - centre) / spread).max(1), NULL_QUANTILE)
+        for j, k in enumerate(present):
+            nulls[k][figure] = float(centre[j] + threshold * spread[j])
+    return nulls
+
+
+def clears_null(figures: dict[str, Any], null: dict[str, Any]) -> bool:
+    """A finding: AUC beyond its null, and TPR beyond its null at 1% FPR where resolved, else at the resolution."""
+    at = "tpr@0.01" if figures["tpr@0.01"] is not None else "tpr@resolution"
+    return figures["auc"] > null["auc"] and figures[at] > null[at]
+
+
+def judge(
+    scores: list[Score] | list[RoundsScore], candidates: Candidates, seed: int = 0, delta: float | None = None
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
+    """Membership figures of one update from its strongest score against that score's null within the family
+    (:func:`null_figures`): the score with the highest AUC among those that clear their null, else the highest AUC
+    of all; every score's figures and null beside it; with a ``delta``, the ε the family proves
+    (:func:`privacy_bound`). Returns them and the strongest score's judged values on the members and non-members
+    (``scores`` were taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
+    member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
+    resolution, fewest = fpr_resolution(member_labels, non_member_labels)
+    judged = [s.judged(member_labels, non_member_labels) for s in scores]
+    each = [score_figures(s, member_labels, non_member_labels, resolution) for s in scores]
+    nulls = null_figures(scores, member_labels, non_member_labels, seed)
+    cleared = [clears_null(f, n) for f, n in zip(each, nulls, strict=True)]
+    best = max(range(len(scores)), key=lambda k: (cleared[k], each[k]["auc"]))
+    inside, outside = judged[best]
+    result = {
+        "members": len(inside),
+        "non-members": len(outside),
+        "non-member-source": candidates.source,
+        "score": scores[best].name,
+        "reference": scores[best].reference,
+        **each[best],
+        **intervals(inside, outside, resolution),
+        "null": nulls[best],
+        "clears-null": cleared[best],
+        "fpr-resolution": resolution,  # after calibration: 1 / the fewest non-members of a member's class
+        "non-members-per-class": fewest,
+        "scores": {
+            s.name: {**{k: f[k] for k in ("auc", "tpr@0.01", "tpr@resolution", PARAMETRIC)}, "null": n,
+                     "clears-null": c, "per-class": s.per_class}
+            for s, f, n, c in zip(scores, each, nulls, cleared, strict=True)
+        },  # fmt: skip
+    }
+    if (fit := scores[best].fitted(member_labels, non_member_labels)) is not None:
+        result["fit-check"] = fit_check(fit[1])
+    if delta is not None:
+        result["empirical-epsilon"] = privacy_bound(scores, member_labels, non_member_labels, candidates.canaries,
+                                                    delta, seed)  # fmt: skip
+    return result, inside, outside
+
+
+def fit_check(non_members: np.ndarray, target: float = FPRS[1]) -> dict[str, Any]:
+    """The per-class Gaussian fit against the empirical CDF where both apply: the share of non-members its ``target``
+    FPR threshold passes, with its Clopper–Pearson interval; the fit agrees when the interval holds ``target``."""
+    passed = int(np.sum(non_members > ndtri(1 - target)))
+    low, high = clopper_pearson(passed, len(non_members))
+    return {"target": target, "found": passed / max(len(non_members), 1), "ci": [low, high],
+            "agrees": bool(low <= target <= high)}  # fmt: skip
+
+
+def exchangeable_sides(
+    member_labels: np.ndarray, non_member_labels: np.ndarray, canaries: bool, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Indices of the members and of the non-members that the ε bound compares: sides that are draws of one
+    distribution when the update holds nothing about its records, as the DP inequalities need. Canaries are included
+    at random: all of them. Natural members: of each class, as many members and non-members as the rarer side has
+    (drawn at random, independently of any score), so both sides have the same class composition and a score that
+    tells classes apart tells the sides apart no more than chance."""
+    if canaries:
+        return np.arange(len(member_labels)), np.arange(len(non_member_labels))
+    rng = np.random.default_rng([seed, 7])
+    members, non_members = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for c in np.intersect1d(member_labels, non_member_labels):
+        inside, outside = np.flatnonzero(member_labels == c), np.flatnonzero(non_member_labels == c)
+        k = min(len(inside), len(outside))
+        members.append(rng.choice(inside, k, replace=False))
+        non_members.append(rng.choice(outside, k, replace=False))
+    return np.sort(np.concatenate(members)), np.sort(np.concatenate(non_members))
+
+
+def privacy_bound(
+    scores: list[Score], member_labels: np.ndarray, non_member_labels: np.ndarray,
+    canaries: bool, delta: float, seed: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """The :func:`empirical_epsilon` of the family's raw values on :func:`exchangeable_sides`, and its null: the
+    largest bound over :data:`EPSILON_NULL_DRAWS` shuffles of the same sides' member/non-member labels within each
+    class (a control that holds no information, through the same code). Raw values, not the per-class ranks the
+    other figures use: on sides of one class composition raw values are exchangeable as they are, a rank is not (a
+    member's rank among its class's n non-members moves from 0 to 1 in steps of 1/n, a non-member's from ½/n to
+    1 − ½/n). Ranks on the unmatched sides, as the bound once took them, "proved" ε up to 2.5 on no-information
+    controls (tests/test_label_distribution.py). Scores whose raw values repeat another's are counted once."""
+    if any(isinstance(s, RoundsScore) for s in scores):
+        raise ValueError("the empirical ε is a bound on one update's release: judge it on per-update scores")
+    inside, outside = exchangeable_sides(member_labels, non_member_labels, canaries, seed)
+    family: list[Score] = []
+    for s in scores:
+        if not any(np.array_equal(s.members, o.members) and np.array_equal(s.non_members, o.non_members)
+                   for o in family):  # fmt: skip
+            family.append(s)
+    values = [(s.members[inside], s.non_members[outside]) for s in family]
+    found = empirical_epsilon(values, delta)
+    labels = np.concatenate([member_labels[inside], non_member_labels[outside]])
+    is_member = np.r_[np.ones(len(inside), bool), np.zeros(len(outside), bool)]
+    pooled = [np.concatenate(v) for v in values]
+    null, draws = 0.0, EPSILON_NULL_DRAWS if len(inside) and len(outside) else 0
+    for shuffled in within_class_shuffles(is_member, labels, draws, seed):
+        drawn = empirical_epsilon([(p[shuffled], p[~shuffled]) for p in pooled], delta)
+        null = max(null, drawn["epsilon-lower"])
+    return found | {"null": null, "null-draws": draws, "members": len(inside),
+                    "non-members": len(outside), "scores": [s.name for s in family]}  # fmt: skip
+
+
+def empirical_epsilon(judged: list[tuple[np.ndarray, np.ndarray]], delta: float,
+                      confidence: float = CONFIDENCE) -> dict[str, Any]:  # fmt: skip
+    """A lower bound on the ε of any (ε, δ)-DP training that the membership test refutes below it. A threshold test
+    of (ε, δ)-DP training has TPR ≤ e^ε FPR + δ and TNR ≤ e^ε FNR + δ (Kairouz et al., ICML 2015), so
+    ε ≥ ln((TPR − δ) / FPR) and ε ≥ ln((TNR − δ) / FNR) (Jagielski et al., arXiv 2006.07709; Nasr et al., arXiv
+    2101.04535). Each rate is taken at its Clopper–Pearson bound (TPR, TNR from below; FPR, FNR from above) with
+    the error ``1 − confidence`` split over every threshold of every score examined and both bounds (Bonferroni),
+    so the largest ε over them holds at ``confidence``. ``judged``: each score's values on members and non-members."""
+    from scipy.stats import beta
+
+    counts = []
+    for members, non_members in judged:
+        fpr, tpr, _ = split_roc(members, non_members)
+        counts.append((np.round(tpr * len(members)), len(members), np.round(fpr * len(non_members)), len(non_members)))
+    tests = sum(len(c[0]) for c in counts)
+    alpha = (1 - confidence) / (2 * max(tests, 1))
+    best, at = 0.0, None
+    for true_pos, n1, false_pos, n0 in counts:
+        tpr_low = np.nan_to_num(beta.ppf(alpha, true_pos, n1 - true_pos + 1))  # 0 positives: bound 0
+        fpr_high = np.nan_to_num(beta.ppf(1 - alpha, false_pos + 1, n0 - false_pos), nan=1.0)
+        tnr_low = np.nan_to_num(beta.ppf(alpha, n0 - false_pos, false_pos + 1))
+        fnr_high = np.nan_to_num(beta.ppf(1 - alpha, n1 - true_pos + 1, true_pos), nan=1.0)
+        for high_rate, low_rate in ((tpr_low, fpr_high), (tnr_low, fnr_high)):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                found = np.where(high_rate > delta, np.log((high_rate - delta) / low_rate), 0.0)
+            k = int(np.argmax(found))
+            if found[k] > best:
+                best, at = float(found[k]), {"tpr": float(true_pos[k] / n1), "fpr": float(false_pos[k] / n0)}
+    return {"epsilon-lower": best, "delta": delta, "confidence": confidence, "thresholds": tests, "at": at}
+
