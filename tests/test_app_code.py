@@ -207,3 +207,11 @@ def test_a_capture_mod_records_the_folder_of_the_app_whose_module_it_runs_in(tmp
         app_folder.cache_clear()
     assert _app_code(tmp_path / "run-1" / "captures" / "round-0001" / "node-1", {"app-dir": str(app)}) == app
     assert _app_code(tmp_path / "run-1" / "captures" / "round-0001" / "node-1", {"app-dir": "/no/such"}) is None
+
+
+def test_code_that_would_fail_or_loop_is_named_unread_not_raised(tmp_path):
+    app = App(*app_sources(write_app(tmp_path, "torch.optim.SGD(model.parameters(), lr=lr / 0, momentum=m)")))
+    code = read_code(app, {"run config": {"epochs": 2, "lr": 0.01}})
+    assert code.optimiser.value == "sgd"
+    assert code.lr.value is None and "ZeroDivisionError" in code.lr.how
+    assert code.momentum.value is None and "`m` is not bound" in code.momentum.how

@@ -306,7 +306,7 @@ class App:
         found = None
         for node in ast.walk(function):
             if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id == name.id and node.lineno <= getattr(name, "lineno", 10**9)):  # fmt: skip
+                    and node.targets[0].id == name.id and node.lineno < getattr(name, "lineno", 10**9)):  # fmt: skip
                 if found is None or node.lineno > found.lineno:
                     found = node
         return None if found is None else found.value
@@ -408,6 +408,8 @@ def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
             found, how = app.resolve(module, expr, records)
         except Unread as err:
             return Value(None, where, str(err))
+        except (ArithmeticError, TypeError, ValueError, RecursionError) as err:  # code that would fail, or loop
+            return Value(None, where, f"`{ast.unparse(expr)}` is not read statically ({type(err).__name__})")
         return Value(found, where, how)
 
     fields: dict[str, Any] = {}
