@@ -208,7 +208,8 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     }
     for b, other in alternatives.items():
         note += f"; under momentum {b:g} {changed(other)} of {total} images change class"
-    if obs.config is None and optimiser == "sgd" and not client.source_of("weight decay"):  # nothing states it
+    # the sensitivity to weight decay, unless the code states none (the simulations run without it)
+    if obs.config is None and optimiser == "sgd" and not client.source_of("weight decay").startswith("0 ("):
         decayed = residual_search(obs, aux, rows, counts, chosen, WEIGHT_DECAY, seed, SIDE_SEARCH_STEPS, systems)
         note += f"; under weight decay {WEIGHT_DECAY:g} {changed(decayed.counts)} change class"
     # the same recipe on another draw of auxiliary images and another shuffle: how far two runs of it differ
