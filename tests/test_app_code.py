@@ -182,7 +182,7 @@ def test_a_capture_mod_records_the_folder_of_the_app_whose_module_it_runs_in(tmp
     import importlib
     import sys
 
-    from fedvit.capture.reader import _app_code
+    from fedvit.capture.reader import _app_code, _run_file
     from fedvit.capture.writer import app_folder
 
     other = tmp_path / "other"
@@ -205,8 +205,9 @@ def test_a_capture_mod_records_the_folder_of_the_app_whose_module_it_runs_in(tmp
         assert app_folder() == str(app.resolve())
     finally:
         app_folder.cache_clear()
-    assert _app_code(tmp_path / "run-1" / "captures" / "round-0001" / "node-1", {"app-dir": str(app)}) == app
-    assert _app_code(tmp_path / "run-1" / "captures" / "round-0001" / "node-1", {"app-dir": "/no/such"}) is None
+    stem = tmp_path / "run-1" / "captures" / "round-0001" / "node-1"  # a capture mod's: no run.json beside it
+    assert _app_code(*_run_file(stem), {"app-dir": str(app)}) == app
+    assert _app_code(*_run_file(stem), {"app-dir": "/no/such"}) is None
 
 
 def test_code_that_would_fail_or_loop_is_named_unread_not_raised(tmp_path):

@@ -285,7 +285,7 @@ def test_the_app_bundle_a_node_fetches_is_kept_once_by_its_hash_and_named_in_run
     from flwr.proto.run_pb2 import Run as ProtoRun  # pylint: disable=E0611
 
     from fedvit.attacks.app_code import load_app, read_code
-    from fedvit.capture.reader import _app_code
+    from fedvit.capture.reader import _app_code, _run_file
 
     content = fab_bundle()
     digest = hashlib.sha256(content).hexdigest()
@@ -301,7 +301,7 @@ def test_the_app_bundle_a_node_fetches_is_kept_once_by_its_hash_and_named_in_run
     info = json.loads((tmp_path / "run-11" / "run.json").read_text())
     assert info["fab-file"] == f"fabs/{digest}.fab" and info["run_config"]["lr"] == 0.001
     stem = tmp_path / "run-11" / "captures" / "round-0001" / "node-7"
-    assert _app_code(stem, {}) == kept
+    assert _app_code(*_run_file(stem), {}) == kept
     code = read_code(load_app(kept), {"run config": info["run_config"]})
     assert code.optimiser.value == "adam" and code.lr.value == 0.001
     forged = b"not the bundle"

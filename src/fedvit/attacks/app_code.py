@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
 import hashlib
 import io
 import zipfile
@@ -159,9 +158,9 @@ def parse_module(path: str, text: str) -> Module | None:
             functions.update({f.name: f for f in node.body if isinstance(f, ast.FunctionDef)})
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                imports[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(
-                    ".")[0]  # fmt: skip
+            for alias in node.names:  # `import torch.optim` binds `torch`; `import torch.optim as optim` the module
+                local = alias.asname or alias.name.split(".")[0]
+                imports[local] = alias.name if alias.asname else local
         elif isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
                 imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
@@ -208,9 +207,10 @@ class App:
                  and any(_decorator_name(d) == "train" for d in f.decorator_list)]  # fmt: skip
         return found or [(m, f) for m in self.modules.values() for n, f in m.functions.items() if n == "fit"]
 
-    def reachable(self) -> list[tuple[Module, ast.AST]]:
-        """The training handlers and every function and module constant they reach by name (calls, references)."""
-        todo = [(m, f) for m, f in self.train_handlers()]
+    def reachable(self, handlers: list[tuple[Module, ast.FunctionDef]]) -> list[tuple[Module, ast.AST]]:
+        """The training ``handlers`` and every function and module constant they reach by name (calls,
+        references)."""
+        todo: list[tuple[Module, ast.AST]] = list(handlers)
         seen: dict[int, tuple[Module, ast.AST]] = {}
         while todo:
             module, node = todo.pop()
@@ -394,11 +394,12 @@ def _walk(nodes: list[tuple[Module, ast.AST]]) -> Iterator[tuple[Module, ast.AST
 def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
     """The recipe the app's training code states, resolved against one exchange's records (``records``: "run
     config" and "ConfigRecord" values)."""
-    reached = app.reachable()
     notes = [f"not parsed (syntax error): {', '.join(app.unparsed)}"] if app.unparsed else []
-    if not app.train_handlers():
+    handlers = app.train_handlers()
+    if not handlers:
         notes.append("no @app.train() handler and no fit method found: nothing was read")
         return CodeRecipe(app.where, notes=tuple(notes))
+    reached = app.reachable(handlers)
 
     def value(module: Module, node: ast.AST, expr: ast.expr | None, default: Any = None, what: str = "") -> Value:
         where = app.line(module, node)
@@ -532,7 +533,6 @@ def random_transforms(app: App, reached: list[tuple[Module, ast.AST]]) -> list[T
     return list(found.values())
 
 
-@functools.lru_cache(maxsize=8)
 def load_app(app: Path) -> App:
-    """The app at ``app`` (a folder or a FAB), parsed once per audit."""
+    """The app at ``app`` (a folder or a FAB), parsed (the audit's reader keeps one per path)."""
     return App(*app_sources(app))

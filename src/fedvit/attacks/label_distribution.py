@@ -163,10 +163,10 @@ def candidate_name(optimiser: str, momentum: float) -> str:
 
 def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     """Per-class counts of a multi-step FedAvg update (see the module docstring), and how well the recipe's
-    simulation reproduces the update's head change (:class:`RecipeFit`). Where the recipe's source leaves the
-    optimiser or SGD's momentum open, each candidate of :func:`candidate_recipes` runs the passes and the one whose
-    simulated head change is closest in norm to the observed one is searched. ``obs.update`` holds the sent
-    weights; the recipe's lr must be known (the scale of the right-hand side)."""
+    simulation reproduces the update (:class:`RecipeFit`). Where the recipe's source leaves the optimiser or SGD's
+    momentum open, each candidate of :func:`candidate_recipes` runs the passes and the one that fits the update best
+    (:attr:`RecipeFit.mismatch`) is searched. ``obs.update`` holds the sent weights; the recipe's lr must be known
+    (the scale of the right-hand side)."""
     client = recipe(obs)
     total = client.examples
     rows = head_rows(obs)

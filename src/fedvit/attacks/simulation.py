@@ -34,10 +34,9 @@ def step_weights(steps: int, momentum: float) -> np.ndarray:
 class Simulation:
     """One simulated local training, as the rows of the linear system in the counts n: ``system`` [R, C] such that
     ``system @ n ≈ N (w_sent − w_received) / (lr W)`` (:func:`scaled_rhs`) stacked over the head's bias and weight
-    rows; and the norm of the head's simulated change."""
+    rows; and what :class:`RecipeFit` compares with the update."""
 
     system: np.ndarray
-    head_change: float
     weights: dict[str, np.ndarray] | None = None  # the simulated client's final state dict (``keep_weights``)
     snapshots: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)  # parameters (``snapshots``)
     drawn: np.ndarray | None = None  # the auxiliary images it trained on, by index (-1: noise for a class aux lacks)
@@ -174,17 +173,16 @@ def simulate(
     bias_rows = eye - p_mean  # [c, k]
     weight_rows = eye[:, :, None] * f_mean[None, :, :] - m_mean  # [c, k, d]
     system = np.concatenate([bias_rows[:, None, :], weight_rows.transpose(0, 2, 1)], axis=1).reshape(-1, classes)
-    change = math.sqrt(sum(float((end[n].detach() - params[n]).pow(2).sum()) for n in (bias, weight) if n in params))
     moved_all = math.sqrt(sum(float((end[n].detach() - params[n]).pow(2).sum()) for n in end))
     delta = None
     if bias in params and weight in params:  # laid out as head_rows: per class its bias, then its weight row
         moved = [(end[n].detach() - params[n]).double().numpy() for n in (bias, weight)]
-        delta = np.concatenate([moved[0].reshape(len(moved[0]), -1), moved[1].reshape(len(moved[0]), -1)], 1)
+        delta = np.concatenate([m.reshape(len(moved[0]), -1) for m in moved], 1).reshape(-1)
     final = None
     if keep_weights:  # the state dict: the trained parameters with the model's buffers
         final = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
         final.update({n: w.detach().numpy().copy() for n, w in end.items()})
-    return Simulation(system, change, final, kept, drawn, None if delta is None else delta.reshape(-1), moved_all)
+    return Simulation(system, final, kept, drawn, delta, moved_all)
 
 
 def clipped_update(start: dict[str, torch.Tensor], end: dict[str, torch.Tensor], bound: float
@@ -201,9 +199,11 @@ def head_weight(bias: str) -> str:
     return bias.removesuffix("bias") + "weight"
 
 
-# How far a recipe's simulated head change may sit from the observed one and still be said to fit: its norm within
-# a factor SCALE_MARGIN either way, and its direction within cosine COSINE_MARGIN. The simulation trains on
-# auxiliary images, not the client's, so even the right recipe misses by some; the margins are set from controls
+# How far a recipe's simulation may sit from the observed update and still be said to fit (:class:`RecipeFit`): the
+# update's norm within a factor SCALE_MARGIN either way, the head change's flatness within FLATNESS_MARGIN and, under
+# SGD, its cosine down to COSINE_SPREAD times the spread between two simulations of the recipe, less COSINE_FLOOR.
+# The simulation trains on auxiliary images, not the client's, so even the right recipe misses by some; the margins
+# are set from controls
 # (the right recipe against a wrong optimiser, a 10x learning rate, a wrong momentum, a missing augmentation) on
 # the CNN and the ViT head: `uv run python -m benchmarks.recipe_fit` (docs/results/data/recipe-fit.csv).
 SCALE_MARGIN = 2.0
@@ -234,13 +234,17 @@ class RecipeFit:
             return -1.0
         return 1 - COSINE_SPREAD * (1 - self.own_cosine) - COSINE_FLOOR
 
+    def margins(self) -> list[float]:
+        """Each measure's distance from the update in units of its margin: norm, direction, flatness (≤ 1: within)."""
+        return [abs(math.log(max(self.scale, 1e-12))) / math.log(SCALE_MARGIN),
+                (1 - self.cosine) / max(1 - self.cosine_bound, 1e-12),
+                abs(self.flatness[0] - self.flatness[1]) / FLATNESS_MARGIN]  # fmt: skip
+
     @property
     def mismatch(self) -> float:
-        """How far the simulation is from the update, in margins (≤ 1 on each measure where it fits), a recipe
-        that fits always below one that does not (NaN: infinite)."""
-        parts = [abs(math.log(max(self.scale, 1e-12))) / math.log(SCALE_MARGIN),
-                 (1 - self.cosine) / max(1 - self.cosine_bound, 1e-12),
-                 abs(self.flatness[0] - self.flatness[1]) / FLATNESS_MARGIN]  # fmt: skip
+        """How far the simulation is from the update, in margins, a recipe that fits always below one that does not
+        (NaN: infinite)."""
+        parts = self.margins()
         return math.inf if any(math.isnan(p) for p in parts) else max(parts) + (0 if self.fits else 1e6)
 
     def brief(self) -> str:
@@ -249,8 +253,7 @@ class RecipeFit:
 
     @property
     def fits(self) -> bool:
-        return (abs(math.log(max(self.scale, 1e-12))) <= math.log(SCALE_MARGIN) and self.cosine >= self.cosine_bound
-                and abs(self.flatness[0] - self.flatness[1]) <= FLATNESS_MARGIN)  # fmt: skip
+        return all(part <= 1 for part in self.margins())  # NaN: never
 
     def described(self) -> str:
         verdict = "fits" if self.fits else "does not fit"

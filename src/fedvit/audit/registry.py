@@ -274,12 +274,11 @@ def label_counts(obs: Observation, held: Held) -> Finding:
         found = Recovered(None, f"not estimated: {err}")
     inferred = recipe(obs).with_inferred(found.optimiser, found.momentum, found.momentum_estimate) if (
         found.momentum_estimate) else None  # fmt: skip
-    unchecked = unfittable(obs)
     if found.fit is not None:
         held.found.recipe_fit = found.fit
-        held.found.fit_unchecked = unchecked
-    if found.fit is not None and not found.fit.fits and held.fit_check and unchecked is None:
-        note = f"withheld: {recipe_misfit(held)}; the counts rest on simulating it ({found.note})"
+        held.found.fit_unchecked = unfittable(obs)
+    if (misfit := recipe_misfit(held)) is not None:
+        note = f"withheld: {misfit}; the counts rest on simulating it ({found.note})"
         finding = _label_finding(obs, held, None, note, started)
     else:
         if found.counts is not None and found.momentum is not None:

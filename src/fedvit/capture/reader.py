@@ -117,6 +117,7 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
         partition = manifest.get("partition")
         partition = sent_metrics.get("partition-id") if partition in (None, "") else partition  # the server's view
         num_partitions = (manifest.get("node-config") or {}).get("num-partitions")
+        run, run_info = _run_file(stem)
         exchanges.append(
             Exchange(
                 stem=stem,
@@ -129,12 +130,12 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
                 sent=_model_arrays(sent, stem, "sent"),
                 received_config=_merged(manifest.get("received", {}).get("config", {})),
                 sent_metrics=sent_metrics,
-                run_config=dict(manifest.get("run_config") or {}) | _run_file_config(stem),
+                run_config=dict(manifest.get("run_config") or {}) | dict(run_info.get("run_config", {})),
                 received_records=received,
                 sent_records=sent,
                 meta=dict(manifest.get("meta") or {}),
                 observer=manifest.get("observer"),
-                app_code=_app_code(stem, manifest),
+                app_code=_app_code(run, run_info, manifest),
             )
         )
     return exchanges, skipped
@@ -153,18 +154,18 @@ def load_handshake(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndar
     return None
 
 
-def _run_file_config(stem: Path) -> dict[str, Any]:
-    """The run config a wire tap completed after the fact (``run-<id>/run.json``), else nothing."""
-    run_file = stem.parent.parent.parent / "run.json"  # run-<id>/captures/round-NNNN/<stem>
-    return dict(json.loads(run_file.read_text()).get("run_config", {})) if run_file.is_file() else {}
-
-
-def _app_code(stem: Path, manifest: dict[str, Any]) -> Path | None:
-    """Where the captured app's code is: the FAB a wire tap kept (``run.json``'s ``fab-file``, relative to the tap's
-    folder), or the folder a ``capture_mod`` or ``CapturingStrategy`` recorded (``app-dir``); None: neither."""
+def _run_file(stem: Path) -> tuple[Path, dict[str, Any]]:
+    """The run folder of a capture (``run-<id>``) and what a wire tap completed after the fact in its ``run.json``
+    (the fused run config, the FAB it kept), else nothing."""
     run = stem.parent.parent.parent  # run-<id>/captures/round-NNNN/<stem>
     run_file = run / "run.json"
-    if run_file.is_file() and (fab := json.loads(run_file.read_text()).get("fab-file")):
+    return run, json.loads(run_file.read_text()) if run_file.is_file() else {}
+
+
+def _app_code(run: Path, run_info: dict[str, Any], manifest: dict[str, Any]) -> Path | None:
+    """Where the captured app's code is: the FAB a wire tap kept (``run.json``'s ``fab-file``, relative to the tap's
+    folder), or the folder a ``capture_mod`` or ``CapturingStrategy`` recorded (``app-dir``); None: neither."""
+    if fab := run_info.get("fab-file"):
         path = run.parent / fab
         return path if path.is_file() else None
     folder = manifest.get("app-dir")
