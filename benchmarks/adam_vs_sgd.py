@@ -28,7 +28,7 @@ from fedvit.attacks.model_spec import head_bias
 from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe
 from fedvit.audit.registry import LABELS, Held, evidence, measure_all
-from fedvit.core.config import AuditConfig
+from fedvit.core.budget import AuditConfig
 from fedvit.core.model import classify
 
 OUT = ROOT / "docs" / "results" / "data" / "adam-vs-sgd.csv"
@@ -61,7 +61,7 @@ def trained(optimiser: str, epochs: int, partition: str, seed: int) -> tuple[Obs
     sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     client = ClientRecipe(SIZE, BATCH, epochs, lr, momentum, 0.0, 0, False, True, optimiser=optimiser)
     skeleton = spec.build(10)
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,
+    obs = Observation(update=sent, received=received, num_classes=10, spec=spec, skeleton=skeleton,
                       client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
     return obs, (images, labels), others
 

@@ -16,7 +16,7 @@ import torch
 from common import TINY, VIT_S16, median_time  # first: puts the checkout on sys.path
 
 from fedvit.attacks import april
-from fedvit.attacks.observation import Observation
+from fedvit.audit.fedvit_run import fedvit_observation
 from fedvit.audit.metrics import psnr
 from fedvit.clients.training import fedsgd_gradient
 from fedvit.core.config import Config
@@ -45,12 +45,7 @@ def main() -> None:
         images = synthetic(2, 10, 0, "train")
         step = fedsgd_gradient(model, images, np.array([0]), 1, img, np.random.default_rng(0), torch.device("cpu"))
         truth = images.batch(step.batch_indices, img)[0][0].numpy()
-        obs = Observation(
-            update=step.arrays,
-            received=get_weights(model),
-            config=dataclasses.replace(Config(), model=model_config),
-            num_classes=10,
-        )
+        obs = fedvit_observation(dataclasses.replace(Config(), model=model_config), step.arrays, get_weights(model), 10)
         for name, attack in ATTACKS.items():
             seconds, rec = median_time(args.repeats, attack, obs), attack(obs)
             print(f"{label:36s} {name:26s} {seconds:7.3f} s/image  {psnr(rec.image, truth):6.1f} dB")

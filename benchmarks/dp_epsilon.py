@@ -48,15 +48,16 @@ def row(noise: float, seed: int) -> dict:
     spec = ModelSpec("cnnapp.task:Net", app_dir=str(APP))
     client = ClientRecipe(len(y), len(y), STEPS, LR, 0.0, 0.0, 0, False)  # full batch
     sent = {n: t.detach().numpy() for n, t in model.state_dict().items()}
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=Net(),
+    obs = Observation(update=sent, received=received, num_classes=10, spec=spec, skeleton=Net(),
                       client=client, head_bias="fc3.bias")  # fmt: skip
     candidates = Candidates((planted[included], planted_labels[included]), (planted[~included],
                             planted_labels[~included]), "canaries left out", canaries=True)  # fmt: skip
     started = time.perf_counter()
     found, _, _ = judge(loss_scores(candidate_losses(obs, candidates)), candidates, seed, DELTA)
     claimed = gdp_epsilon(STEPS, noise, DELTA) if noise > 0 else math.inf
-    privacy = privacy_evidence(PrivacyClaim(claimed, DELTA, noise, 1.0, "the app's accountant"),
-                               found["empirical-epsilon"])  # the audit's verdict on the claim
+    privacy = privacy_evidence(
+        PrivacyClaim(claimed, DELTA, noise, 1.0, "the app's accountant"), found["empirical-epsilon"]
+    )  # the audit's verdict on the claim
     out = {"noise multiplier": noise, "seed": seed, "canaries in": int(included.sum()),
            "canaries out": int((~included).sum()), "claimed ε (δ 1e-5)": round(claimed, 3),
            "empirical ε ≥ (95%)": round(privacy["empirical-epsilon"], 3), "null ε": round(privacy["null"], 3),

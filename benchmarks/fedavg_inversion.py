@@ -81,7 +81,7 @@ def client_update(images: np.ndarray, labels: np.ndarray, batch: int, epochs: in
             optimiser.step()
     sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     client = ClientRecipe(len(y), batch, epochs, LR, 0.0, 0.0, 0, False)
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC,
+    obs = Observation(update=sent, received=received, num_classes=10, spec=SPEC,
                       skeleton=SPEC.build(10), client=client, head_bias="fc3.bias", start_seed=seed + 1)  # fmt: skip
     return obs, step_labels
 

@@ -27,7 +27,7 @@ from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe
 from fedvit.audit import registry
 from fedvit.audit.registry import Held, evidence, measure_all
-from fedvit.core.config import AuditConfig
+from fedvit.core.budget import AuditConfig
 from fedvit.core.model import classify
 
 OUT = ROOT / "docs" / "results" / "data" / "frozen-features.csv"
@@ -65,7 +65,7 @@ def head_update() -> tuple[Observation, Auxiliary, Candidates]:
         optimiser.step()
     sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     client = ClientRecipe(SIZE, BATCH, 1, LR, MOMENTUM, 0.0, 0, False, True)
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=spec.build(),
+    obs = Observation(update=sent, received=received, num_classes=10, spec=spec, skeleton=spec.build(),
                       client=client, head_bias="head.bias", trained=("head.weight", "head.bias"))  # fmt: skip
     return obs, Auxiliary(*others, "other images"), Candidates((images, labels), others, "other images")
 

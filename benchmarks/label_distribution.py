@@ -30,9 +30,10 @@ sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.label_distribution import estimate, prior_accuracy  # noqa: E402
 from fedvit.attacks.labels import label_accuracy  # noqa: E402
-from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec, head_bias  # noqa: E402
+from fedvit.attacks.model_spec import ModelSpec, head_bias  # noqa: E402
 from fedvit.attacks.observation import Observation  # noqa: E402
 from fedvit.attacks.recipe import ClientRecipe
+from fedvit.audit.fedvit_run import fedvit_spec as fedvit_model_spec  # noqa: E402
 from fedvit.core.config import Config  # noqa: E402
 from fedvit.core.model import classify  # noqa: E402
 
@@ -96,7 +97,7 @@ def client_update(spec: ModelSpec, epochs: int, size: int, partition: str, seed:
     sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     client = ClientRecipe(size, BATCH, epochs, LR, 0.0, 0.0, 0, False, True, momentum_known=False)
     skeleton = spec.build(10)
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,
+    obs = Observation(update=sent, received=received, num_classes=10, spec=spec, skeleton=skeleton,
                       client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
     return obs, (images, labels), (others, other_labels)
 

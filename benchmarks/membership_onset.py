@@ -76,7 +76,7 @@ def rows(case: tuple[str, str, str, int, int], threads: int, references: int = 0
     for epoch in epochs_at(model, images, labels, seed, snapshots):
         sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
         client = ClientRecipe(size, BATCH, epoch, LR, 0.0, 0.0, 0, False, True, momentum_known=False)
-        obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,
+        obs = Observation(update=sent, received=received, num_classes=10, spec=spec, skeleton=skeleton,
                           client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
         started = time.perf_counter()
         shadows = reference_updates(obs, pool, np.bincount(labels, minlength=10), MOMENTUM, seed, references) \

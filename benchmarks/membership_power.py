@@ -49,7 +49,7 @@ def rows(data: str, partition: str, seed: int = 0) -> list[dict]:
     for epoch in epochs_at(model, images, labels, seed, EPOCHS):
         sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
         client = ClientRecipe(SIZE, BATCH, epoch, LR, MOMENTUM, 0.0, 0, False, True)
-        obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,
+        obs = Observation(update=sent, received=received, num_classes=10, spec=spec, skeleton=skeleton,
                           client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
         started = time.perf_counter()
         observed, _, _ = judge(loss_scores(candidate_losses(obs, candidates)), candidates, seed)

@@ -49,7 +49,7 @@ def main() -> None:
     sent = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     skeleton = spec.build(10)
     client = ClientRecipe(SIZE, BATCH, EPOCHS, LR, MOMENTUM, 0.0, 0, False, True)
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=spec, skeleton=skeleton,
+    obs = Observation(update=sent, received=received, num_classes=10, spec=spec, skeleton=skeleton,
                       client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
     others, other_labels = images_of("textures", 6000, 999, 0.0)
     rows = []

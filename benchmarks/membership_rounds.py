@@ -45,7 +45,7 @@ def rows(data: str, partition: str, seed: int = 0) -> list[dict]:
             train(model, *data_of, 1, seed * 1000 + r)
             sent.append({n: t.detach().clone() for n, t in model.state_dict().items()})
         obs = Observation(update={n: t.numpy() for n, t in sent[0].items()},
-                          received={n: t.numpy() for n, t in received.items()}, config=None, num_classes=10,
+                          received={n: t.numpy() for n, t in received.items()}, num_classes=10,
                           spec=spec, skeleton=skeleton, client=client, head_bias=head_bias(skeleton) or "")  # fmt: skip
         updates.append(loss_scores(candidate_losses(obs, candidates)))
         singles.append(judge(updates[-1], candidates, seed)[0])

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from benchmarks.common import ROOT
 from benchmarks.peer_models import attack_copy, breaching_invert, fedvit_invert
-from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec
+from fedvit.attacks.model_spec import ModelSpec
+from fedvit.audit.fedvit_run import fedvit_spec as fedvit_model_spec
 from fedvit.core.config import parse_config
 from fedvit.core.model import normalize
 

@@ -32,7 +32,7 @@ import torch
 from benchmarks.common import ROOT  # noqa: F401  (puts the checkout first on sys.path)
 from fedvit.attacks.inversion import attack_model, invert  # noqa: E402
 from fedvit.attacks.observation import Observation, Reconstruction, as_gradient, image_geometry  # noqa: E402
-from fedvit.attacks.reidentification import Gallery, gallery_from_test_split  # noqa: E402
+from fedvit.attacks.reidentification import Gallery  # noqa: E402
 from fedvit.audit.benchmark import (  # noqa: E402
     DEFENCES,
     Setting,
@@ -41,6 +41,8 @@ from fedvit.audit.benchmark import (  # noqa: E402
     partitions,
 )
 from fedvit.audit.metrics import score  # noqa: E402
+from fedvit.audit.user_data import gallery_from_test_split  # noqa: E402
+from fedvit.core.budget import AuditConfig  # noqa: E402
 from fedvit.core.config import Config, parse_config  # noqa: E402
 from fedvit.core.results import trained_model  # noqa: E402
 
@@ -85,8 +87,11 @@ def breaching_reconstruct(
         {
             "gradients": [torch.as_tensor(gradient[n], dtype=torch.float32) for n in names],
             "buffers": None,
-            "metadata": {"num_data_points": batch, "labels": None if local is None else local.pop("all_labels"),
-                         "local_hyperparams": local},  # fmt: skip
+            "metadata": {
+                "num_data_points": batch,
+                "labels": None if local is None else local.pop("all_labels"),
+                "local_hyperparams": local,
+            },  # fmt: skip
         }
     ]
     attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg)
@@ -97,11 +102,9 @@ def breaching_reconstruct(
     return Reconstruction(images[0], f"breaching IG, labels {out['labels'].tolist()}", images=tuple(images))
 
 
-def fedvit_invert(obs: Observation, steps: int) -> Reconstruction:
+def fedvit_invert(obs: Observation, steps: int, budget: AuditConfig) -> Reconstruction:
     """fedvit's optimisation attack with its configured audit.* settings, ``steps`` Adam steps, one random start."""
-    audit = dataclasses.replace(
-        obs.config.audit, iterations=steps, restarts=1, max_seconds=math.inf, closed_form_start=False
-    )
+    audit = dataclasses.replace(budget, iterations=steps, restarts=1, max_seconds=math.inf, closed_form_start=False)
     return invert(obs, audit)
 
 
@@ -135,7 +138,7 @@ def cell(base: Config, setting: Setting, updates: int, steps: int, out: Path) ->
     for k, (obs, truths, _) in enumerate(made):
         for tool in ("fedvit", "breaching IG"):
             start = time.perf_counter()
-            rec = fedvit_invert(obs, steps) if tool == "fedvit" else breaching_invert(obs, steps, seed=k)
+            rec = fedvit_invert(obs, steps, base.audit) if tool == "fedvit" else breaching_invert(obs, steps, seed=k)
             rows.append(scored_row(tool, k, rec, truths, gallery, time.perf_counter() - start))
     return rows, baseline_psnr(made)
 

@@ -43,8 +43,8 @@ from fedvit.attacks.labels import recover_labels
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, attack_model
 from fedvit.attacks.recipe import ClientRecipe
-from fedvit.attacks.reidentification import gallery_from_test_split
 from fedvit.audit.metrics import best_flat_image, psnr, score
+from fedvit.audit.user_data import gallery_from_test_split
 from fedvit.core.config import AuditConfig, parse_config
 from fedvit.core.data import load_dataset
 from fedvit.core.model import normalize
@@ -62,7 +62,6 @@ def observation(model: torch.nn.Module, spec: ModelSpec, gradient: dict, batch: 
     return Observation(
         update=gradient,
         received={n: t.detach().numpy() for n, t in model.state_dict().items()},
-        config=None,
         num_classes=classes,
         spec=spec,
         skeleton=model,

@@ -40,7 +40,7 @@ def main() -> None:
             config = defence_config(base, DEFENCES["plain"], 2, Path(out) / setting.label, setting)
             obs, _, _ = client_update_and_labels(config, 0, partitions(config, setting, 2), seed_key=1000)
             for restarts in (1, 2, 4):
-                audit = dataclasses.replace(obs.config.audit, iterations=args.steps, restarts=restarts)
+                audit = dataclasses.replace(config.audit, iterations=args.steps, restarts=restarts)
                 invert(obs, dataclasses.replace(audit, iterations=1, restarts=1))  # warm-up
                 start = time.perf_counter()
                 rec = invert(obs, audit)

@@ -27,7 +27,7 @@ from fedvit.audit.pipeline import AuditOptions, audit_captures
 from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
 from fedvit.capture.writer import add_direction, capture_stem
-from fedvit.core.config import AuditConfig
+from fedvit.core.budget import AuditConfig
 
 APP = Path(__file__).parent / "thirdparty_app"
 sys.path.insert(0, str(APP))
@@ -45,8 +45,14 @@ def audit_app_captures(captures: Path, out: Path, spec: ModelSpec, budget: Audit
 
 
 def capture_exchange(
-    root: Path, node: int, partition: int, server_round: int = 1, fedsgd: bool = False, batch: int = 4,
-    clip: float | None = None, local_dp: dict[str, float] | None = None,
+    root: Path,
+    node: int,
+    partition: int,
+    server_round: int = 1,
+    fedsgd: bool = False,
+    batch: int = 4,
+    clip: float | None = None,
+    local_dp: dict[str, float] | None = None,
 ) -> None:
     """One train exchange of the test app (FedAvg, 1 local epoch at ``batch``, lr 0.05; or a FedSGD gradient),
     captured; ``clip``: Flower's client-side clipping (the bound in the ConfigRecord, the update scaled to it);
@@ -195,8 +201,9 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     assert optimiser.startswith("optimiser sgd (inferred from the update: after the passes, SGD β 0: norm ×")
     assert f"SGD β {momentum} inferred from the update" in row["attacks"]["labels (head-bias gradient)"]
     assert row["recipe-fit"]["fits"] and row["recipe-fit"]["recipe"] == f"SGD β {momentum}", row["recipe-fit"]
-    assert not [a for a in row["assumptions"] if a.startswith("momentum")] and "weight decay 0 (assumed)" in (
-        row["assumptions"]
+    assert (
+        not [a for a in row["assumptions"] if a.startswith("momentum")]
+        and "weight decay 0 (assumed)" in (row["assumptions"])
     )
     assert row["attacks"]["membership: shadow alignment"].startswith(
         "applied: the update beyond 3 shadow updates, against each image's gradient"
@@ -326,7 +333,6 @@ def test_a_model_that_returns_an_output_object_is_attacked_through_its_logits():
     obs = Observation(
         update={n: np.ones(p.shape, np.float32) for n, p in model.named_parameters()},
         received=state,
-        config=None,
         num_classes=10,
         spec=spec,
         skeleton=spec.build(),
@@ -432,7 +438,7 @@ def test_april_runs_on_a_users_vit_and_is_refused_for_a_model_without_its_embedd
     state = {n: t.detach().numpy() for n, t in model.state_dict().items()}
 
     def observed(net, spec_, update) -> Observation:
-        return Observation(update=update, received=state if net is model else {}, config=None, num_classes=10,
+        return Observation(update=update, received=state if net is model else {}, num_classes=10,
                            spec=spec_, skeleton=net, client=ClientRecipe(1, 1, 1, 0.0, 0.0, 0.0, 0, True))  # fmt: skip
 
     vit = observed(model, spec, gradient)
@@ -482,7 +488,7 @@ def test_image_inversion_is_not_attempted_beyond_what_it_can_recover():
 
     def update_of(examples: int, batch: int) -> Observation:
         client = ClientRecipe(examples, batch, 1, 0.1, 0.0, 0.0, 0, False)
-        return Observation(update=state, received=state, config=None, num_classes=10, spec=SPEC, skeleton=model,
+        return Observation(update=state, received=state, num_classes=10, spec=SPEC, skeleton=model,
                            client=client, head_bias="fc3.bias")  # fmt: skip
 
     chosen, refused = applicable(update_of(1864, 4))
@@ -718,9 +724,10 @@ def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path,
         assert row["leakage"]["labels"]["status"] == "measured", row["leakage"]["labels"]
         assert row["leakage"]["membership"]["status"] == "measured", row["leakage"]["membership"]
         assert row["attacks"]["membership: shadow alignment"].startswith("applied: the update beyond 3 shadow")
-        assert "the update covers only 2 parameter tensor(s)" in row["attacks"][
-            "gradient matching (optimisation, defence-aware)"
-        ]
+        assert (
+            "the update covers only 2 parameter tensor(s)"
+            in row["attacks"]["gradient matching (optimisation, defence-aware)"]
+        )
         assert row["frozen-features"].startswith("the frozen layers' outputs computed once for 154 auxiliary and 94")
     assert "frozen backbone: the frozen layers' outputs computed once" in (tmp_path / "out" / "audit.md").read_text()
     monkeypatch.setattr(registry, "on_features", lambda *args: "switched off")
@@ -763,7 +770,7 @@ def test_frozen_features_are_refused_where_the_backbone_is_not_deterministic_or_
         state = {k: v.numpy() for k, v in model.state_dict().items()}
         spec = ModelSpec("custom", builder=lambda: copy.deepcopy(model))
         client = ClientRecipe(8, 2, 1, 0.1, 0.0, 0.0, 0, False)
-        return Observation(state, state, None, 10, spec=spec, skeleton=spec.build(), client=client,
+        return Observation(state, state, 10, spec=spec, skeleton=spec.build(), client=client,
                            trained=("heads.head.weight", "heads.head.bias"))  # fmt: skip
 
     plain = HeadOnBackbone()
@@ -909,7 +916,7 @@ def test_flowers_local_dp_settings_are_read_modelled_and_the_claim_tested(tmp_pa
 def test_a_fedvit_local_dp_runs_recipe_carries_its_claim_and_its_noise():
     """fedvit's own dp.mode = "local": the claim (ε of one release at δ) and LocalDpMod's std, σ·C, in the recipe the
     simulations read; "central": the update clipped, no claim on the link; a FedSGD gradient: no update bound."""
-    from fedvit.attacks.observation import config_recipe
+    from fedvit.audit.fedvit_run import fedvit_recipe as config_recipe
     from fedvit.clients.privacy import flower_dp_mod, local_epsilon, local_noise_std
     from fedvit.core.config import parse_config
 

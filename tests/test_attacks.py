@@ -12,6 +12,7 @@ from safetensors.numpy import load_file
 from fedvit.attacks import april
 from fedvit.attacks.observation import Observation
 from fedvit.audit.benchmark import DEFENCES, client_update_and_labels, defence_config
+from fedvit.audit.fedvit_run import fedvit_observation
 from fedvit.audit.metrics import minimum_norm_limit, psnr, ssim
 from fedvit.audit.registry import IMAGE_ATTACKS
 from fedvit.clients.training import fedsgd_gradient
@@ -37,7 +38,7 @@ def single_image_update(model_config: ModelConfig, train_steps: int = 0) -> tupl
     result = fedsgd_gradient(model, images, np.array([0]), 1, img, rng, torch.device("cpu"))
     truth = images.batch(result.batch_indices, img)[0][0].numpy()
     config = dataclasses.replace(Config(), model=model_config)
-    return Observation(update=result.arrays, received=get_weights(model), config=config, num_classes=10), truth
+    return fedvit_observation(config, result.arrays, get_weights(model), 10), truth
 
 
 def test_metrics_settings_are_the_standard_ones():
@@ -76,6 +77,8 @@ def test_attacks_never_receive_ground_truth():
     """The attacker boundary is in the signatures: every attack takes an Observation and nothing else required."""
     fields = {f.name for f in dataclasses.fields(Observation)}
     assert not fields & {"truth", "image", "images", "labels", "batch", "ground_truth"}
+    # nor fedvit's run config: the audit resolves what it says (model, recipe, defence, seed) into typed fields
+    assert "config" not in fields and not any("Config" in str(f.type) for f in dataclasses.fields(Observation))
     obs, _ = single_image_update(ModelConfig())
     masked = dataclasses.replace(obs, masks={n: np.ones_like(v, bool) for n, v in obs.update.items()})
     assert masked is not None

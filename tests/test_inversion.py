@@ -78,7 +78,7 @@ def test_optimisation_keeps_an_exact_closed_form_start(tmp_path):
     from fedvit.audit.metrics import psnr
 
     obs, images, _ = benchmark_update(tmp_path)
-    rec = invert(obs)
+    rec = invert(obs, parse_config(SMALL_BUDGET).audit)
     assert "closed-form start" in rec.note
     assert psnr(rec.image, images[0]) > 60
 
@@ -88,7 +88,7 @@ def test_optimisation_reconstructs_every_image_of_a_batch_with_progress(tmp_path
 
     obs, images, _ = benchmark_update(tmp_path, setting=Setting(4))
     calls = []
-    rec = invert(obs, progress=lambda done, total: calls.append((done, total)))
+    rec = invert(obs, parse_config(SMALL_BUDGET).audit, lambda done, total: calls.append((done, total)))
     assert len(rec.all_images) == 4 and all(img.shape == images[0].shape for img in rec.all_images)
     assert all(0 <= img.min() and img.max() <= 1 for img in rec.all_images)
     assert calls[-1] == (30, 30) and "random start" in rec.note and "labels from the head-bias" in rec.note
@@ -100,7 +100,9 @@ def test_fedavg_labels_are_counted_from_the_weight_change(tmp_path):
     from fedvit.audit.user_data import test_split_sample
 
     obs, _, labels = benchmark_update(tmp_path, setting=Setting(4, steps=2))
-    aux = Auxiliary(*test_split_sample(obs.config, 32), "the test split")  # what the audit simulates with
+    aux = Auxiliary(
+        *test_split_sample(parse_config(SMALL_BUDGET), 32), "the test split"
+    )  # what the audit simulates with
     counts, reason = recover_labels(obs, aux)
     assert reason.startswith("local training simulated on the test split") and counts.sum() == 8
     assert label_accuracy(counts, labels) >= 0.75
@@ -123,7 +125,7 @@ def test_batch_scores_count_unmatched_images_as_the_flat_guess():
 def independent_patch_observation(tmp_path, batch: int):
     """An update whose patch-embedding gradient mixes independent (Laplacian) patches: ICA's own assumption."""
     from fedvit.attacks.april import image_to_patches, patches_to_image
-    from fedvit.attacks.observation import Observation
+    from fedvit.audit.fedvit_run import fedvit_observation
     from fedvit.core.model import build_model, get_weights
     from fedvit.core.params import PATCH_EMBED_WEIGHT, POS_EMBED
 
@@ -133,7 +135,7 @@ def independent_patch_observation(tmp_path, batch: int):
     weights = get_weights(model)
     rng = np.random.default_rng(0)
     n, d = 4, 96
-    obs = Observation(update={}, received=weights, config=config, num_classes=10, meta={"num-examples": batch})
+    obs = fedvit_observation(config, {}, weights, 10, meta={"num-examples": batch})
     truths = [np.clip(0.5 + 0.12 * rng.laplace(size=(3, 32, 32)), 0, 1) for _ in range(batch)]
     patches = np.stack([image_to_patches(t, obs) for t in truths])  # [B, N, L]
     grads = rng.normal(size=(batch, n, d))
@@ -237,7 +239,7 @@ def test_collusion_key_decrypts_an_encrypted_batch_update_for_the_optimisation_a
     known = [(ex.ground_truth()["images"][0], Reader(AuditOptions()).observe(ex).update) for ex in colluders]
     e_a_t, inverse, _ = collusion_key(dataclasses.replace(obs, known_images=known))
     plain = decrypt_observation(obs, e_a_t, inverse)
-    assert not plain.config.encryption.enabled
+    assert plain.defence.encryption == "off" and obs.defence.encryption == "private-init"
     assert simulated_match(plain, images, labels) < 1e-4  # decrypted: the client's plaintext work explains it
 
 
@@ -318,20 +320,19 @@ def test_group_consensus_registers_the_restarts_before_averaging():
 
 def test_priors_and_test_split_starts_run_and_say_so(tmp_path):
     from fedvit.attacks.inversion import attack_model, initial_images, invert, patch_border_variation
-    from fedvit.core.data import load_dataset
 
     flat_patches = torch.arange(16.0).repeat_interleave(8).view(1, 1, 1, 128)[..., :32].expand(1, 3, 32, 32)
     assert patch_border_variation(torch.full((1, 3, 32, 32), 0.3), 8) == 0
     assert patch_border_variation(flat_patches.contiguous() / 16, 8) > 0  # steps only at the borders
     obs, _, labels = benchmark_update(tmp_path, setting=Setting(4))
-    audit = dataclasses.replace(obs.config.audit, iterations=4, restarts=2, group_weight=1.0, init="test-split",
-                                patch_tv=0.1, prior_schedule="cosine")  # fmt: skip
+    audit = dataclasses.replace(parse_config(SMALL_BUDGET).audit, iterations=4, restarts=2, group_weight=1.0,
+                                init="test-split", patch_tv=0.1, prior_schedule="cosine")  # fmt: skip
     rec = invert(obs, audit)
     assert "group consistency 1 over 2 restarts" in rec.note and "test-split start" in rec.note
     assert rec.steps == 8 and len(rec.images) == 4
     wanted = torch.as_tensor(np.sort(labels))
     start, _ = initial_images(obs, attack_model(obs), recipe(obs), 1, audit, wanted)
-    test = load_dataset(obs.config.data, obs.config.seed, "test")
+    test = obs.test_split()
     images, classes = test.batch(np.arange(len(test)), 32)
     for k in range(4):  # each start is a test image of the class asked for
         match = (images - start[k]).abs().flatten(1).amax(1) < 1e-6

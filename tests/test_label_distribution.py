@@ -80,7 +80,7 @@ def client_update(size: int, epochs: int, alpha: float, lr: float = 0.01):
     train(model, images, labels, epochs, lr, 32, seed=1)  # the app's SGD, momentum 0.9 in its code
     sent = {n: t.numpy().copy() for n, t in model.state_dict().items()}
     client = ClientRecipe(size, 32, epochs, lr, 0.0, 0.0, 0, False, True, momentum_known=False)
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+    obs = Observation(update=sent, received=received, num_classes=10, spec=SPEC, skeleton=Net(),
                       client=client, head_bias="fc3.bias")  # fmt: skip
     return obs, images, labels
 
@@ -152,7 +152,7 @@ def test_membership_figures_and_their_null():
     separable = roc_figures(np.arange(100.0) + 1000, np.arange(1000.0))
     assert separable == {"auc": 1.0, "tpr@0.001": 1.0, "tpr@0.01": 1.0, "tpr@resolution": 1.0}
     obs, images, labels = client_update(64, 1, alpha=0.0)
-    still = Observation(update=obs.received, received=obs.received, config=None, num_classes=10, spec=SPEC,
+    still = Observation(update=obs.received, received=obs.received, num_classes=10, spec=SPEC,
                         skeleton=Net(), client=obs.client, head_bias="fc3.bias")  # fmt: skip
     result, inside, outside = infer(still, Candidates((images, labels), make_images(500, 99), "other"))
     assert (inside == 0.5).all() and result["auc"] == 0.5 and not membership_evidence(result, "")["clears"]
@@ -278,7 +278,7 @@ def test_per_epoch_image_sets_fit_a_client_that_reshuffles_and_one_fixed_set_doe
             optimiser.step()
     sent = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
     client = ClientRecipe(4, 2, 2, 0.1, 0.0, 0.0, 0, False)
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+    obs = Observation(update=sent, received=received, num_classes=10, spec=SPEC, skeleton=Net(),
                       client=client, head_bias="fc3.bias")  # fmt: skip
     net = attack_model(obs)
     params = {n: p.detach().requires_grad_(True) for n, p in net.named_parameters()}
@@ -299,7 +299,7 @@ def test_the_fedavg_aware_attack_applies_to_several_epochs_of_a_small_dataset():
 
     def update_of(examples: int, epochs: int, gradient: bool = False) -> Observation:
         client = ClientRecipe(examples, 4, epochs, 0.1, 0.0, 0.0, 0, gradient)
-        return Observation(update=state, received=state, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+        return Observation(update=state, received=state, num_classes=10, spec=SPEC, skeleton=Net(),
                            client=client, head_bias="fc3.bias")  # fmt: skip
 
     assert FEDAVG_AWARE in [a.name for a in applicable(update_of(16, 3))[0]]
@@ -322,7 +322,7 @@ def test_memorised_members_clear_the_within_class_null_and_a_noised_update_does_
     client = ClientRecipe(64, 16, 40, 0.02, 0.0, 0.0, 0, False)
 
     def observed(update):
-        return Observation(update=update, received=received, config=None, num_classes=10, spec=SPEC,
+        return Observation(update=update, received=received, num_classes=10, spec=SPEC,
                            skeleton=Net(), client=client, head_bias="fc3.bias")  # fmt: skip
 
     result, _, _ = infer(observed(sent), Candidates(members, outsiders, "other noise images"))
@@ -354,7 +354,7 @@ def textures_update(epochs: int, alpha: float, others: int = 2000, size: int = 1
     train(model, images, labels, epochs, 0.01, 32, seed=1)
     sent = {n: t.numpy().copy() for n, t in model.state_dict().items()}
     client = ClientRecipe(size, 32, epochs, 0.01, 0.0, 0.0, 0, False, True, momentum_known=False)
-    obs = Observation(update=sent, received=received, config=None, num_classes=10, spec=SPEC, skeleton=Net(),
+    obs = Observation(update=sent, received=received, num_classes=10, spec=SPEC, skeleton=Net(),
                       client=client, head_bias="fc3.bias")  # fmt: skip
     return obs, Candidates((images, labels), make_textures(others, 999), "other textures")
 
@@ -397,7 +397,6 @@ def test_the_empirical_epsilon_compares_sides_of_one_class_composition():
     bounds — the ε bound compares as many members as non-members of each class, so it proves nothing there (a false
     "violates" otherwise); members that do score higher within their class prove ε beyond the bound's null; on
     canaries, included at random, every image counts and the class-first score proves a large ε."""
-
 
     rng = np.random.default_rng(0)
     members, non_members = np.zeros(300, np.int64), np.repeat(np.arange(10), 100)
@@ -444,8 +443,10 @@ def test_the_empirical_epsilon_proves_nothing_on_a_control_without_information(m
         ranks = calibrate(inside, outside, member_labels, non_member_labels)
         rank_bounds.append(empirical_epsilon([ranks], 1e-5)["epsilon-lower"])
     audit_bounds, rank_bounds = np.array(audit_bounds), np.array(rank_bounds)
-    print(f"bound > 0: audit {np.sum(audit_bounds > 0)} of 40 (largest {audit_bounds.max():.3f}); "
-          f"per-class ranks {np.sum(rank_bounds > 0)} of 40 (largest {rank_bounds.max():.3f})")
+    print(
+        f"bound > 0: audit {np.sum(audit_bounds > 0)} of 40 (largest {audit_bounds.max():.3f}); "
+        f"per-class ranks {np.sum(rank_bounds > 0)} of 40 (largest {rank_bounds.max():.3f})"
+    )
     assert np.sum(audit_bounds > 0) <= 2 and audit_bounds.max() < 0.2, audit_bounds
     assert np.sum(rank_bounds > 0) >= 10 and rank_bounds.max() > 1.0, rank_bounds  # what the control catches
 
@@ -487,7 +488,7 @@ def test_a_clients_rounds_combined_show_more_than_its_best_round():
             model.load_state_dict({n: torch.as_tensor(w) for n, w in received.items()})
             train(model, *data, 1, 0.01, 32, seed=r)
             sent.append(state(model))
-        obs = Observation(update=sent[0], received=received, config=None, num_classes=10, spec=SPEC,
+        obs = Observation(update=sent[0], received=received, num_classes=10, spec=SPEC,
                           skeleton=Net(), client=client, head_bias="fc3.bias")  # fmt: skip
         for side, found in (("members", candidates), ("strangers", strangers)):
             losses = candidate_losses(obs, found)
@@ -558,7 +559,6 @@ def test_a_score_that_only_tells_the_class_is_not_membership():
     model's class bias): its raw AUC is high; calibrated on each class's non-members it is not, and the
     within-class null reaches it either way."""
 
-
     rng = np.random.default_rng(0)
     member_labels = rng.choice(10, 500, p=np.r_[np.full(3, 0.3), np.full(7, 0.1 / 7)])
     outsider_labels = rng.integers(0, 10, 1000)
@@ -572,8 +572,6 @@ def test_a_score_that_only_tells_the_class_is_not_membership():
 
 
 def test_calibration_ranks_each_class_among_its_non_members():
-
-
     inside, outside = calibrate(np.array([5.0, 1.0, 7.0]), np.array([1.0, 3.0, 10.0, 10.0, 4.0]),
                                 np.array([0, 1, 2]), np.array([0, 0, 1, 1, 2]))  # fmt: skip
     assert np.allclose(outside, [0.25, 0.75, 0.5, 0.5, 0.5]) and np.allclose(inside[:2], [1.0, 0.0])
@@ -583,7 +581,6 @@ def test_calibration_ranks_each_class_among_its_non_members():
 def test_calibration_in_one_sort_is_each_class_ranked_on_its_own():
     """The one-sort calibration equals ranking each class's scores among that class's non-members (all non-members
     for a class with fewer than two), ties included."""
-
 
     rng = np.random.default_rng(0)
     for case in range(200):
@@ -603,7 +600,6 @@ def test_calibrated_auc_is_the_within_class_auc_however_skewed_the_classes():
     """A class holding most members with a long-tailed score, another holding most non-members: the pooled
     calibrated AUC is the member-weighted within-class AUC, and a null split centres on 0.5 (a mean/std
     standardisation gives 0.50 for a within-class 0.63 here, and 0.46 for the null)."""
-
 
     rng = np.random.default_rng(0)
     member_labels, outsider_labels = np.repeat([0, 1], [900, 100]), np.repeat([0, 1], [100, 900])
@@ -708,8 +704,9 @@ def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
 
     def simulated(**changes) -> dict[str, np.ndarray]:
         client = dataclasses.replace(obs.client, **changes)
-        return simulate(dataclasses.replace(obs, client=client), aux, counts, 0.0, 0, keep_weights=True,
-                        private=True).weights
+        return simulate(
+            dataclasses.replace(obs, client=client), aux, counts, 0.0, 0, keep_weights=True, private=True
+        ).weights
 
     def claim(sigma: float, bound: float) -> PrivacyClaim:
         return PrivacyClaim(1.0, 1e-5, sigma, bound, "reply metrics")
@@ -752,4 +749,5 @@ def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
     unnoised = simulate(dataclasses.replace(obs, client=client), aux, counts, 0.0, 0, keep_weights=True).weights
     assert norm(unnoised) == pytest.approx(half, rel=1e-4)  # the label estimate's own: clipped, not noised
     assert told(update_clip=half, update_noise=0.05) == (
-        "Flower's LocalDpMod added Gaussian noise of std 0.05 to every entry of the update")
+        "Flower's LocalDpMod added Gaussian noise of std 0.05 to every entry of the update"
+    )

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedvit.attacks.reidentification import Gallery, gallery_from_test_split, rank, score_batch, similarity
+from fedvit.attacks.reidentification import Gallery, rank, score_batch, similarity
 from fedvit.audit.metrics import best_flat_image
+from fedvit.audit.user_data import gallery_from_test_split
 from fedvit.core.config import parse_config
 
 SYNTHETIC = {"data.name": "synthetic", "data.synthetic-train-size": 64, "data.synthetic-test-size": 60}

@@ -312,7 +312,7 @@ def collusion_key(obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None
 
 def decrypt_observation(obs: Observation, e_a_t: np.ndarray, inverse: np.ndarray) -> Observation:
     """The observation in plaintext under an estimated key: W_E = Ŵ_E (E_aᵀ)⁻¹ and the position rows put back
-    (update and received model alike; both are encrypted the same way), with encryption off in its config."""
+    (update and received model alike; both are encrypted the same way), with encryption off in its defence."""
     e_a_t_inv = np.linalg.pinv(e_a_t, rcond=EPS_RANK)
     rows = np.concatenate([[0], 1 + inverse])  # the class row stays first
 
@@ -327,9 +327,9 @@ def decrypt_observation(obs: Observation, e_a_t: np.ndarray, inverse: np.ndarray
     masks = None
     if obs.masks is not None:  # E_a forbids masking the patch embedding (all kept); the position rows move back
         masks = dict(obs.masks) | {POS_EMBED: np.ascontiguousarray(obs.masks[POS_EMBED][:, rows])}
-    config = dataclasses.replace(obs.config, encryption=dataclasses.replace(obs.config.encryption, mode="off"))
     return dataclasses.replace(
-        obs, update=plain(obs.update), received=plain(obs.received), config=config, masks=masks,
+        obs, update=plain(obs.update), received=plain(obs.received), masks=masks,
+        defence=dataclasses.replace(obs.defence, encryption="off"),
         known_images=None, known_plaintext=None, known_ciphertext=None,
     )  # fmt: skip
 

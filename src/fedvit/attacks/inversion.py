@@ -12,7 +12,7 @@ left out of the match; the client's Madry PGD recipe is re-run on the candidates
 as received (without the key it yields the encrypted-domain image, which is scored as it is).
 
 Double backward through timm's fused attention is not implemented on CPU, so the attack's model copy uses the
-explicit attention path (the function is the same). It runs on the run config's ``device`` ("auto": CUDA where
+explicit attention path (the function is the same). It runs on the device the audit names ("auto": CUDA where
 available). Restarts are batched: every restart is simulated with its own copy of the weights in one vmapped
 forward pass, and one backward pass moves them all (Adam is elementwise, so this is the same as running them one
 after another, only without the sequential passes).
@@ -45,7 +45,7 @@ from fedvit.attacks.observation import (
     recipe,
     simulated,
 )
-from fedvit.core.config import AuditConfig
+from fedvit.core.budget import AuditConfig
 from fedvit.core.model import normalize, resolve_device
 from fedvit.core.params import POS_EMBED
 
@@ -164,10 +164,12 @@ def madry_simulator(obs: Observation, model: nn.Module, count: int) -> Callable 
     perturbation is treated as a constant of x (its own dependence on x is not differentiated)."""
     if count == 0:
         return None
-    from fedvit.clients.adversarial import attack_from, pgd
+    from fedvit.clients.adversarial import pgd
 
-    attack = attack_from(obs.config.adversarial)
-    generator = torch.Generator().manual_seed(obs.config.seed)
+    attack = recipe(obs).pgd
+    if attack is None:
+        raise ValueError("the recipe names adversarial samples but no PGD attack")
+    generator = torch.Generator().manual_seed(attacker_seed(obs))
 
     def adversary(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:  # [restarts, batch, ...]
         head = xb[:, :count].detach().flatten(0, 1)
@@ -216,9 +218,7 @@ def test_split_start(
 ) -> torch.Tensor:
     """One test-split image per candidate, of its recovered class where known: what an attacker holding
     in-distribution data (the server's test split) starts from. Never a client's image (train split)."""
-    from fedvit.core.data import load_dataset
-
-    test = load_dataset(obs.config.data, obs.config.seed, "test")
+    test = obs.test_split()
     picks = []
     for k in range(examples):
         pool = np.arange(len(test))
@@ -388,17 +388,17 @@ def invert(
 ) -> Reconstruction:
     """Reconstruct the client's images from one observed update (see the module docstring).
 
-    ``budget``: default, a fedvit run's own ``audit.*``; ``device``: default, its ``device`` ("auto": CUDA where
-    there is one). Returns all candidates as ``Reconstruction.images``; ``progress(done, total)`` is called per
-    Adam step. ``per_epoch``: the FedAvg-aware attack (:func:`fedavg_aware_invert`).
+    ``budget``: default, ``AuditConfig()`` (the audit passes a fedvit run's own ``audit.*``); ``device``: default
+    "auto" (CUDA where there is one). Returns all candidates as ``Reconstruction.images``; ``progress(done,
+    total)`` is called per Adam step. ``per_epoch``: the FedAvg-aware attack (:func:`fedavg_aware_invert`).
     """
     if (why := simulated(obs)) is not None:
         return Reconstruction(None, why)
-    budget = budget or obs.config.audit
-    if budget.init == "test-split" and obs.config is None:
+    budget = budget or AuditConfig()
+    if budget.init == "test-split" and obs.test_split is None:
         return Reconstruction(None, "audit.init = test-split needs a fedvit run's dataset")
     rec = recipe(obs)
-    device = resolve_device(device or (obs.config.device if obs.config is not None else "auto"))
+    device = resolve_device(device or "auto")
     model = attack_model(obs).to(device)
     kept = kept_entries(obs)
     correction = None

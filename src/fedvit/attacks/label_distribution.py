@@ -208,15 +208,18 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     }
     for b, other in alternatives.items():
         note += f"; under momentum {b:g} {changed(other)} of {total} images change class"
-    # the sensitivity to weight decay, unless the code states none (the simulations run without it)
-    if obs.config is None and optimiser == "sgd" and not client.source_of("weight decay").startswith("0 ("):
+    # the sensitivity to weight decay, unless the code or the run config states none (the simulations run without it)
+    if optimiser == "sgd" and not client.source_of("weight decay").startswith("0 ("):
         decayed = residual_search(obs, aux, rows, counts, chosen, WEIGHT_DECAY, seed, SIDE_SEARCH_STEPS, systems)
         note += f"; under weight decay {WEIGHT_DECAY:g} {changed(decayed.counts)} change class"
     # the same recipe on another draw of auxiliary images and another shuffle: how far two runs of it differ
     # the direction rests on the estimated counts, which rest on SGD's relation: checked under SGD only
     other = systems(counts, chosen, seed + OTHER_DRAW, 0.0) if optimiser == "sgd" else None
-    fit = recipe_fit(systems(counts, chosen, seed, 0.0), rows, moved, candidate_name(*key), other) if (
-        optimiser in SIMULATED_OPTIMISERS) else None  # another optimiser: SGD's steps ran in its place, not it
+    fit = (
+        recipe_fit(systems(counts, chosen, seed, 0.0), rows, moved, candidate_name(*key), other)
+        if (optimiser in SIMULATED_OPTIMISERS)
+        else None
+    )  # another optimiser: SGD's steps ran in its place, not it
     runs = systems.runs + sum(s.runs for _, s, _ in trials.values() if s is not systems)
     note += f"; {runs} simulations run in all (a repeated one looked up)"
     return LabelEstimate(counts, chosen, note, alternatives, how, optimiser, fit)

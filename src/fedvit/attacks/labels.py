@@ -141,7 +141,7 @@ def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) 
     if (why := simulated(obs)) is not None:
         return Recovered(None, why)
     client = recipe(obs)
-    dp = obs.config is not None and obs.config.dp.enabled
+    dp = obs.defence.dp
     if client.several_steps:
         if not client.lr_known:
             return Recovered(None, "not estimated: no record carries the learning rate (give --recipe lr=...)")
@@ -153,7 +153,7 @@ def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) 
     # Flower's client-side clipping scaled this update by an unknown factor: as DP clipping, the scale is estimated
     dp = dp or update_clipped(obs)
     # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received
-    model = received_model(obs) if obs.config is not None else attack_model(obs)
+    model = received_model(obs) if obs.defence.fedvit else attack_model(obs)
     mean_probs = mean_softmax(model, input_shape(obs), seed=attacker_seed(obs))
     if client.sends_gradient:
         grad, examples = obs.update[bias], client.batch

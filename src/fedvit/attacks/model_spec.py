@@ -2,9 +2,9 @@
 
 A :class:`ModelSpec` names a user factory (``package.module:callable``, called with the spec's ``args`` as keyword
 arguments, returning the ``nn.Module`` the app trains), a timm model name (``args`` go to ``timm.create_model``),
-or fedvit's own timm ViT (:func:`fedvit_model_spec`, from a run config's ``model.*``). The attacks build every
-model through a spec; this is the only attack module that knows how fedvit builds its ViT. ``fedvit audit``
-makes the spec from its flags and ``fedvit-audit.toml``.
+or fedvit's own timm ViT (``builder``: :func:`fedvit.audit.fedvit_run.fedvit_spec`, from a run config's
+``model.*``). The attacks build every model through a spec. ``fedvit audit`` makes the spec from its flags and
+``fedvit-audit.toml``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class ModelSpec:
     app_dir: str | None = None
     num_classes: int | None = None
     args: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the factory (``get_model(num_classes=10)``)
+    first_block: str = "pre-ln"  # fedvit's ``model.first-block`` ("no-ln": its first block without LayerNorm)
     builder: Callable[[], nn.Module] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,28 +124,6 @@ def import_callable(reference: str, app_dir: str | None, flag: str) -> Callable[
     return found
 
 
-def fedvit_model_spec(config: Any, num_classes: int) -> ModelSpec:
-    """fedvit's own model for a run config (``fedvit.core.config.Config``): its timm ViT with the configured head and
-    size overrides, never pretrained weights (the attacks take the weights from the capture)."""
-    from fedvit.core.model import build_model
-
-    model_config = dataclasses.replace(config.model, pretrained="off")
-
-    def builder() -> nn.Module:
-        return build_model(model_config, num_classes, config.seed)
-
-    probe = builder()
-    pretrained = getattr(probe, "pretrained_cfg", None) or {}
-    height, width = (int(v) for v in probe.patch_embed.img_size)  # img-size 0 means timm's default
-    return ModelSpec(
-        factory=f"fedvit {model_config.name}",
-        input_shape=(int(probe.patch_embed.proj.in_channels), height, width),
-        mean=tuple(float(v) for v in pretrained.get("mean", (0.5,) * 3)),
-        std=tuple(float(v) for v in pretrained.get("std", (0.5,) * 3)),
-        builder=builder,
-    )
-
-
 def head_bias(model: nn.Module) -> str | None:
     """The bias of the model's last ``nn.Linear`` (the classifier, whose gradient gives the labels away)."""
     from torch import nn
@@ -171,7 +150,7 @@ def model_settings(model: nn.Module) -> tuple[dict[str, Any], str]:
     """The optimisation attack's TV weight, start and kept candidate for ``model`` (AuditConfig fields) and why:
     AuditConfig's defaults (tuned on fedvit's ViTs) where the model has a ViT's embeddings, else
     :data:`OTHER_SETTINGS`."""
-    from fedvit.core.config import AuditConfig
+    from fedvit.core.budget import AuditConfig
 
     if is_vit(model):
         defaults = AuditConfig()

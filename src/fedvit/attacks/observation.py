@@ -1,15 +1,17 @@
 """What an attacker holds: one captured client update, the model that client received, what is public.
 
 The attacker boundary: an :class:`Observation` has no field for the client's data; every attack takes one and
-returns a :class:`Reconstruction`. It describes an update of fedvit's app (``config`` names the model, defence and
-recipe) or of another app (``spec``: the user's model; ``client``: the recipe read from the capture).
+returns a :class:`Reconstruction`. Whatever app the update came from, it holds the attacked model (a
+:class:`~fedvit.attacks.model_spec.ModelSpec`), the client's recipe with the source of each value, the defence the
+run names and what is public. The audit resolves them once, when it reads a capture (fedvit's own runs from their
+run config: :mod:`fedvit.audit.fedvit_run`); the attacks never read a run configuration.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,13 +19,31 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedvit.attacks.model_spec import ModelSpec, fedvit_model_spec
-from fedvit.attacks.recipe import SIMULATED_OPTIMISERS, ClientRecipe, PrivacyClaim
-from fedvit.clients.privacy import local_dp_noise_std, local_epsilon
-from fedvit.core.config import Config
+from fedvit.attacks.model_spec import ModelSpec
+from fedvit.attacks.recipe import SIMULATED_OPTIMISERS, ClientRecipe
 from fedvit.core.masks import decode
-from fedvit.core.model import set_weights
 from fedvit.core.params import HEAD_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED
+
+GRADIENT_STRATEGIES = ("fedsgd", "masked-fedsgd")  # replies carry the gradient of one batch
+WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg", "scaffold")  # replies carry the new weights, not a gradient
+NOT_FEDVIT = "as captured (not fedvit's app)"
+
+
+@dataclass(frozen=True)
+class Defence:
+    """The defence a fedvit run switched on, as its public run config names it (never its keys): what the
+    defence-aware attacks branch on. Another app's capture: none is known (``strategy`` "")."""
+
+    name: str = NOT_FEDVIT  # a short public label ("none", "mask-fresh-r0.5", ...)
+    strategy: str = ""  # fedvit's aggregation ("fedsgd", "masked-fedsgd", "fedavg", ...)
+    mask_mode: str | None = None  # masked FedSGD's mask mode (the payload carries the masks)
+    encryption: str = "off"  # the encrypted-domain aggregation's mode ("off", "paper", "private-init")
+    dp: bool = False  # DP clipping scaled the update by a factor the attacker does not know
+
+    @property
+    def fedvit(self) -> bool:
+        """Whether the update is of fedvit's own app (its run config named the defence)."""
+        return bool(self.strategy)
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,19 +54,17 @@ class Observation:
     an entry. ``masks``: boolean keep-masks by name when the payload carried them (masked FedSGD), else None.
     ``received``: the model the client received (encrypted layers included, if any; buffers too for a user's
     model). ``known_plaintext``: plaintext initial embeddings the attacker knows (e.g. the server's own initial
-    model in the encrypted-ViT paper's protocol), else None.
-
-    Whatever app it came from, an observation holds the attacked model as a :class:`ModelSpec` (``spec``, built
-    once as ``skeleton``) and the client's recipe (``client``): for another app they are read from the capture and
-    the user's ``--model``; for fedvit's own app they are resolved here, once, from its public run config
-    (``config``, which beyond them names only the defence, the seed and the audit budget) and ``meta``'s
-    ``num-examples`` and ``round``.
+    model in the encrypted-ViT paper's protocol), else None. ``spec`` (built once as ``skeleton``) is the attacked
+    model, ``client`` the recipe, ``defence`` what the run switched on, ``seed`` the attacker's own randomness
+    (fedvit's runs: their run seed) and ``test_split`` the run's public test split, loaded on demand.
     """
 
     update: dict[str, np.ndarray]
     received: dict[str, np.ndarray]
-    config: Config | None  # fedvit's public run config (model, strategy, defence; never keys); None: another app
     num_classes: int
+    spec: ModelSpec
+    skeleton: nn.Module = field(repr=False)
+    client: ClientRecipe
     masks: dict[str, np.ndarray] | None = None
     known_plaintext: dict[str, np.ndarray] | None = None
     known_ciphertext: dict[str, np.ndarray] | None = None  # the same layers as the server adopted them
@@ -56,25 +74,14 @@ class Observation:
     # earlier control-deltas on the wire (zeros before its first round)
     correction: dict[str, np.ndarray] | None = None
     meta: dict = field(default_factory=dict)  # node, round, ... (for reports only)
-    spec: ModelSpec | None = None  # the attacked model (fedvit's app: resolved from ``config``)
-    skeleton: nn.Module | None = field(default=None, repr=False)  # spec built once per audit
-    client: ClientRecipe | None = None  # the recipe read from the capture (fedvit's app: resolved from ``config``)
+    defence: Defence = Defence()
+    seed: int = 0
+    test_split: Callable[[], Any] | None = field(default=None, repr=False)  # a dataset with .labels and .batch
     head_bias: str = HEAD_BIAS  # the classifier bias, whose gradient gives the labels away
     start_seed: int | None = None  # another app's update: one generator for all random starts (None: fedvit's)
     # a partial update (a head fine-tuned on a frozen backbone): the parameters the client sent and trained, the
     # rest public (the user's --model weights); None: the whole model
     trained: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.config is not None:  # fedvit's app: the model and the recipe its public run config names
-            if self.spec is None:
-                object.__setattr__(self, "spec", fedvit_spec(self.config, self.num_classes))
-            if self.skeleton is None:
-                object.__setattr__(self, "skeleton", model_skeleton(self.config, self.num_classes))
-            if self.client is None:
-                object.__setattr__(self, "client", config_recipe(self.config, self.meta))
-        elif self.spec is None or self.skeleton is None or self.client is None:
-            raise ValueError("another app's observation needs its model spec, skeleton and recipe")
 
 
 @dataclass(frozen=True)
@@ -101,29 +108,14 @@ class Reconstruction:
 # ---------------------------------------------------------------------------- the model
 
 
-@functools.lru_cache(maxsize=4)
-def fedvit_spec(config: Config, num_classes: int) -> ModelSpec:
-    """fedvit's model of a public run config as a spec (cached: one probe model per config)."""
-    return fedvit_model_spec(config, num_classes)
-
-
-@functools.lru_cache(maxsize=4)
-def model_skeleton(config: Config, num_classes: int) -> nn.Module:
-    """fedvit's model of a public run config (cached; its weights are not what a client received)."""
-    return fedvit_spec(config, num_classes).build()
-
-
 def public_model(obs: Observation) -> nn.Module:
     """The model architecture (weights are not used; take them from ``obs.received``)."""
     return obs.skeleton
 
 
 def _load(model: nn.Module, obs: Observation, weights: dict[str, np.ndarray]) -> None:
-    """fedvit's model: every parameter by name; another app's: its state dict, as far as ``weights`` carries it."""
-    if obs.config is not None:
-        set_weights(model, weights)
-    else:
-        model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in weights.items()}, strict=False)
+    """The model's state dict, as far as ``weights`` carries it (fedvit's: every parameter by name)."""
+    model.load_state_dict({n: torch.as_tensor(np.array(w)) for n, w in weights.items()}, strict=False)
 
 
 def received_model(obs: Observation) -> nn.Module:
@@ -211,18 +203,15 @@ def has_vit_embeddings(obs: Observation) -> str | None:
 
 def attacker_seed(obs: Observation) -> int:
     """The seed of the attacker's own randomness: fedvit's run seed, else 0."""
-    return obs.config.seed if obs.config is not None else 0
+    return obs.seed
 
 
 def first_block(obs: Observation) -> str:
     """fedvit's ``model.first-block`` ("pre-ln" for every model not built by fedvit: timm's block)."""
-    return obs.config.model.first_block if obs.config is not None else "pre-ln"
+    return obs.spec.first_block
 
 
 # ---------------------------------------------------------------------------- the client's recipe
-
-GRADIENT_STRATEGIES = ("fedsgd", "masked-fedsgd")  # replies carry the gradient of one batch
-WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg", "scaffold")  # replies carry the new weights, not a gradient
 
 
 def recipe(obs: Observation) -> ClientRecipe:
@@ -230,34 +219,11 @@ def recipe(obs: Observation) -> ClientRecipe:
     return obs.client
 
 
-def config_recipe(config: Config, meta: dict) -> ClientRecipe:
-    """A fedvit client's recipe from its public run config and the reply's ``num-examples`` (else the batch size):
-    the learning rate of the captured round (``meta["round"]``) after decay; FedSGD is one step on all its
-    examples."""
-    examples = int(meta.get("num-examples") or config.batch_size)
-    sends_gradient = config.strategy in GRADIENT_STRATEGIES
-    batch = examples if sends_gradient else min(config.batch_size, examples)
-    epochs = 1 if sends_gradient else config.local_epochs
-    adversarial = int(np.floor(config.adversarial.ratio * batch)) if config.adversarial.enabled else 0
-    mu = config.fedprox.mu if config.strategy == "fedprox" else 0.0
-    lr = config.lr_at(int(meta.get("round") or 1))
-    claim, clip, noise = None, None, None
-    if config.dp.enabled:  # Flower's mods: "central" clips the update, "local" clips it and adds noise itself
-        clip = config.dp.clipping_norm
-        if config.dp.mode == "local":
-            epsilon = local_epsilon(config.dp)  # fedvit's LocalDpMod: sensitivity C (fedvit.clients.privacy)
-            noise = local_dp_noise_std(clip, epsilon, config.dp.delta)
-            claim = PrivacyClaim(epsilon, config.dp.delta, None, None, "run config dp.*", clip, noise)
-        if sends_gradient:  # the mods clip lr·g in the model's space: the gradient's own norm bound is not C
-            clip, noise = None, None
-    return ClientRecipe(examples, batch, epochs, lr, config.momentum, mu, adversarial, sends_gradient, privacy=claim,
-                        optimiser="sgd", update_clip=clip, update_noise=noise)  # fmt: skip
-
-
 def simulated(obs: Observation) -> str | None:
     """Why the client's local work cannot be simulated (None when it can)."""
-    if obs.config is not None and obs.config.strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
-        return f"strategy {obs.config.strategy!r} is not modelled by the attacks"
+    strategy = obs.defence.strategy
+    if strategy and strategy not in GRADIENT_STRATEGIES + WEIGHT_STRATEGIES:
+        return f"strategy {strategy!r} is not modelled by the attacks"
     return None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -15,6 +16,7 @@ from fedvit.attacks.app_code import CodeRecipe
 from fedvit.attacks.augmentation import Augmentation, AugmentationError
 from fedvit.attacks.augmentation import parse as parse_augmentation
 from fedvit.capture.reader import AuditInputError, Exchange
+from fedvit.clients.adversarial import PGD
 from fedvit.clients.privacy import local_dp_noise_std
 
 # A reply's per-layer norm against the received weights', ‖sent‖ / ‖received‖, whatever the learning rate: a gradient
@@ -27,6 +29,7 @@ RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run conf
     "local-steps": ("local-steps", "local_steps"),
     "batch-size": ("batch-size", "batch_size"),
     "momentum": ("momentum",),
+    "weight-decay": ("weight-decay", "weight_decay"),
     "num-examples": ("num-examples", "num_examples"),
 }
 OPTIMISER_KEYS = ("optimizer", "optimiser", "optim")  # a name: "sgd", "adam", "adamw", ...
@@ -48,6 +51,17 @@ LOCAL_DP_KEYS = {  # Flower's LocalDpMod(clipping_norm, sensitivity, epsilon, de
     "clipping-norm": ("local-dp-clipping-norm", "local-dp-clip", "local_dp_clipping_norm", "local_dp_clip"),
     "sensitivity": ("local-dp-sensitivity", "local_dp_sensitivity"),
 }
+
+
+@dataclass(frozen=True)
+class Records:
+    """What a recipe is read from when there is no captured exchange: fedvit's own run config as it states its
+    recipe (:mod:`fedvit.audit.fedvit_run`), under the same names as an exchange's records."""
+
+    label: str
+    run_config: dict[str, Any] = field(default_factory=dict)
+    received_config: dict[str, Any] = field(default_factory=dict)
+    sent_metrics: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,9 @@ class PrivacyClaim:
         return f"ε {self.epsilon:g}, δ {self.delta:g}{extra} ({self.source})"
 
 
-def recorded_number(ex: Exchange, key: str, names: tuple[str, ...], source: str, values: dict) -> float | None:
+def recorded_number(
+    ex: Exchange | Records, key: str, names: tuple[str, ...], source: str, values: dict
+) -> float | None:
     """The first of ``names`` that ``values`` (one record of ``source``) holds, as a number (None: none holds one;
     a value that is not a number is refused, naming ``key`` and ``source``)."""
     hit = next((values[a] for a in names if a in values and values[a] not in ("", None)), None)
@@ -88,7 +104,7 @@ def recorded_number(ex: Exchange, key: str, names: tuple[str, ...], source: str,
         raise AuditInputError(f"{ex.label}: {key} = {hit!r} ({source}) is not a number") from err
 
 
-def read_privacy_claim(ex: Exchange, overrides: dict[str, str] | None = None) -> PrivacyClaim | None:
+def read_privacy_claim(ex: Exchange | Records, overrides: dict[str, str] | None = None) -> PrivacyClaim | None:
     """The DP claim an update carries, or None without an ε: Flower's ``LocalDpMod`` settings
     (:data:`LOCAL_DP_KEYS`) or a DP-SGD claim (:data:`PRIVACY_KEYS`), declared (``--recipe``) or in its reply
     metrics, ConfigRecord or run config. A DP-SGD claim without a δ is read as pure ε-DP (δ = 0); a LocalDpMod
@@ -135,6 +151,7 @@ class ClientRecipe:
     augment: Augmentation | None = None  # the random augmentation declared (None: none, assumed where not said)
     update_clip: float | None = None  # the update's norm bound (Flower's client-side clipping or LocalDpMod)
     update_noise: float | None = None  # the Gaussian std LocalDpMod added to every entry of the clipped update
+    pgd: PGD | None = None  # Madry AT's attack on ``adversarial`` samples of each step (fedvit's adversarial.*)
 
     def described(self) -> str:
         """Every value with where it came from ("lr 0.05 (ConfigRecord); momentum 0 (assumed plain SGD); ...")."""
@@ -155,8 +172,9 @@ class ClientRecipe:
                     "momentum": f"{momentum:g} (inferred from the update)" if optimiser == "sgd" else
                     f"— ({optimiser}: betas 0.9, 0.999, eps 1e-8, torch's defaults, assumed)"}  # fmt: skip
         sources = dict(self.sources) | inferred
-        return dataclasses.replace(self, optimiser=optimiser, momentum=momentum, momentum_known=True,
-                                   sources=tuple(sources.items()))
+        return dataclasses.replace(
+            self, optimiser=optimiser, momentum=momentum, momentum_known=True, sources=tuple(sources.items())
+        )
 
     @property
     def steps(self) -> int:
@@ -245,14 +263,14 @@ def sent_kind(received: dict[str, np.ndarray], sent: dict[str, np.ndarray], name
     return kind, f"median ‖sent‖/‖received‖ {median:.3g}, {sum(side)} of {len(ratios)} layers agree"
 
 
-def recipe_records(ex: Exchange, overrides: dict[str, str]) -> list[tuple[str, dict]]:
+def recipe_records(ex: Exchange | Records, overrides: dict[str, str]) -> list[tuple[str, dict]]:
     """(source, values) in the order a recipe value is looked up: the overrides, the received ConfigRecord, the run
     config, the reply's metrics."""
     return [("override", overrides), ("ConfigRecord", ex.received_config), ("run config", ex.run_config),
             ("reply metrics", ex.sent_metrics)]  # fmt: skip
 
 
-def recorded_name(ex: Exchange, overrides: dict[str, str], keys: tuple[str, ...]) -> tuple[str, str] | None:
+def recorded_name(ex: Exchange | Records, overrides: dict[str, str], keys: tuple[str, ...]) -> tuple[str, str] | None:
     """(a name in lower case, where it was read) under one of ``keys`` in the overrides, the ConfigRecord, the run
     config or the reply's metrics; None where no record has one."""
     for source, values in recipe_records(ex, overrides):
@@ -268,14 +286,14 @@ def told(overrides: dict[str, str], keys: tuple[str, ...]) -> tuple[str, str] | 
     return None if hit is None else (str(hit).strip().lower(), "override")
 
 
-def recorded_optimiser(ex: Exchange, overrides: dict[str, str]) -> tuple[str, str] | None:
+def recorded_optimiser(ex: Exchange | Records, overrides: dict[str, str]) -> tuple[str, str] | None:
     """(the optimiser's name in lower case, where it was read) under :data:`OPTIMISER_KEYS`; None where no record
     names one."""
     found = recorded_name(ex, overrides, OPTIMISER_KEYS)
     return None if found is None else (found[0].removeprefix("torch.optim."), found[1])
 
 
-def recorded_augmentation(ex: Exchange, overrides: dict[str, str]) -> tuple[Augmentation, str] | None:
+def recorded_augmentation(ex: Exchange | Records, overrides: dict[str, str]) -> tuple[Augmentation, str] | None:
     """(the augmentation, where it was read) under :data:`AUGMENT_KEYS`; None where none is recorded (or it is
     "none"); an :class:`AuditInputError` for one the audit does not model."""
     found = recorded_name(ex, overrides, AUGMENT_KEYS)
@@ -312,7 +330,9 @@ def code_augmentation(code: CodeRecipe) -> tuple[Augmentation | None, str] | Non
     return augmentation, text
 
 
-def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str], code: CodeRecipe | None = None) -> ClientRecipe:
+def read_recipe(
+    ex: Exchange | Records, kind: str, overrides: dict[str, str], code: CodeRecipe | None = None
+) -> ClientRecipe:
     """The recipe from (first found) the overrides, the app's code (:mod:`fedvit.attacks.app_code`), the received
     ConfigRecord, the run config, the reply's metrics; defaults: full batch, one epoch, no momentum; the optimiser
     left open (None: inferred from the update) where nothing states it. ``local-steps`` (when given) fixes the
@@ -369,6 +389,8 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str], code: CodeRe
     for key in ("weight decay", "betas", "trained"):
         if key in code_values and code_values[key].read:
             sources[key] = f"{code_values[key].described()}".replace(" (", " (app code: ", 1)
+    if "weight-decay" in found and ("weight decay" not in sources or found["weight-decay"][1] == "override"):
+        sources["weight decay"] = f"{found['weight-decay'][0]:g} ({found['weight-decay'][1]})"
     if code is not None and code.frozen:
         sources["frozen"] = "; ".join(f.described().replace(" (", " (app code: ", 1) for f in code.frozen)
     augment_told = told(overrides, AUGMENT_KEYS) is not None
@@ -403,8 +425,11 @@ def read_recipe(ex: Exchange, kind: str, overrides: dict[str, str], code: CodeRe
     adam = optimiser is not None and optimiser[0] in ADAM_FAMILY
     if adam and "momentum" not in found:  # Adam's betas play its part: the report says so, not "plain SGD"
         decay = ", weight decay 0.01" if optimiser[0] == "adamw" else ""
-        sources["momentum"] = (f"— ({optimiser[0]}: its betas instead)" if "betas" in sources else
-                               f"— ({optimiser[0]}: betas 0.9, 0.999, eps 1e-8{decay}, torch's defaults, assumed)")
+        sources["momentum"] = (
+            f"— ({optimiser[0]}: its betas instead)"
+            if "betas" in sources
+            else f"— ({optimiser[0]}: betas 0.9, 0.999, eps 1e-8{decay}, torch's defaults, assumed)"
+        )
         momentum = 0.0
     else:
         momentum = take("momentum", 0.0, "assumed plain SGD") or 0.0

@@ -11,7 +11,6 @@ Ties count as shared places (expected rank), so chance is exact for flat images.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -114,18 +113,3 @@ def score_batch(
 def evenly_spaced(total: int, count: int) -> np.ndarray:
     """Indices of ``count`` items spread evenly over ``total`` (all of them when ``count`` ≥ ``total``)."""
     return np.unique(np.linspace(0, total - 1, num=min(count, total)).round().astype(np.int64))
-
-
-@functools.lru_cache(maxsize=4)
-def gallery_from_test_split(config, size: int, count: int = DEFAULT_DECOYS) -> Gallery:
-    """``count`` decoys from the test split of the run's dataset at ``size`` px (an evenly spaced, fixed selection;
-    fewer when the split is smaller; built once per config). Raises the dataset's own error when it cannot be
-    loaded."""
-    from fedvit.core.data import load_dataset
-
-    images = load_dataset(config.data, config.seed, "test")
-    if count < 1:
-        raise ValueError(f"the re-identification gallery needs at least one decoy, got {count}")
-    indices = evenly_spaced(len(images), count)
-    x, _ = images.batch(indices, size)
-    return Gallery(x.numpy().astype(np.float64), f"{len(indices)} images of the {config.data.name} test split")

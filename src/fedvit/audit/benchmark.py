@@ -19,17 +19,18 @@ import numpy as np
 from tqdm import tqdm
 
 from fedvit.attacks.observation import Observation
-from fedvit.attacks.reidentification import DEFAULT_DECOYS, gallery_from_test_split
+from fedvit.attacks.reidentification import DEFAULT_DECOYS
 from fedvit.audit.frontier import write_frontier
 from fedvit.audit.metrics import as_batch
 from fedvit.audit.pipeline import AuditOptions, Reader, audit_exchanges
 from fedvit.audit.report import draw_grid
+from fedvit.audit.user_data import gallery_from_test_split
 from fedvit.capture.reader import load_exchanges
 from fedvit.capture.writer import capture_stem, direction_entry, write_direction, write_ground_truth
 from fedvit.clients import runner
 from fedvit.clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from fedvit.clients.privacy import privatize_offline
-from fedvit.core.config import Config, defence_of, parse_config
+from fedvit.core.config import Config, parse_config
 from fedvit.core.data import client_data, load_dataset
 from fedvit.core.model import build_model, get_weights
 
@@ -288,11 +289,11 @@ def save_figure4(attacked: list, rows: list[dict], path: Path) -> None:
                 best[key] = (row["psnr"], row["attack"])
     panels: dict[int, tuple] = {}
     for item in attacked:
-        image, defence = item.obs.meta["image"], defence_of(item.obs.config)
+        image, defence = item.obs.meta["image"], item.obs.defence.name
         label, truth, recs, captions = panels.setdefault(image, (f"client {image}", as_batch(item.truth)[0], {}, {}))
         if (image, defence) in best:
             psnr, attack = best[(image, defence)]
             recs[defence], captions[defence] = item.reconstructions[attack].image, f"{psnr:.0f} dB"
-    defences = list(dict.fromkeys(defence_of(item.obs.config) for item in attacked))
+    defences = list(dict.fromkeys(item.obs.defence.name for item in attacked))
     title = "strongest attack per defence (PSNR under each image; blank: no attack could run)"
     draw_grid([panels[k] for k in sorted(panels)], defences, path, title, dpi=150)

@@ -187,7 +187,7 @@ def reference_rows(
     references = [(BASELINE, flats, "per-channel mean of each true image")]
     if dataset_mean is not None:
         references.append((DATASET_MEAN, [dataset_mean] * len(truths), "the mean of the dataset's images"))
-    if first_block(obs) == "no-ln" and obs.config is not None:
+    if first_block(obs) == "no-ln":
         references.append(
             ("minimum-norm limit (reference)", [minimum_norm_limit(t, obs) for t in truths], "true patches projected "
              "onto W_E's row space; not an attack")

@@ -25,15 +25,16 @@ from fedvit.attacks.app_code import App, AppCodeError, CodeRecipe, load_app, rea
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
-from fedvit.attacks.observation import Observation, Reconstruction, dense_update, model_skeleton, recipe
+from fedvit.attacks.observation import Observation, Reconstruction, dense_update, recipe
 from fedvit.attacks.recipe import ClientRecipe, map_part, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
 from fedvit.audit.evidence import threat_model, verdict
+from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.frontier import frontier_rows, write_frontier
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
 from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid, save_roc
-from fedvit.audit.user_data import Truths, UserData
+from fedvit.audit.user_data import Truths, UserData, run_config
 from fedvit.capture.reader import (
     NOTHING_ON_THE_WIRE,
     AuditInputError,
@@ -43,7 +44,8 @@ from fedvit.capture.reader import (
     unreadable_links,
 )
 from fedvit.capture.writer import FEDVIT_SWITCH
-from fedvit.core.config import AuditConfig, Config, ConfigError, defence_of, parse_config
+from fedvit.core.budget import AuditConfig
+from fedvit.core.config import Config, ConfigError, parse_config
 from fedvit.core.params import HEAD_BIAS
 from fedvit.core.results import atomic_write
 
@@ -116,7 +118,7 @@ class Reader:
             ", FedSGD" if client.sends_gradient else f", {client.steps} local steps"
         )
         obs.meta.update({"node": ex.node, "partition": ex.partition, "round": ex.round, "update": ex.label,
-                         "defence-name": defence_of(obs.config), "setting": setting, "batch-size": client.batch,
+                         "defence-name": obs.defence.name, "setting": setting, "batch-size": client.batch,
                          "local-steps": 1 if client.sends_gradient else client.steps})  # fmt: skip
         obs.meta.update(ex.meta)  # a producer's own labels (the benchmark's defence and setting)
         return obs
@@ -127,8 +129,6 @@ class Reader:
             config = parse_config(ex.run_config)
         except ConfigError as err:
             raise AuditInputError(f"{ex.label}: the recorded run config does not parse ({err})") from None
-        if self.options.budget is not None:
-            config = dataclasses.replace(config, audit=self.options.budget)
         received = ex.received
         num_classes = int(received[HEAD_BIAS].shape[0])
         expected = {n: tuple(p.shape) for n, p in model_skeleton(config, num_classes).named_parameters()}
@@ -144,11 +144,11 @@ class Reader:
             "num-examples": ex.sent_metrics.get("num-examples"),
             "round": ex.round,  # the recipe's learning rate after decay
         }
-        return Observation(
-            update=update,
-            received=received,
-            config=config,
-            num_classes=num_classes,
+        return fedvit_observation(
+            config,
+            update,
+            received,
+            num_classes,
             masks=masks,
             known_plaintext=plain,
             known_ciphertext=cipher,
@@ -233,15 +233,18 @@ class Reader:
             "label": f"r{ex.round} n{ex.node}",
             "num-examples": client.examples,
             "app-code": code_note,
-            "sent": f"{kind} ({evidence})" + (", as told" if told else "") + (
+            "sent": f"{kind} ({evidence})"
+            + (", as told" if told else "")
+            + (
                 f"; of {part} only ({len(trained)} of {len(names)} parameter tensors): the rest is --model's "
-                "weights, taken as the public weights the client froze" if trained else ""
+                "weights, taken as the public weights the client froze"
+                if trained
+                else ""
             ),
         }
         return Observation(
             update={n: sent[n] for n in names},
             received=received,
-            config=None,
             num_classes=classes,
             meta=meta,
             spec=spec,
@@ -257,8 +260,10 @@ class Reader:
         why there is none: ``--app``, else the FAB a wire tap kept, else the folder a capture mod named."""
         path = self.options.app or ex.app_code
         if path is None:
-            why = {"wire-tap": "the tap kept no app bundle for this run (it sees none on TLS links, and none before "
-                               "a node fetched it)"}.get(ex.observer or "", "the capture names no app folder")
+            why = {
+                "wire-tap": "the tap kept no app bundle for this run (it sees none on TLS links, and none before "
+                "a node fetched it)"
+            }.get(ex.observer or "", "the capture names no app folder")
             return None, f"none: {why}; give --app DIR|FAB to read the recipe from the app's code"
         path = Path(path)
         if path not in self._apps:
@@ -271,17 +276,22 @@ class Reader:
         app = self._apps[path]
         if isinstance(app, str):
             return None, app
-        source = "--app" if self.options.app is not None else (
-            "the app bundle the tap kept" if ex.observer == "wire-tap" else "the app folder the capture named")
+        source = (
+            "--app"
+            if self.options.app is not None
+            else ("the app bundle the tap kept" if ex.observer == "wire-tap" else "the app folder the capture named")
+        )
         code = read_code(app, {"run config": ex.run_config, "ConfigRecord": ex.received_config})
         return code, f"{app.where} ({source})" + "".join(f"; {n}" for n in code.notes)
 
-    def budget(self, obs: Observation) -> tuple[AuditConfig, str]:
-        """The optimisation budget for ``obs`` and how the report states it: a fedvit run's own (or the user's)
-        ``audit.*``; for another app's model the user's budget with the start, kept candidate and (unless the user
-        set it) TV weight that :func:`fedvit.attacks.model_spec.model_settings` chooses for the model family."""
-        if obs.config is not None:
-            return obs.config.audit, obs.config.audit.describe()
+    def budget(self, ex: Exchange, obs: Observation) -> tuple[AuditConfig, str]:
+        """The optimisation budget for ``obs`` (read from ``ex``) and how the report states it: a fedvit run's own
+        (or the user's) ``audit.*``; for another app's model the user's budget with the start, kept candidate and
+        (unless the user set it) TV weight that :func:`fedvit.attacks.model_spec.model_settings` chooses for the
+        model family."""
+        if (config := run_config(ex)) is not None:
+            budget = self.options.budget or config.audit
+            return budget, budget.describe()
         settings, why = model_settings(obs.skeleton)
         tv_note = f" ({why}; --tv sets the weight)" if self.options.tv_by_model else " (--tv)"
         if not self.options.tv_by_model:
@@ -301,17 +311,17 @@ class Reader:
 
 def attack_exchange(
     obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str,
-    aux: Auxiliary | None = None, candidates: Candidates | None = None,
+    aux: Auxiliary | None = None, candidates: Candidates | None = None, device: str | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:  # fmt: skip
     """Every registry entry on one observation (:func:`fedvit.audit.registry.measure_all`): its report rows, its
     update entry, its reconstructions (and under "ranks" the re-identification ranks, under "membership" the member
     and non-member scores). ``aux``: labelled images that are not the client's (the label simulation's);
-    ``candidates``: membership's."""
+    ``candidates``: membership's; ``device``: where the optimisation attacks run (default ``options.device``)."""
     images, labels, gallery, exact = truth
     client = recipe(obs)
     started = time.perf_counter()
-    held = Held(images, labels, gallery, exact, budget, {**obs.meta, "defence": defence_of(obs.config)}, aux,
-                candidates, options.budgets, options.device, options.references, position,
+    held = Held(images, labels, gallery, exact, budget, {**obs.meta, "defence": obs.defence.name}, aux,
+                candidates, options.budgets, device or options.device, options.references, position,
                 fit_check=options.fit_check)  # fmt: skip
     obs, findings = measure_all(obs, held)  # a measure may estimate a recipe value: the one recipe from here on
     client = recipe(obs)
@@ -333,14 +343,21 @@ def attack_exchange(
         "examples": client.examples,
         "recipe": client.described(),
         "app-code": obs.meta.get("app-code"),
-        "recipe-fit": None if (fit := held.found.recipe_fit) is None else {
-            "recipe": fit.recipe, "scale": fit.scale, "cosine": fit.cosine, "own-cosine": fit.own_cosine,
-            "cosine-bound": fit.cosine_bound, "flatness": list(fit.flatness),
+        "recipe-fit": None
+        if (fit := held.found.recipe_fit) is None
+        else {
+            "recipe": fit.recipe,
+            "scale": fit.scale,
+            "cosine": fit.cosine,
+            "own-cosine": fit.own_cosine,
+            "cosine-bound": fit.cosine_bound,
+            "flatness": list(fit.flatness),
             "fits": fit.fits,
             "checked": held.fit_check and not held.found.fit_unchecked,
-            "not-checked": held.found.fit_unchecked or (None if held.fit_check else "--no-fit-check")},
+            "not-checked": held.found.fit_unchecked or (None if held.fit_check else "--no-fit-check"),
+        },
         # recipe values no record carries and nothing estimated, and (another app) what no record can carry
-        "assumptions": client.assumed() + (unrecorded(client) if obs.config is None else []),
+        "assumptions": client.assumed() + ([] if obs.defence.fedvit else unrecorded(client)),
         "labels": labelled["labels"],
         "label-accuracy": labelled["label-accuracy"],
         "frozen-features": held.found.frozen_features,  # a partial update: its head on cached features?
@@ -367,13 +384,14 @@ def audit_exchanges(
     by_client: dict[str, list[tuple[str, Any]]] = {}
     for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
         obs = reader.observe(ex, k + 1)
-        budget, text = reader.budget(obs)
+        budget, text = reader.budget(ex, obs)
+        device = options.device or (config.device if (config := run_config(ex)) is not None else None)
         budgets[budget_text(text, options.budgets)] = None
         truth = truths.of(ex, obs)
         aux = truths.auxiliary(ex, obs) if recipe(obs).several_steps else None
         candidates = truths.candidates(ex, obs, truth[0], truth[1])
         update_rows, update, recs = attack_exchange(
-            obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates
+            obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates, device
         )
         rows += update_rows
         updates.append(update)
@@ -389,7 +407,9 @@ def audit_exchanges(
             f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
         ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
     models = dict.fromkeys(
-        a.obs.spec.describe() if a.obs.config is None else f"fedvit's {a.obs.config.model.name} (run config)"
+        f"fedvit's {a.obs.spec.factory.removeprefix('fedvit ')} (run config)"
+        if a.obs.defence.fedvit
+        else a.obs.spec.describe()
         for a in attacked
     )
     clients = rounds_combined(by_client)
@@ -452,8 +472,10 @@ def audit_captures(captures: Path, out: Path, options: AuditOptions | None = Non
     hidden = unreadable_links(captures)
     notes = [f"skipped {s}" for s in skipped]
     if hidden:
-        notes.append(f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded (no "
-                     "messages, and no app bundle to read the client's recipe from: give --app DIR|FAB)")
+        notes.append(
+            f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded (no "
+            "messages, and no app bundle to read the client's recipe from: give --app DIR|FAB)"
+        )
     if not exchanges and not hidden:
         old = (
             " (these are fedvit's captures in the layout before the one capture layout, captures/round-N/partition-P:"

@@ -54,7 +54,7 @@ from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import RecipeFit
 from fedvit.audit.evidence import DEFAULT_DELTA, image_evidence, label_evidence, membership_evidence, privacy_evidence
 from fedvit.audit.metrics import as_batch, score
-from fedvit.core.config import AuditConfig
+from fedvit.core.budget import AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
 
 LABELS = "labels (head-bias gradient)"
@@ -76,14 +76,15 @@ class Attack:
 
 def _defence(obs: Observation, what: str) -> str | None:
     """Why a defence-aware attack does not apply: another app's capture, or a run without ``what``."""
-    if obs.config is None:
+    if not obs.defence.fedvit:
         return "this capture is another app's: its run config names no fedvit defence"
-    mask_mode = obs.config.mask.mode if obs.masks is not None else None
+    mask_mode = obs.defence.mask_mode if obs.masks is not None else None
+    encrypted = obs.defence.encryption != "off"
     present = {
         "masks": mask_mode not in (None, "fixed-position"),
         "fixed-position": mask_mode == "fixed-position",
-        "encryption": obs.config.encryption.enabled,
-        "colluders": obs.config.encryption.enabled and bool(obs.known_images),
+        "encryption": encrypted,
+        "colluders": encrypted and bool(obs.known_images),
     }[what]
     return None if present else f"no {what} in this run"
 
@@ -465,8 +466,10 @@ def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any
     return {
         "status": "measured",
         "scores": f"the strongest of: {', '.join(LOSS_SCORES)}",
-        "simulated": {k: simulated[k] for k in ("auc", "tpr@0.01", "tpr@resolution", "null", "clears-null",
-                                                "members", "non-members", "score")},
+        "simulated": {
+            k: simulated[k]
+            for k in ("auc", "tpr@0.01", "tpr@resolution", "null", "clears-null", "members", "non-members", "score")
+        },
         "observed-auc": observed,
         "could-have-seen": simulated["clears-null"],
     }
@@ -485,8 +488,10 @@ def judge_rounds(updates: list[tuple[list[Score], MembershipSplit]]) -> dict[str
     first = updates[0][1].candidates
     for _, split in updates[1:]:
         other = split.candidates
-        if not all(np.array_equal(a, b) for a, b in zip((*first.members, *first.non_members),
-                                                        (*other.members, *other.non_members), strict=True)):
+        if not all(
+            np.array_equal(a, b)
+            for a, b in zip((*first.members, *first.non_members), (*other.members, *other.non_members), strict=True)
+        ):
             return membership_evidence(None, "the updates' membership candidates differ")
     scores = over_rounds([u[0] for u in updates])
     if not scores:

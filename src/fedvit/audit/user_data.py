@@ -13,9 +13,10 @@ import numpy as np
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.model_spec import import_callable
 from fedvit.attacks.observation import Observation, input_shape, recipe
-from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery, evenly_spaced, gallery_from_test_split
+from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery, evenly_spaced
 from fedvit.capture.reader import AuditInputError, Exchange
-from fedvit.core.config import is_dataset_name
+from fedvit.capture.writer import FEDVIT_SWITCH
+from fedvit.core.config import Config, is_dataset_name, parse_config_cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +127,7 @@ def normalized(images: Any, labels: Any, what: str) -> tuple[np.ndarray, np.ndar
     0-255 or float in [0, 1], ``[N, C, H, W]`` or ``[N, H, W, C]``, labels as a list, array or tensor) becomes
     C-contiguous float64 ``[N, C, H, W]`` in [0, 1] and int64 labels ``[N]``, so no model meets a memory layout it
     does not tolerate; anything else is refused in one line that says what was received."""
+
     def refused(why: str) -> AuditInputError:  # described only on refusal: the range reads every pixel
         return AuditInputError(f"{what} returned images {_described(images)}, labels {_described(labels)}{why}; "
                                f"{EXPECTED}")  # fmt: skip
@@ -172,7 +174,7 @@ OTHERS = 5000  # images of others (partitions not the client's, a test split) th
 
 
 @functools.lru_cache(maxsize=4)
-def test_split_sample(config: Any, size: int, count: int = OTHERS) -> tuple[np.ndarray, np.ndarray]:
+def test_split_sample(config: Config, size: int, count: int = OTHERS) -> tuple[np.ndarray, np.ndarray]:
     """``count`` evenly spaced images [n, C, H, W] in [0, 1] and labels of the run dataset's test split."""
     from fedvit.core.data import load_dataset
 
@@ -229,13 +231,13 @@ class Truths:
         if recorded is None:
             return None, None, None, False
         images = np.asarray(recorded["images"])
-        return self._keep(images, np.asarray(recorded["labels"]), self._gallery_of(obs, images), True)
+        return self._keep(images, np.asarray(recorded["labels"]), self._gallery_of(ex, images), True)
 
     def others(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
         """Labelled images that are not this client's (auxiliary data for the label simulation, non-members for
         membership): see :func:`others`; for a fedvit run without ``--data``, its test split (None if not loadable).
         Gathered once per partition (or run config) and audit."""
-        key = self.data.partitions.get(str(ex.node), ex.partition) if self.data is not None else obs.config
+        key = self.data.partitions.get(str(ex.node), ex.partition) if self.data is not None else run_config(ex)
         if key not in self._others:
             self._others[key] = self._gather_others(key, obs)
         return self._others[key]
@@ -243,13 +245,13 @@ class Truths:
     def _gather_others(self, key: Any, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
         if self.data is not None:
             return None if key is None else others(self.data, key)
-        if obs.config is None:
+        if key is None:
             return None
         try:
-            x, y = test_split_sample(obs.config, int(input_shape(obs)[-1]))
+            x, y = test_split_sample(key, int(input_shape(obs)[-1]))
         except (OSError, RuntimeError, ValueError):
             return None
-        return x, y, f"{len(x)} images of the {obs.config.data.name} test split"
+        return x, y, f"{len(x)} images of the {key.data.name} test split"
 
     def auxiliary(self, ex: Exchange, obs: Observation) -> Auxiliary | None:
         """:meth:`others` as the label simulation's auxiliary data (None: the simulation uses noise)."""
@@ -271,15 +273,41 @@ class Truths:
             self.galleries.append(gallery)
         return images, labels, gallery, exact
 
-    def _gallery_of(self, obs: Observation, images: np.ndarray) -> Gallery | None:
+    def _gallery_of(self, ex: Exchange, images: np.ndarray) -> Gallery | None:
         """Decoys from the test split of a fedvit run's dataset (None when off or not loadable here, said once)."""
-        if self.gallery is not None or self.decoys <= 0 or obs.config is None:
+        config = run_config(ex)
+        if self.gallery is not None or self.decoys <= 0 or config is None:
             return self.gallery
         try:
-            return gallery_from_test_split(obs.config, int(images.shape[-1]), self.decoys)
+            return gallery_from_test_split(config, int(images.shape[-1]), self.decoys)
         except (OSError, RuntimeError, ValueError) as err:
             note = f"re-identification not scored: the run's test split cannot be loaded ({err})"
             if note not in self.notes:
                 print(f"audit: {note}", flush=True)
                 self.notes.append(note)
             return None
+
+
+@functools.lru_cache(maxsize=4)
+def gallery_from_test_split(config: Config, size: int, count: int = DEFAULT_DECOYS) -> Gallery:
+    """``count`` decoys from the test split of the run's dataset at ``size`` px (an evenly spaced, fixed selection;
+    fewer when the split is smaller; built once per config). Raises the dataset's own error when it cannot be
+    loaded."""
+    from fedvit.core.data import load_dataset
+
+    images = load_dataset(config.data, config.seed, "test")
+    if count < 1:
+        raise ValueError(f"the re-identification gallery needs at least one decoy, got {count}")
+    indices = evenly_spaced(len(images), count)
+    x, _ = images.batch(indices, size)
+    return Gallery(x.numpy().astype(np.float64), f"{len(indices)} images of the {config.data.name} test split")
+
+
+def run_config(ex: Exchange) -> Config | None:
+    """The parsed run config of a capture of fedvit's own app (None: another app's, or one that does not parse)."""
+    if FEDVIT_SWITCH not in ex.run_config:
+        return None
+    try:
+        return parse_config_cached(ex.run_config)
+    except ValueError:
+        return None
