@@ -751,3 +751,24 @@ def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
     assert told(update_clip=half, update_noise=0.05) == (
         "Flower's LocalDpMod added Gaussian noise of std 0.05 to every entry of the update"
     )
+
+
+def test_a_declared_augmentation_is_tried_with_and_without_where_the_optimiser_is_inferred():
+    """Item 3 of the recipe's inference: where nothing states the optimiser, every candidate runs with the declared
+    augmentation and without it, and the note gives each one's fit. This client trained on plain images."""
+    from fedvit.attacks.augmentation import parse
+    from fedvit.attacks.label_distribution import candidate_recipes
+
+    obs, _, _ = client_update(160, 1, alpha=0.5)
+    declared = dataclasses.replace(obs.client, optimiser=None, augment=parse("crop:0.5+flip"))
+    obs = dataclasses.replace(obs, client=declared)
+    tried = candidate_recipes(obs)
+    assert len(tried) == 8 and {c.augment for c in tried} == {declared.augment, None}
+    found = estimate(obs, Auxiliary(*make_images(400, 99), "other images"))
+    for name in ("SGD β 0.9", "SGD β 0.9, no augmentation", "Adam, no augmentation", "AdamW"):
+        assert f"{name}: norm ×" in found.note, found.note
+    # the plain client's update is told from the cropped candidates: the simulation runs without the crops
+    assert found.augment is None and found.optimiser == "sgd" and found.fit.fits, found.note
+    # stated optimiser: the declared augmentation is taken as stated (one candidate per momentum)
+    stated = dataclasses.replace(obs, client=dataclasses.replace(declared, optimiser="sgd"))
+    assert {c.augment for c in candidate_recipes(stated)} == {declared.augment}

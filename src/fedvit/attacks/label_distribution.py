@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from scipy.optimize import nnls
 
+from fedvit.attacks.augmentation import Augmentation
 from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.observation import (
     Observation,
@@ -88,6 +90,7 @@ class LabelEstimate:
     momentum_estimate: str = ""  # how the optimiser or momentum was inferred from the update ("" where stated)
     optimiser: str = "sgd"  # the optimiser the simulation ran
     fit: RecipeFit | None = None  # how well that simulation reproduces the update
+    augment: Augmentation | None = None  # the augmentation the simulation ran (the declared one, or none)
 
 
 def noise_auxiliary(shape: tuple[int, int, int], num_classes: int, seed: int, per_class: int = 16) -> Auxiliary:
@@ -139,26 +142,41 @@ def scaled_rhs(obs: Observation, rows: np.ndarray, momentum: float) -> np.ndarra
     return client.examples * rows / (client.lr * float(step_weights(client.steps, momentum).sum()))
 
 
-def candidate_recipes(obs: Observation) -> list[tuple[str, float]]:
-    """(optimiser, SGD momentum) pairs the simulation tries: the recipe's own where its source states both; every
-    momentum of :data:`MOMENTA` where only SGD is stated; SGD at each momentum, Adam and AdamW where nothing states
-    the optimiser (Adam's steps are near lr per coordinate whatever the gradient's scale, SGD's scale with it: the
-    head change they simulate tells them apart)."""
+class Candidate(NamedTuple):
+    """One recipe the label estimate's simulation tries: an optimiser, SGD's momentum and the augmentation."""
+
+    optimiser: str
+    momentum: float
+    augment: Augmentation | None = None
+
+
+def candidate_recipes(obs: Observation) -> list[Candidate]:
+    """The recipes the simulation tries: the recipe's own where its source states the optimiser and momentum;
+    every momentum of :data:`MOMENTA` where only SGD is stated; SGD at each momentum, Adam and AdamW where nothing
+    states the optimiser (Adam's steps are near lr per coordinate whatever the gradient's scale, SGD's scale with
+    it: the head change they simulate tells them apart), each with and without the declared augmentation, if any."""
     client = recipe(obs)
     if client.optimiser is None:
-        return [("sgd", beta) for beta in MOMENTA] + [(name, 0.0) for name in ADAM_FAMILY]
+        views = (client.augment, None) if client.augment is not None else (None,)
+        return [Candidate(name, beta, view) for view in views
+                for name, beta in [("sgd", beta) for beta in MOMENTA] + [(name, 0.0) for name in ADAM_FAMILY]]
     if client.optimiser == "sgd" and not client.momentum_known:
-        return [("sgd", beta) for beta in MOMENTA]
-    return [(client.optimiser, client.momentum)]
+        return [Candidate("sgd", beta, client.augment) for beta in MOMENTA]
+    return [Candidate(client.optimiser, client.momentum, client.augment)]
 
 
-def with_optimiser(obs: Observation, optimiser: str, momentum: float) -> Observation:
-    """``obs`` whose recipe trains with ``optimiser`` (and SGD's ``momentum``)."""
-    return dataclasses.replace(obs, client=dataclasses.replace(recipe(obs), optimiser=optimiser, momentum=momentum))
+def with_optimiser(obs: Observation, candidate: Candidate) -> Observation:
+    """``obs`` whose recipe trains as ``candidate`` says."""
+    client = dataclasses.replace(recipe(obs), optimiser=candidate.optimiser, momentum=candidate.momentum,
+                                 augment=candidate.augment)  # fmt: skip
+    return dataclasses.replace(obs, client=client)
 
 
-def candidate_name(optimiser: str, momentum: float) -> str:
-    return f"SGD β {momentum:g}" if optimiser == "sgd" else {"adam": "Adam", "adamw": "AdamW"}.get(optimiser, optimiser)
+def candidate_name(candidate: Candidate, declared: Augmentation | None = None) -> str:
+    """How the report names a candidate (``declared``: the augmentation the recipe states, if any)."""
+    optimiser, momentum = candidate.optimiser, candidate.momentum
+    name = f"SGD β {momentum:g}" if optimiser == "sgd" else {"adam": "Adam", "adamw": "AdamW"}.get(optimiser, optimiser)
+    return name + (", no augmentation" if declared is not None and candidate.augment is None else "")
 
 
 def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
@@ -171,23 +189,24 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     total = client.examples
     rows = head_rows(obs)
     trials = {}
-    for optimiser, beta in candidate_recipes(obs):
-        tried = with_optimiser(obs, optimiser, beta)
+    for candidate in candidate_recipes(obs):
+        tried = with_optimiser(obs, candidate)
         systems = Systems(tried, aux)
-        if (found := passes(tried, aux, rows, beta, 0.0, seed, systems)) is not None:
-            trials[optimiser, beta] = (tried, systems, found)
+        if (found := passes(tried, aux, rows, candidate.momentum, 0.0, seed, systems)) is not None:
+            trials[candidate] = (tried, systems, found)
     if not trials:
         raise ValueError("the simulated local training diverged under every recipe tried")
     moved = update_norm(obs)
-    fits = {key: recipe_fit(sim, rows, moved, candidate_name(*key)) for key, (_, _, (_, sim)) in trials.items()}
+    named = {key: candidate_name(key, client.augment) for key in trials}
+    fits = {key: recipe_fit(sim, rows, moved, named[key]) for key, (_, _, (_, sim)) in trials.items()}
     key = min(fits, key=lambda k: fits[k].mismatch)  # a recipe that fits before any that does not
     obs, systems, (passed, _) = trials[key]
-    optimiser, chosen = key
+    optimiser, chosen = key.optimiser, key.momentum
     note = f"local training simulated on {aux.source} ({client.steps} steps of {client.batch}, lr {client.lr:g}"
     how = ""
     if len(trials) > 1:
         how = "after the passes, " + ", ".join(f.brief() for f in fits.values())
-        note += f"); {candidate_name(*key)} inferred from the update ({how})"
+        note += f"); {named[key]} inferred from the update ({how})"
     elif optimiser in ADAM_FAMILY:
         note += f", {optimiser} with torch's default betas)"
     else:
@@ -203,8 +222,8 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     changed = lambda other: int(np.abs(other - counts).sum() // 2)  # noqa: E731 — images that change class
     alternatives = {
         b: residual_search(tried, aux, rows, start, b, 0.0, seed, SIDE_SEARCH_STEPS, side).counts
-        for (name, b), (tried, side, (start, _)) in trials.items()
-        if name == "sgd" and optimiser == "sgd" and b != chosen
+        for (name, b, view), (tried, side, (start, _)) in trials.items()
+        if name == "sgd" and optimiser == "sgd" and b != chosen and view == key.augment
     }
     for b, other in alternatives.items():
         note += f"; under momentum {b:g} {changed(other)} of {total} images change class"
@@ -216,13 +235,13 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     # the direction rests on the estimated counts, which rest on SGD's relation: checked under SGD only
     other = systems(counts, chosen, seed + OTHER_DRAW, 0.0) if optimiser == "sgd" else None
     fit = (
-        recipe_fit(systems(counts, chosen, seed, 0.0), rows, moved, candidate_name(*key), other)
+        recipe_fit(systems(counts, chosen, seed, 0.0), rows, moved, named[key], other)
         if (optimiser in SIMULATED_OPTIMISERS)
         else None
     )  # another optimiser: SGD's steps ran in its place, not it
     runs = systems.runs + sum(s.runs for _, s, _ in trials.values() if s is not systems)
     note += f"; {runs} simulations run in all (a repeated one looked up)"
-    return LabelEstimate(counts, chosen, note, alternatives, how, optimiser, fit)
+    return LabelEstimate(counts, chosen, note, alternatives, how, optimiser, fit, key.augment)
 
 
 @torch.no_grad()

@@ -118,6 +118,7 @@ class Recovered(NamedTuple):
     momentum_estimate: str = ""
     optimiser: str | None = None  # the optimiser the simulation ran (None: none ran)
     fit: RecipeFit | None = None  # how well the simulated recipe reproduces the update (None: nothing simulated)
+    without_augment: bool = False  # the declared augmentation fit worse than none: the simulation ran without it
 
 
 def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) -> Recovered:
@@ -149,7 +150,9 @@ def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) 
             return Recovered(None, "not estimated: DP clipping scaled the update by an unknown factor")
         aux = aux or noise_auxiliary(input_shape(obs), obs.num_classes, attacker_seed(obs))
         found = estimate(obs, aux, attacker_seed(obs))
-        return Recovered(found.counts, found.note, found.momentum, found.momentum_estimate, found.optimiser, found.fit)
+        dropped = client.augment is not None and found.augment is None
+        return Recovered(found.counts, found.note, found.momentum, found.momentum_estimate, found.optimiser, found.fit,
+                         dropped)  # fmt: skip
     # Flower's client-side clipping scaled this update by an unknown factor: as DP clipping, the scale is estimated
     dp = dp or update_clipped(obs)
     # another app's model on batch statistics, as its client trained it (BatchNorm); fedvit's ViT as received

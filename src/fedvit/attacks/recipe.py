@@ -165,16 +165,21 @@ class ClientRecipe:
         """The values no record carries and nothing estimated (the report's assumptions of this update)."""
         return [f"{key} {value}" for key, value in self.sources if "assumed" in value or "unknown" in value]
 
-    def with_inferred(self, optimiser: str, momentum: float, how: str) -> ClientRecipe:
+    def with_inferred(self, optimiser: str, momentum: float, how: str, without_augment: bool = False) -> ClientRecipe:
         """This recipe with the optimiser and SGD momentum inferred from the update (``how``: the evidence),
-        everywhere it is used."""
+        everywhere it is used; ``without_augment``: the declared augmentation fit the update worse than none, and is
+        dropped (the report says so)."""
         inferred = {"optimiser": f"{optimiser} (inferred from the update: {how})",
                     "momentum": f"{momentum:g} (inferred from the update)" if optimiser == "sgd" else
                     f"— ({optimiser}: betas 0.9, 0.999, eps 1e-8, torch's defaults, assumed)"}  # fmt: skip
+        augment = self.augment
+        if without_augment and augment is not None:
+            inferred["augmentation"] = (f"none (inferred from the update: the declared {augment.describe()} fit it "
+                                        "worse than none)")  # fmt: skip
+            augment = None
         sources = dict(self.sources) | inferred
-        return dataclasses.replace(
-            self, optimiser=optimiser, momentum=momentum, momentum_known=True, sources=tuple(sources.items())
-        )
+        return dataclasses.replace(self, optimiser=optimiser, momentum=momentum, momentum_known=True, augment=augment,
+                                   sources=tuple(sources.items()))  # fmt: skip
 
     @property
     def steps(self) -> int:

@@ -273,8 +273,8 @@ def label_counts(obs: Observation, held: Held) -> Finding:
         found = recover_labels_and_momentum(obs, held.aux)
     except ValueError as err:  # a diverged update or simulation: said, not raised
         found = Recovered(None, f"not estimated: {err}")
-    inferred = recipe(obs).with_inferred(found.optimiser, found.momentum, found.momentum_estimate) if (
-        found.momentum_estimate) else None  # fmt: skip
+    inferred = recipe(obs).with_inferred(found.optimiser, found.momentum, found.momentum_estimate,
+                                         found.without_augment) if found.momentum_estimate else None  # fmt: skip
     if found.fit is not None:
         held.found.recipe_fit = found.fit
         held.found.fit_unchecked = unfittable(obs)
