@@ -49,3 +49,12 @@ def canaries(partition_id: int):
     """The canaries the DP-SGD runs plant in partition ``partition_id`` (``canaries=128``): (images, labels,
     included)."""
     return make_canaries(partition_id, CANARIES, SEED)
+
+
+FLOWER_SIZES = "1864,1864"  # a round of Flower's quickstart size: 1,864 images per client, Dirichlet(0.5) classes
+
+
+def flower(partition_id: int):
+    """cnnapp's partition as the quickstart-sized run makes it (``partition-sizes="1864,1864" dirichlet-alpha=0.5
+    images="textures"``)."""
+    return load_data(partition_id, partition_size(FLOWER_SIZES, partition_id), SEED, ALPHA, "textures")
