@@ -180,9 +180,9 @@ def test_noise_matched_to_many_images_is_not_re_identification():
 
 def test_tpr_is_given_only_at_fprs_the_calibration_resolves_with_exact_intervals():
     """~93 non-members per class (a realistic client's split): calibrated scores move in steps of 1/93, so every
-    member above its class's non-members ties at the top and TPR at 0.1% would equal TPR at 1%: neither is given, each says how many
-    non-members per class it needs, and the verdict reads TPR at the resolution. With 200 per class 1% is resolved
-    (with Clopper–Pearson intervals on the TPR and on the FPR reached), 0.1% is not."""
+    member above its class's non-members ties at the top and TPR at 0.1% would equal TPR at 1%: neither is given,
+    each says how many non-members per class it needs, and the verdict reads TPR at the resolution. With 200 per
+    class 1% is resolved (with Clopper–Pearson intervals on the TPR and on the FPR reached), 0.1% is not."""
 
     from fedvit.audit.report import evidence_text
 
