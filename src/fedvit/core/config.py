@@ -557,10 +557,9 @@ def _check_encryption(config: Config) -> None:
             )
 
 
-def defence_of(config: Config | None) -> str:
-    """A short public label of the defence a run config uses ("none"; None: an app that is not fedvit's)."""
-    if config is None:
-        return "as captured (not fedvit's app)"
+def defence_of(config: Config) -> str:
+    """A short public label of the defence a run config uses ("none" where none is on; another app's captures are
+    labelled by ``fedvit.attacks.observation.Defence``)."""
     parts = []
     if config.strategy == "masked-fedsgd":
         m = config.mask
