@@ -28,7 +28,7 @@ APP = ROOT / "tests" / "thirdparty_app"
 sys.path.insert(0, str(APP))
 
 from fedvit.attacks.model_spec import ModelSpec  # noqa: E402
-from fedvit.audit.pipeline import AuditOptions, audit_captures  # noqa: E402
+from fedvit.audit.pipeline import AuditOptions, run_audit  # noqa: E402
 from fedvit.audit.user_data import UserData  # noqa: E402
 from fedvit.capture.writer import add_direction, capture_stem  # noqa: E402
 
@@ -78,7 +78,7 @@ def main() -> None:
             started = time.perf_counter()
             if profile is not None:
                 profile.enable()
-            (update,) = audit_captures(root / "cap", root / f"out-{repeat}", options)["updates"]
+            (update,) = run_audit(root / "cap", root / f"out-{repeat}", options)["updates"]
             if profile is not None:
                 profile.disable()
             rows.append({"repeat": repeat, "images": images, "local steps": update["steps"],

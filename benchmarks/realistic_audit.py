@@ -23,7 +23,7 @@ APP = ROOT / "tests" / "thirdparty_app"
 sys.path.insert(0, str(APP))
 
 from fedvit.attacks.model_spec import ModelSpec  # noqa: E402
-from fedvit.audit.pipeline import AuditOptions, audit_captures  # noqa: E402
+from fedvit.audit.pipeline import AuditOptions, run_audit  # noqa: E402
 from fedvit.audit.user_data import UserData  # noqa: E402
 from fedvit.capture.writer import add_direction, capture_stem  # noqa: E402
 
@@ -66,7 +66,7 @@ def main() -> None:
         data = UserData("cnnapp_partitions:large", {"9": 3}, decoy_partitions=(4, 5), app_dir=str(APP))
         options = AuditOptions(spec=ModelSpec("cnnapp.task:Net", app_dir=str(APP)), data=data)
         started = time.perf_counter()
-        report = audit_captures(root / "cap", root / "out", options)
+        report = run_audit(root / "cap", root / "out", options)
         seconds = time.perf_counter() - started
     (client,) = report["clients"]
     rows = [{"update": u["update"], "images": u["examples"], "local steps": u["steps"], "audit s": u["seconds"],

@@ -17,13 +17,13 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedvit.app.audit_cli import find_spec_file, read_spec_file, spec_from
 from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.model_spec import ModelSpec, SpecError, model_settings
 from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe, map_state, sent_kind
 from fedvit.attacks.simulation import simulate
-from fedvit.audit.pipeline import AuditOptions, audit_captures
+from fedvit.audit.api import find_spec_file, read_spec_file, spec_from
+from fedvit.audit.pipeline import AuditOptions, run_audit
 from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
 from fedvit.capture.writer import add_direction, capture_stem
@@ -41,7 +41,7 @@ BUDGET = AuditConfig(iterations=60, restarts=1, max_seconds=60)
 
 def audit_app_captures(captures: Path, out: Path, spec: ModelSpec, budget: AuditConfig, **options) -> dict:
     """The audit of another app's captures, as ``fedvit audit --model`` runs it."""
-    return audit_captures(captures, out, AuditOptions(spec=spec, budget=budget, **options))
+    return run_audit(captures, out, AuditOptions(spec=spec, budget=budget, **options))
 
 
 def capture_exchange(
@@ -150,9 +150,9 @@ def test_a_dp_claim_is_read_and_tested_against_planted_canaries(tmp_path):
     noisy, noiseless = (reports[n]["updates"][0]["leakage"]["membership"]["privacy"] for n in ("noisy", "noiseless"))
     assert noisy["consistent"] and noisy["empirical-epsilon"] <= claimed["noisy"], noisy
     assert not noiseless["consistent"] and noiseless["empirical-epsilon"] > claimed["noiseless"], noiseless
-    assert "consistent with the claimed ε in 1 of 1" in reports["noisy"]["verdict"]
-    assert reports["noiseless"]["verdict"].startswith("LEAKS") and "DP claim violated in 1 of 1" in (
-        reports["noiseless"]["verdict"])  # fmt: skip
+    assert "consistent with the claimed ε in 1 of 1" in reports["noisy"]["verdict-detail"]
+    assert reports["noiseless"]["verdict-detail"].startswith("LEAKS") and "DP claim violated in 1 of 1" in (
+        reports["noiseless"]["verdict-detail"])  # fmt: skip
     assert "violates the claimed ε" in (tmp_path / "noiseless-out" / "audit.md").read_text()
 
 
@@ -174,8 +174,8 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
         assert row["reid-gallery"] > 30 and row["psnr"] is not None
         assert row["attacks"]["APRIL-E (naive)"].startswith("not applicable: no patch embedding")
         assert row["attacks"]["known-plaintext"].startswith("not applicable: this capture is another app")
-    assert report["verdict"].startswith("LEAKS: labels beyond the null in 4 of 4 update(s)")
-    assert "4 of 4 exactly right" in report["verdict"]
+    assert report["verdict-detail"].startswith("LEAKS: labels beyond the null in 4 of 4 update(s)")
+    assert "4 of 4 exactly right" in report["verdict-detail"]
     assert all(u["leakage"]["labels"]["null-error"] > 0.5 for u in report["updates"])  # the prior: 1-4 images
     assert (tmp_path / "out" / "grid.png").stat().st_size > 0
     assert "Verdict" in (tmp_path / "out" / "audit.md").read_text()
@@ -222,7 +222,7 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     assert client["client"] == "partition 3" and len(client["updates"]) == 2
     combined = client["membership"]
     assert combined["status"] == "measured" and combined["reference"].endswith("over 2 update(s)"), combined
-    assert "membership over each client's updates" in report["verdict"]
+    assert "membership over each client's updates" in report["verdict-detail"]
 
     capture_exchange(tmp_path / "one", 14, 3)  # batch 4: one local step, nothing to simulate
     data = UserData(DATA.source, {"14": 3}, DATA.decoy_partitions, DATA.app_dir)
@@ -240,8 +240,9 @@ def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_pa
     assert sum(row["labels"].values()) == 3 and row["labels"] == {
         int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)
     }
-    assert row["psnr"] is None and "images not measured" in report["verdict"]
-    assert report["verdict"].startswith("unverified: labels estimated for 1 update(s), unverified")  # nothing checked
+    assert row["psnr"] is None and "images not measured" in report["verdict-detail"]
+    # nothing checked
+    assert report["verdict-detail"].startswith("unverified: labels estimated for 1 update(s), unverified")
     assert "unscored" in (tmp_path / "out" / "audit.md").read_text()
 
 
@@ -372,7 +373,8 @@ def test_the_cli_reads_fedvit_audit_toml_beside_the_captures_and_flags_win(tmp_p
     assert "cannot import 'nowhere.mod'" in capsys.readouterr().err
     assert main(["audit", str(tmp_path / "cap"), "--out", str(out), "--model", "cnnapp.task:Net",
                  "--partition", "41=2"]) == 2  # fmt: skip
-    assert "--partition: these describe the clients' data: give --data as well" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "partitions (--partition): these describe the clients' data: give data (--data) as well" in err
 
 
 def test_a_dataset_name_scores_against_fedvits_partition_and_its_test_split(tmp_path, capsys):
@@ -473,7 +475,7 @@ def test_a_fedvit_run_and_another_apps_capture_share_one_report_schema(tmp_path)
     assert tuple(fedvit) == tuple(app) == TOP_LEVEL_KEYS
     assert len(fedvit["updates"]) == 2 and len(app["updates"]) == 1
     with pytest.raises(AuditInputError, match="not from fedvit's app: give its model with --model"):
-        audit_captures(tmp_path / "cap", tmp_path / "x")
+        run_audit(tmp_path / "cap", tmp_path / "x")
 
 
 def test_image_inversion_is_not_attempted_beyond_what_it_can_recover():
@@ -900,7 +902,7 @@ def test_flowers_local_dp_settings_are_read_modelled_and_the_claim_tested(tmp_pa
     assert "unverified: Flower's LocalDpMod added Gaussian noise" in row["attacks"]["labels (head-bias gradient)"]
     privacy = row["leakage"]["membership"]["privacy"]
     assert privacy["claimed-epsilon"] == 2.0 and privacy["delta"] == 1e-5 and privacy["consistent"], privacy
-    assert "consistent with the claimed ε in 1 of 1" in report["verdict"]
+    assert "consistent with the claimed ε in 1 of 1" in report["verdict-detail"]
 
     (ex,), _ = load_exchanges(tmp_path / "cap")
     declared = read_recipe(dataclasses.replace(ex, run_config={"batch-size": 4}), "weights",

@@ -222,7 +222,7 @@ def test_captures_in_the_old_layout_get_one_clear_error(tmp_path, capsys):
 
 
 def test_audit_refuses_a_capture_from_another_model(tmp_path):
-    from fedvit.audit.pipeline import audit_captures
+    from fedvit.audit.pipeline import run_audit
 
     run_dir, _ = run_in_process(CAPTURE | {"out-dir": str(tmp_path), "run-name": "x", "capture.rounds": "1"})
     manifest_path = run_dir / "run-1" / "captures" / "round-0001" / "node-100.json"
@@ -230,7 +230,7 @@ def test_audit_refuses_a_capture_from_another_model(tmp_path):
     manifest["run_config"]["model.embed-dim"] = 96
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="does not match the model of its run config"):
-        audit_captures(run_dir, tmp_path / "audit")
+        run_audit(run_dir, tmp_path / "audit")
 
 
 def test_audit_benchmark_writes_the_table_and_the_figure4_grid(tmp_path):

@@ -78,7 +78,7 @@ def test_no_flat_image_beats_the_flat_baseline():
 def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
     from fedvit.attacks.labels import recover_labels
     from fedvit.audit.benchmark import client_update_and_labels, observed_update
-    from fedvit.audit.pipeline import audit_captures
+    from fedvit.audit.pipeline import run_audit
     from fedvit.audit.registry import LABELS
     from fedvit.core.config import parse_config
 
@@ -94,7 +94,7 @@ def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
         None,
         "the mask hides part of the head-bias gradient",
     )
-    rows = audit_captures(tmp_path / "cap", tmp_path / "audit")["rows"]
+    rows = run_audit(tmp_path / "cap", tmp_path / "audit")["rows"]
     row = next(r for r in rows if r["attack"] == LABELS)
     assert row["label-accuracy"] == label_accuracy(counts, labels)
     assert "label accuracy" in (tmp_path / "audit" / "audit.md").read_text()
@@ -103,13 +103,13 @@ def test_label_attack_on_real_client_updates_and_its_limits(tmp_path):
 def test_every_scored_update_has_the_no_information_baseline_beside_it(tmp_path):
     from fedvit.audit.benchmark import DEFENCES, defence_config, observed_update
     from fedvit.audit.metrics import BASELINE, best_flat_image, psnr
-    from fedvit.audit.pipeline import audit_captures
+    from fedvit.audit.pipeline import run_audit
     from fedvit.core.config import parse_config
 
     budget = parse_config({"audit.iterations": 10, "audit.restarts": 1})
     _, images, _ = observed_update(defence_config(budget, DEFENCES["plain"], 2, tmp_path), 0, 2, 1, tmp_path / "cap")
     truth = images[0]
-    rows = audit_captures(tmp_path / "cap", tmp_path / "audit")["rows"]
+    rows = run_audit(tmp_path / "cap", tmp_path / "audit")["rows"]
     baseline = next(r for r in rows if r["attack"] == BASELINE)
     assert baseline["psnr"] == psnr(best_flat_image(truth), truth)
     april = next(r for r in rows if r["attack"] == "APRIL-E (naive)")

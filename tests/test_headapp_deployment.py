@@ -80,8 +80,8 @@ def test_a_head_fine_tuned_with_adam_and_crops_through_the_tap_is_audited_on_its
     swapped = audit(captures, tmp_path / "swapped", swap=True)
     for row in swapped["updates"]:
         assert not row["leakage"]["membership"]["clears"], row["leakage"]["membership"]
-    print(report["verdict"], "|", swapped["verdict"])
-    assert swapped["verdict"].startswith("no evidence at this budget"), swapped["verdict"]
+    print(report["verdict-detail"], "|", swapped["verdict-detail"])
+    assert swapped["verdict-detail"].startswith("no evidence at this budget"), swapped["verdict-detail"]
 
     # the first round's capture (both nodes' updates) for what follows: the same figures per update, half the audit
     first = tmp_path / "first-round"
@@ -122,5 +122,5 @@ def assert_withheld(report: dict) -> None:
         power = row["leakage"]["membership"]["power"]
         assert power["status"] == "not measured" and power["why"].startswith("recipe does not fit"), power
         assert row["attacks"]["membership: shadow alignment"].startswith("not applicable: recipe does not fit")
-    assert "could not have seen" not in report["verdict"] and "could have seen" not in report["verdict"]
-    assert not report["verdict"].startswith("LEAKS: labels"), report["verdict"]
+    assert "could not have seen" not in report["verdict-detail"] and "could have seen" not in report["verdict-detail"]
+    assert not report["verdict-detail"].startswith("LEAKS: labels"), report["verdict-detail"]

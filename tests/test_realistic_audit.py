@@ -87,12 +87,12 @@ def assert_labels_and_membership_leak(report: dict, epochs: int, out: Path) -> N
             "not applicable: not attempted"
         )
     assert not [r for r in report["rows"] if "reference" in r["attack"]]  # an image attack's null: none ran
-    assert report["verdict"].startswith("LEAKS: labels beyond the null in 2 of 2 update(s)")
+    assert report["verdict-detail"].startswith("LEAKS: labels beyond the null in 2 of 2 update(s)")
     # AUC and TPR at 1% FPR beyond their nulls in at least one client's update at either epoch count; every
     # update's AUC beyond its null (a client with half its images in one class singles out fewer members)
     cleared = [u for u in report["updates"] if u["leakage"]["membership"]["clears"]]
-    assert cleared, report["verdict"]
-    assert f"membership beyond the null in {len(cleared)} of 2" in report["verdict"]
+    assert cleared, report["verdict-detail"]
+    assert f"membership beyond the null in {len(cleared)} of 2" in report["verdict-detail"]
     assert (out / "membership-roc.png").exists()
 
 
@@ -100,7 +100,7 @@ def test_one_epoch_rounds_leak_their_label_distribution_and_a_swapped_mapping_sh
     report = audit(tapped(tmp_path / "e1", "local-epochs=1"), tmp_path / "audit-e1")
     assert_labels_and_membership_leak(report, 1, tmp_path / "audit-e1")
     swapped = audit(tmp_path / "e1" / "captures", tmp_path / "audit-swapped", swap=True)
-    assert swapped["verdict"].startswith("no evidence at this budget"), swapped["verdict"]
+    assert swapped["verdict-detail"].startswith("no evidence at this budget"), swapped["verdict-detail"]
 
 
 def test_three_epoch_rounds_leak_their_label_distribution(tmp_path):
@@ -119,8 +119,8 @@ def test_rounds_under_flowers_local_dp_at_large_noise_show_no_evidence(tmp_path)
         privacy = u["leakage"]["membership"]["privacy"]
         assert privacy["claimed-epsilon"] == 0.1 and privacy["consistent"], privacy
         assert privacy["members"] == privacy["non-members"] > 300, privacy  # as many of each class on both sides
-    assert noisy["verdict"].startswith("no evidence at this budget"), noisy["verdict"]
-    assert "consistent with the claimed ε in 2 of 2" in noisy["verdict"]
+    assert noisy["verdict-detail"].startswith("no evidence at this budget"), noisy["verdict-detail"]
+    assert "consistent with the claimed ε in 2 of 2" in noisy["verdict-detail"]
 
 
 MEMORISING = ('partition-sizes="100,120" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=10 '
@@ -172,7 +172,8 @@ def test_a_memorising_client_is_caught_at_least_as_well_as_the_plain_loss_attack
         assert member["scores"]["loss of the sent weights"]["auc"] == pytest.approx(threshold_auc, abs=1e-6)
         assert member["auc"] >= threshold_auc - 1e-9, member
         assert member["clears"], member
-    assert report["verdict"].startswith("LEAKS") and "membership beyond the null in 2 of 2" in report["verdict"]
+    detail = report["verdict-detail"]
+    assert detail.startswith("LEAKS") and "membership beyond the null in 2 of 2" in detail
 
 
 ROUNDS_RUN = ('partition-sizes="150,180" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=1 '
@@ -196,4 +197,4 @@ def test_a_clients_rounds_combined_show_at_least_its_best_round(tmp_path):
         print(f"{client['client']}: combined AUC {combined['auc']:.3f} ({combined['score']}), best update {best:.3f}")
         assert combined["status"] == "measured" and combined["reference"].endswith("over 5 update(s)"), combined
         assert combined["auc"] >= best, (combined, [u["leakage"]["membership"]["auc"] for u in own])
-    assert "membership over each client's updates beyond the null for" in report["verdict"]
+    assert "membership over each client's updates beyond the null for" in report["verdict-detail"]

@@ -189,8 +189,8 @@ def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_th
         assert row["labels"] == partition_labels(partition), row
         assert row["batch"] == (1 if partition == PARTITIONS[0] else 4) and row["steps"] == 1
         assert row["label-accuracy"] == 1.0 and row["reid-top1"] is not None
-    assert report["verdict"].startswith("LEAKS: labels beyond the null in 4 of 4 update(s)")
-    assert "4 of 4 exactly right" in report["verdict"]
+    assert report["verdict-detail"].startswith("LEAKS: labels beyond the null in 4 of 4 update(s)")
+    assert "4 of 4 exactly right" in report["verdict-detail"]
     assert (out / "grid.png").exists() and "Verdict" in (out / "audit.md").read_text()
     from fedvit.audit.report import TOP_LEVEL_KEYS
 

@@ -85,4 +85,4 @@ def test_capture_mod_and_server_wrapper_record_a_simulation_that_the_audit_reads
             labels = load(row["partition"])[1]
             expected = {str(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)}
             assert row["labels"] == expected and row["batch"] == row["partition"] + 1, row
-        assert "8 of 8 exactly right" in report["verdict"]
+        assert "8 of 8 exactly right" in report["verdict-detail"]

@@ -152,4 +152,4 @@ def test_the_wheel_installs_beside_a_users_core_and_strategies_and_captures_and_
         labels = partition(row["partition"])[1]
         expected = {str(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True), strict=True)}
         assert row["labels"] == expected, row
-    assert "4 of 4 exactly right" in report["verdict"]
+    assert "4 of 4 exactly right" in report["verdict-detail"]

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from fedvit.app.run_config import check_config, merge_overrides, resolved_run_config
-from fedvit.attacks.model_spec import ModelSpec, SpecError
-from fedvit.core.config import AuditConfig, ConfigError, is_dataset_name, parse_config, parse_selection
+from fedvit.audit.api import SPEC_FILE
+from fedvit.core.config import parse_config
 
-SPEC_FILE = "fedvit-audit.toml"
 DESCRIPTION = f"""Attack captured updates of any Flower app (fedvit's own included) or, with --benchmark, updates that
 fedvit's client code makes, and score what comes back.
 
@@ -164,144 +163,74 @@ def misplaced(args: argparse.Namespace) -> str | None:
     return f"{', '.join(flags)}: for --benchmark only (a capture folder holds its own updates)" if flags else None
 
 
-def audit_budget(args: argparse.Namespace) -> AuditConfig | None:
-    """The attack budget from ``-c audit.*`` and the budget flags (None: a fedvit run's own ``audit.*``)."""
-    flags = {key: getattr(args, name) for name, key in BUDGET_FLAGS.items() if getattr(args, name) is not None}
-    if not args.run_config and not flags:
-        return None
+def budget_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """The attack budget as :func:`fedvit.audit.api.audit_captures` takes it: ``-c audit.*`` and the budget flags."""
     values = merge_overrides(args.run_config)
     foreign = sorted(k for k in values if not k.startswith("audit."))
     if foreign:
         raise ValueError(f"auditing captures takes only audit.* settings in -c (the run's config is fixed): {foreign}")
-    overrides = list(args.run_config) + [f"audit.{key}={value}" for key, value in flags.items()]
-    try:
-        return parse_config(resolved_run_config(Path(args.config_app), overrides)).audit
-    except ConfigError as err:
-        raise ValueError(str(err)) from None
+    budget = {k.removeprefix("audit.").replace("-", "_"): v for k, v in values.items()}
+    return budget | {name: getattr(args, name) for name in BUDGET_FLAGS if getattr(args, name) is not None}
 
 
 def main(args: argparse.Namespace) -> int:
     """Exit 0 with the report written, 2 on input the audit cannot use (the message says what to change)."""
-    from fedvit.capture.reader import AuditInputError
-
     problem = misplaced(args)
     if problem is not None:
         print(f"fedvit audit: {problem}", file=sys.stderr)
         return 2
     try:
-        if args.decoys < 0 or args.membership_references < 0:
-            raise ValueError("--decoys and --membership-references must be >= 0")
         budgets = sorted(set(positive_list(args.budgets, "--budgets"))) if args.budgets else None
-        for flag, value in (("--iterations", args.iterations), ("--restarts", args.restarts)):
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} must be at least 1, got {value}")
-        if args.max_seconds is not None and args.max_seconds <= 0 or args.tv is not None and args.tv < 0:
-            raise ValueError("--max-seconds must be positive and --tv not negative")
         if args.benchmark:
+            if args.decoys < 0:
+                raise ValueError("--decoys must be >= 0")
             return benchmark(args, budgets)
         audit_captures(args, budgets)
-    except (AuditInputError, SpecError, ValueError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError) as err:  # AuditInputError and SpecError are ValueErrors
         print(f"fedvit audit: {err}", file=sys.stderr)
         return 2
-    print(f"audit written to {Path(args.out) / 'audit.md'}")
+    print(f"audit written to {Path(args.out) / 'audit.md'} and {Path(args.out) / 'audit.html'}")
     return 0
 
 
 def audit_captures(args: argparse.Namespace, budgets: list[int] | None) -> None:
-    """The audit of a capture folder; another app's captures take the model, recipe and data options."""
-    from fedvit.audit.pipeline import AuditOptions
-    from fedvit.audit.pipeline import audit_captures as run_audit
+    """The audit of a capture folder: the flags as :func:`fedvit.audit.api.audit_captures`'s keywords, then the
+    verdict and the attacks' means printed."""
+    import logging
 
-    options = AuditOptions(
-        budget=audit_budget(args),
-        tv_by_model=args.tv is None and "audit.tv" not in merge_overrides(args.run_config),
-        sent_as=args.sent or "auto",
+    from fedvit.audit.api import audit_captures as run
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the audit's progress and notes
+    model_args = {k: _toml_value(v) for k, v in _pairs(args.model_arg, "--model-arg").items()}
+    floats = lambda text: None if not text else [float(v) for v in text.split(",") if v.strip()]  # noqa: E731
+    result = run(
+        args.captures,
+        out=args.out,
+        model=args.model,
+        model_args=model_args or None,
+        input_shape=None if not args.input else [int(v) for v in args.input.split(",")],
+        mean=floats(args.mean),
+        std=floats(args.std),
+        loss=args.loss,
+        app_dir=args.app_dir,
+        data=args.data,
+        partitions={k: int(v) for k, v in _pairs(args.partition, "--partition").items()} or None,
+        decoy_partitions=args.decoy_partitions,
+        num_partitions=args.num_partitions,
+        data_options={k: _toml_value(v) for k, v in _pairs(args.data_option, "--data-option").items()} or None,
+        canaries=args.canaries,
+        app=args.app,
+        sent=args.sent or "auto",
+        recipe=_pairs(args.recipe, "--recipe") or None,
+        fit_check=not args.no_fit_check,
         decoys=args.decoys,
-        references=args.membership_references,
+        membership_references=args.membership_references,
         budgets=budgets,
         device=args.device,
-        fit_check=not args.no_fit_check,
+        **budget_keywords(args),
     )
-    options = other_app_options(args, options)
-    run_audit(args.captures, args.out, options)
-
-
-def other_app_options(args: argparse.Namespace, options: Any) -> Any:
-    """``options`` with another app's model spec, recipe overrides and scoring data from the flags and any
-    ``fedvit-audit.toml`` (flags win); unchanged when neither names a model."""
-    import dataclasses
-
-    found = find_spec_file(args.captures)
-    values = read_spec_file(found) if found else {}
-    if found:
-        print(f"audit: settings from {found}", flush=True)
-    model = dict(values.get("model", {}))
-    model |= {k: v for k, v in {"factory": args.model, "app-dir": args.app_dir, "loss": args.loss}.items() if v}
-    if args.input:
-        model["input"] = [int(v) for v in args.input.split(",")]
-    for key in ("mean", "std"):
-        if getattr(args, key):
-            model[key] = [float(v) for v in getattr(args, key).split(",") if v.strip()]
-    model["args"] = dict(model.get("args", {})) | {
-        k: _toml_value(v) for k, v in _pairs(args.model_arg, "--model-arg").items()
-    }
-    spec = spec_from(model) if model.get("factory") else None
-    if spec is None and given(args, MODEL_FLAGS):
-        raise ValueError(f"{', '.join(given(args, MODEL_FLAGS))} describe the model: give --model as well")
-    overrides = {str(k): str(v) for k, v in values.get("recipe", {}).items()} | _pairs(args.recipe, "--recipe")
-    from fedvit.attacks.recipe import (  # torch: not at --help
-        AUGMENT_KEYS,
-        LOCAL_DP_KEYS,
-        OPTIMISER_KEYS,
-        PRIVACY_KEYS,
-        RECIPE_KEYS,
-    )
-
-    known = {name for key, aliases in RECIPE_KEYS.items() for name in (key, *aliases)} | {
-        *OPTIMISER_KEYS, *AUGMENT_KEYS} | {name for keys in (PRIVACY_KEYS, LOCAL_DP_KEYS) for names in keys.values()
-                                           for name in names}  # fmt: skip
-    if unknown := sorted(set(overrides) - known):
-        raise ValueError(f"--recipe {', '.join(unknown)}: not a recipe key (one of {', '.join(sorted(known))})")
-    app = args.app
-    if app is not None and not app.exists():
-        raise ValueError(f"--app {app}: no such folder or FAB")
-    return dataclasses.replace(options, spec=spec, overrides=overrides, data=user_data(args, values, spec), app=app)
-
-
-def user_data(args: argparse.Namespace, values: dict[str, Any], spec: Any) -> Any:
-    """The scoring data from ``--data`` (a loader or a dataset name) and the TOML's ``[data]``; None without."""
-    from fedvit.audit.user_data import UserData
-
-    data_values = dict(values.get("data", {}))
-    source = args.data or data_values.get("loader") or data_values.get("name")
-    if not source:
-        extra = given(args, ("partition", "num_partitions", "data_option", "decoy_partitions", "canaries"))
-        if extra:
-            raise ValueError(f"{', '.join(extra)}: these describe the clients' data: give --data as well")
-        return None
-    source = str(source)
-    settings = {str(k): v for k, v in data_values.get("settings", {}).items()}
-    settings |= {k: _toml_value(v) for k, v in _pairs(args.data_option, "--data-option").items()}
-    count = args.num_partitions or data_values.get("num-partitions")
-    if not is_dataset_name(source) and (settings or count):
-        raise ValueError(f"--num-partitions and --data-option apply to a dataset name, not the loader {source}")
-    if is_dataset_name(source) and (args.decoy_partitions or data_values.get("decoy-partitions")):
-        raise ValueError("--decoy-partitions applies to a loader; a dataset name's decoys are its test split")
-    if count is not None and int(count) < 1:
-        raise ValueError(f"--num-partitions must be at least 1, got {count}")
-    shape = spec.input_shape if spec is not None else None
-    if is_dataset_name(source) and shape is not None and shape[1] != shape[2]:
-        raise ValueError(f"--data {source} serves square images; the model's input is {shape}")
-    partitions = {str(k): int(v) for k, v in data_values.get("partitions", {}).items()}
-    partitions |= {k: int(v) for k, v in _pairs(args.partition, "--partition").items()}
-    decoys = parse_selection(args.decoy_partitions or str(data_values.get("decoy-partitions", ""))) or ()
-    data = UserData(
-        source, partitions, tuple(sorted(decoys)), spec.app_dir if spec else args.app_dir, settings,
-        None if count is None else int(count), shape[1] if shape else 32, args.canaries or data_values.get("canaries"),
-    )  # fmt: skip
-    if data.named:
-        data.config()  # a wrong data.* setting fails here, before any attack runs
-    return data
+    print(result.paths["frontier"].read_text().split("\n## Every attack")[0], flush=True)
+    print("verdict:\n" + result.verdict, flush=True)
 
 
 def benchmark(args: argparse.Namespace, budgets: list[int] | None) -> int:
@@ -352,56 +281,3 @@ def _toml_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
-
-
-def read_spec_file(path: Path) -> dict[str, Any]:
-    """The ``[model]`` table of a ``fedvit-audit.toml`` (keys as in the module docstring), ``app-dir`` made
-    relative to the file; other tables are returned under their names for the audit (``recipe``, ``data``)."""
-    try:
-        values = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"{path}: not valid TOML ({err})") from err
-    model = dict(values.get("model", {}))
-    unknown = sorted(set(model) - {"factory", "input", "mean", "std", "loss", "app-dir", "num-classes", "args"})
-    if unknown:
-        raise SpecError(f"{path}: unknown [model] key(s) {unknown}")
-    if not isinstance(model.get("args", {}), dict):
-        raise SpecError(f"{path}: [model] args must be a table of keyword arguments (a [model.args] section)")
-    if "app-dir" in model:
-        model["app-dir"] = str((path.parent / str(model["app-dir"])).resolve())
-    return {**values, "model": model}
-
-
-def find_spec_file(captures: Path) -> Path | None:
-    """``fedvit-audit.toml`` in the captures folder or one of its two parents (run folder, capture root)."""
-    for folder in [captures, *list(captures.resolve().parents)[:2]]:
-        if (folder / SPEC_FILE).is_file():
-            return folder / SPEC_FILE
-    return None
-
-
-def spec_from(values: dict[str, Any]) -> ModelSpec:
-    """A spec from ``[model]``-style keys (TOML names; flags are merged in by the caller)."""
-    if not values.get("factory"):
-        raise SpecError(f"no model given: pass --model package.module:factory (or a timm name) or write {SPEC_FILE}")
-    kwargs: dict[str, Any] = {"factory": str(values["factory"])}
-    if "input" in values:
-        kwargs["input_shape"] = tuple(int(v) for v in values["input"])
-    channels = kwargs.get("input_shape", (3,))[0]
-    for key in ("mean", "std"):
-        if key in values:
-            v = values[key]
-            kwargs[key] = tuple(float(x) for x in (v if isinstance(v, list | tuple) else [v] * channels))
-    for key in ("mean", "std"):  # the default 0.5 per channel, for any channel count
-        kwargs.setdefault(key, (0.5,) * channels)
-    if "loss" in values:
-        kwargs["loss"] = str(values["loss"])
-    if values.get("app-dir"):
-        kwargs["app_dir"] = str(values["app-dir"])
-    if values.get("num-classes"):
-        kwargs["num_classes"] = int(values["num-classes"])
-    if values.get("args"):
-        kwargs["args"] = tuple(  # hashable: a spec is a cache key
-            sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in values["args"].items())
-        )
-    return ModelSpec(**kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.special import ndtri
@@ -98,6 +98,17 @@ def operating_point(fpr: np.ndarray, tpr: np.ndarray, target: float) -> tuple[fl
 def resolved(target: float, resolution: float) -> bool:
     """Whether an FPR ``target`` is at or above the resolution (:func:`fpr_resolution`)."""
     return target >= resolution - 1e-12
+
+
+class Roc(NamedTuple):
+    """The strongest score's judged values on the members and non-members, their classes (a null band's within-class
+    shuffles keep them) and the FPR resolution (below it the curve says nothing): what the report's ROC draws."""
+
+    members: np.ndarray
+    non_members: np.ndarray
+    member_classes: np.ndarray
+    non_member_classes: np.ndarray
+    resolution: float
 
 
 def split_roc(member_scores: np.ndarray, non_member_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:

@@ -63,7 +63,7 @@ def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> dict
     p0 = max(null, scores.get("reid-chance") or 0.0)  # a null of 0 out of few images still allows chance hits
     need = max(IMAGE_MARGIN, 3 * math.sqrt(p0 * (1 - p0) / images))
     return {"status": MEASURED, "top1": top1, "null-top1": null, "margin": need, "clears": bool(top1 - null >= need),
-            "psnr": scores.get("psnr")}  # fmt: skip
+            "psnr": scores.get("psnr"), "images": images}  # fmt: skip
 
 
 def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,16 +25,20 @@ from tqdm import tqdm
 from fedvit.attacks.app_code import App, AppCodeError, CodeRecipe, load_app, read_code
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES
+from fedvit.attacks.membership_stats import Roc
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, dense_update, recipe
 from fedvit.attacks.recipe import ClientRecipe, map_part, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
 from fedvit.audit.evidence import threat_model, verdict
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
+from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
+from fedvit.audit.html import Picture, write_html
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
-from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid, save_roc
+from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
+from fedvit.audit.summary import client_findings, client_of, short_verdict
 from fedvit.audit.user_data import Truths, UserData, run_config
 from fedvit.capture.reader import (
     NOTHING_ON_THE_WIRE,
@@ -49,6 +54,7 @@ from fedvit.core.config import Config, ConfigError, parse_config
 from fedvit.core.params import HEAD_BIAS
 from fedvit.core.results import atomic_write
 
+log = logging.getLogger("fedvit.audit")
 OLD_LAYOUT_COMMIT = "154885d"  # the last fedvit that wrote and read captures/round-N/partition-P
 # what no record of another app carries and the attacks take as given (the update's own math may contradict them)
 UNRECORDED = ("weight decay 0 (assumed)", "optimiser SGD (assumed)", "no data augmentation (assumed)")
@@ -342,6 +348,7 @@ def attack_exchange(
         "steps": client.steps,
         "examples": client.examples,
         "recipe": client.described(),
+        "recipe-sources": [[key, text] for key, text in client.sources],  # per value: "value (where it came from)"
         "app-code": obs.meta.get("app-code"),
         "recipe-fit": None
         if (fit := held.found.recipe_fit) is None
@@ -380,7 +387,8 @@ def audit_exchanges(
     ``out``. Returns the report and, per exchange, what was attacked."""
     out.mkdir(parents=True, exist_ok=True)
     reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
-    rows, updates, attacked, grid_ranks, budgets, observers, curves = [], [], [], [], {}, [], []
+    rows, updates, attacked, grid_ranks, budgets, observers = [], [], [], [], {}, []
+    rocs: dict[str, list[tuple[str, Roc]]] = {}
     by_client: dict[str, list[tuple[str, Any]]] = {}
     for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
         obs = reader.observe(ex, k + 1)
@@ -397,12 +405,12 @@ def audit_exchanges(
         updates.append(update)
         observers.append(ex.observer)
         grid_ranks.append(recs.pop("ranks"))
-        if (member_scores := recs.pop("membership")) is not None:
-            curves.append((update["update"], *member_scores))
+        if (roc := recs.pop("membership")) is not None:
+            rocs.setdefault(client_of(update), []).append((f"round {update['round']}", roc))
         if (scores := recs.pop("scores")) is not None and scores[0]:
             by_client.setdefault(client_of(update), []).append((update["update"], scores))
         attacked.append(Audited(obs, truth[0], recs))
-        tqdm.write(f"audit: {update['update']}: labels {update['labels']}; " + (
+        log.info(f"audit: {update['update']}: labels {update['labels']}; " + (
             "unscored" if update["psnr"] is None else
             f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
         ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
@@ -413,11 +421,14 @@ def audit_exchanges(
         for a in attacked
     )
     clients = rounds_combined(by_client)
+    findings = client_findings(updates, clients)
     report = {
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "—",
         "threat-model": threat_model(observers, any(u["assumptions"] for u in updates)),
-        "verdict": verdict(updates, NOTHING_ON_THE_WIRE, clients),
+        "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE),
+        "findings": [dataclasses.asdict(f) for f in findings],
+        "verdict-detail": verdict(updates, NOTHING_ON_THE_WIRE, clients),
         "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
         "budget": list(budgets),
         "updates": updates,
@@ -431,14 +442,36 @@ def audit_exchanges(
     atomic_write(out / "audit.json", json.dumps(report, indent=1, default=numbers).encode())
     atomic_write(out / "audit.md", markdown(report).encode())
     save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
-    save_roc(curves, out / "membership-roc.png")
     write_frontier(rows, out, {})
+    write_html(report, pictures(report, rocs, out, any(a.reconstructions for a in attacked)), out / "audit.html")
     return report, attacked
 
 
-def client_of(update: dict[str, Any]) -> str:
-    """Whose update this is: its partition where known, else its node."""
-    return f"partition {update['partition']}" if update.get("partition") is not None else f"node {update['node']}"
+def pictures(
+    report: dict[str, Any], rocs: dict[str, list[tuple[str, Roc]]], out: Path, attacked: bool
+) -> list[Picture]:
+    """The report's pictures, each also a file under ``out``: the membership ROC per client, the label counts and,
+    where an image attack ran, the reconstruction grid (written by :func:`save_grid`)."""
+    found = []
+    if rocs:
+        found.append(Picture(
+            "Membership inference, per client", "ROC of the strongest membership score on log–log axes, one curve per "
+            "update, drawn only above the FPR resolution (1 / the fewest non-members of a member's class); grey: "
+            f"the same values with the member labels shuffled within each class ({BAND_DRAWS} shuffles, 95%).",
+            png(roc_figure(rocs))))  # fmt: skip
+    if (labels := label_figure(report["updates"])) is not None:
+        found.append(Picture(
+            "Label counts per update", "The class counts recovered from the update (red) against the prior's, N × the "
+            "population's class shares (the no-information guess, black), and the true counts (blue) where the "
+            "scoring data gives them.", png(labels)))  # fmt: skip
+    if attacked and (out / "grid.png").is_file():
+        found.append(Picture("Reconstructions", "Each true image beside each attack's reconstruction matched to it.",
+                             (out / "grid.png").read_bytes()))  # fmt: skip
+    names = {"Membership inference, per client": "membership-roc.png", "Label counts per update": "labels.png"}
+    for picture in found:
+        if picture.title in names:
+            atomic_write(out / names[picture.title], picture.png)
+    return found
 
 
 def rounds_combined(by_client: dict[str, list[tuple[str, Any]]]) -> list[dict[str, Any]]:
@@ -448,7 +481,7 @@ def rounds_combined(by_client: dict[str, list[tuple[str, Any]]]) -> list[dict[st
         if len(found) < 2:
             continue
         started = time.perf_counter()
-        tqdm.write(f"audit: {client}: membership over its {len(found)} updates")
+        log.info(f"audit: {client}: membership over its {len(found)} updates")
         evidence = judge_rounds([scores for _, scores in found])
         out.append({"client": client, "updates": [name for name, _ in found], "membership": evidence,
                     "seconds": round(time.perf_counter() - started, 1)})  # fmt: skip
@@ -462,10 +495,13 @@ def budget_text(text: str, budgets: list[int] | None) -> str:
     return text
 
 
-def audit_captures(captures: Path, out: Path, options: AuditOptions | None = None) -> dict[str, Any]:
+def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) -> dict[str, Any]:
     """Audit every captured train exchange under ``captures`` (a capture root, a run folder or a ``captures/``
-    folder of any Flower app): see the module docstring. Raises :class:`AuditInputError` with what to change."""
+    folder of any Flower app): see the module docstring. Returns the report (``audit.json``'s content); progress and
+    notes go to the ``fedvit.audit`` logger. Raises :class:`AuditInputError` with what to change. The public entry
+    point with plain types is :func:`fedvit.audit.api.audit_captures`."""
     options = options or AuditOptions()
+    captures = Path(captures)
     if not captures.exists():
         raise AuditInputError(f"no captures in {captures}: no such folder")
     exchanges, skipped = load_exchanges(captures)
@@ -485,11 +521,9 @@ def audit_captures(captures: Path, out: Path, options: AuditOptions | None = Non
             f"no captured train exchanges (node-<id>.json) under {captures}"
             + (old if any(captures.rglob("partition-*.json")) else "")
         )
-    print(f"audit: {len(exchanges)} captured update(s) under {captures}", flush=True)
+    log.info(f"audit: {len(exchanges)} captured update(s) under {captures}")
     title = options.title or f"fedvit audit of {captures}"
     if options.spec is not None and exchanges and all(is_fedvit(ex) for ex in exchanges):
         raise AuditInputError("--model: these are captures of fedvit's own app, whose run config names its model")
-    report, _ = audit_exchanges(exchanges, out, dataclasses.replace(options, title=title), notes)
-    print((out / "frontier.md").read_text().split("\n## Every attack")[0], flush=True)
-    print(f"audit: {report['verdict']}", flush=True)
+    report, _ = audit_exchanges(exchanges, Path(out), dataclasses.replace(options, title=title), notes)
     return report

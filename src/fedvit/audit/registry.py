@@ -35,7 +35,7 @@ from fedvit.attacks.membership import (
     simulated_power,
     split_for_references,
 )
-from fedvit.attacks.membership_stats import Score, judge, over_rounds
+from fedvit.attacks.membership_stats import Roc, Score, evenly, judge, over_rounds
 from fedvit.attacks.observation import (
     Observation,
     Reconstruction,
@@ -199,7 +199,7 @@ class Found:
     fit_unchecked: str | None = None  # why that fit is not checked (None: it is)
     membership_split: MembershipSplit | None = None  # decided once: every membership score is taken on it
     membership_losses: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # the candidates' losses
-    membership_roc: tuple[np.ndarray, np.ndarray] | None = None  # the strongest score's judged values (ROC plot)
+    membership_roc: Roc | None = None  # the strongest score's judged values (the report's ROC)
     features_decided: bool = False  # head_only decided (its outcome below)
     frozen_features: str | None = None  # the frozen layers' outputs computed once, or why the whole model runs
     head_only: tuple[Observation, Held] | None = None  # the observation and holdings on the head's inputs
@@ -321,6 +321,10 @@ def _label_finding(
     null = None if accuracy is None else prior_accuracy(prior, truth)
     several = recipe(obs).several_steps
     evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if several else None)
+    if counts is not None:  # what the report's label picture draws: the prior's shares and the true counts
+        evidence["prior-shares"] = [round(float(s), 6) for s in prior]
+        if truth is not None:
+            evidence["true-counts"] = np.bincount(np.asarray(truth, np.int64), minlength=len(counts)).tolist()
     found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
     row = held.head | {
         "attack": LABELS,
@@ -431,7 +435,8 @@ def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held)
     split, claim = held.found.membership_split, recipe(obs).privacy
     delta = claim.delta if claim is not None else DEFAULT_DELTA if split.candidates.canaries else None
     result, inside, outside = judge(scores, split.candidates, split.seed, delta)
-    held.found.membership_roc = (inside, outside)
+    member_classes, non_member_classes = evenly(*split.candidates.members)[1], evenly(*split.candidates.non_members)[1]
+    held.found.membership_roc = Roc(inside, outside, member_classes, non_member_classes, result["fpr-resolution"])
     result["power"] = power(obs, held, result)
     if delta is not None:  # on the loss scores, and the shadows' only where the recipe fits: it stands either way
         result["privacy"] = privacy_evidence(claim, result.pop("empirical-epsilon"))

@@ -9,20 +9,28 @@ from typing import Any
 
 import numpy as np
 
-from fedvit.attacks.membership_stats import split_roc
 from fedvit.attacks.observation import Observation, Reconstruction
 from fedvit.audit.frontier import fmt, reid_cell
 from fedvit.audit.metrics import as_batch, match_batch
+from fedvit.audit.summary import ClientFinding, Finding, summary_table
+
+FINDING_KEYS = ("labels", "membership", "images", "dp_claim")
 
 TOP_LEVEL_KEYS = (
-    "title", "model", "threat-model", "verdict", "metrics", "budget", "updates", "clients", "rows", "summary", "notes"
-)
+    "title", "model", "threat-model", "verdict", "findings", "verdict-detail", "metrics", "budget", "updates",
+    "clients", "rows", "summary", "notes",
+)  # fmt: skip
+NOT_APPLICABLE = "not applicable: "
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """``audit.md``: the verdict, one entry per update, then each attack's means (every row: ``frontier.md``)."""
-    lines = [f"# {report['title']}", "", f"**Verdict:** {report['verdict']}", "",
-             f"Threat model: {report['threat-model']}", ""]  # fmt: skip
+    """``audit.md``: the verdict (≤ 3 lines) and one row per client first, then the detail: per update what was sent,
+    the recipe and the evidence, the attacks that did not apply once per reason, each attack's means."""
+    lines = [f"# {report['title']}", "", "**Verdict**", ""]
+    lines += [f"> {line}  " for line in report["verdict"].splitlines()] + [""]
+    lines += summary_lines(report["findings"])
+    lines += ["## Detail", "", f"In full: {report['verdict-detail']}", "", f"Threat model: {report['threat-model']}",
+              ""]  # fmt: skip
     lines += [f"Model: {report['model']}", "", f"Budget: {'; '.join(report['budget'])}", ""]
     lines += update_lines(report["updates"])
     lines += client_lines(report["clients"])
@@ -43,6 +51,18 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
     lines += [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
+    """The summary table of ``audit.json``'s ``findings`` (:func:`fedvit.audit.summary.summary_table`)."""
+    if not findings:
+        return []
+    rows = [ClientFinding(**{**f, "updates": tuple(f["updates"]), **{k: Finding(**f[k]) for k in FINDING_KEYS}})
+            for f in findings]  # fmt: skip
+    legend = ("Each cell: **the finding** (leaks: beyond the null by the margin; no evidence: within it; could not "
+              "have seen: within it, and so was a simulated update with known members; not measured), the figure, "
+              "the same figure on a null that holds no information, its 95% interval, and the audit's power.")
+    return ["## Per client", "", *summary_table(rows), "", legend, ""]
 
 
 def update_lines(updates: list[dict[str, Any]]) -> list[str]:
@@ -69,8 +89,27 @@ def update_lines(updates: list[dict[str, Any]]) -> list[str]:
             lines.append(f"  - assumed (no record carries them): {'; '.join(u['assumptions'])}")
         if u.get("frozen-features"):
             lines.append(f"  - frozen backbone: {u['frozen-features']}")
-        lines += [f"  - {name}: {status}" for name, status in u["attacks"].items()]
+        lines += [f"  - {name}: {status}" for name, status in u["attacks"].items()
+                  if not status.startswith(NOT_APPLICABLE)]  # fmt: skip
         lines += [f"  - evidence, {kind}: {evidence_text(e)}" for kind, e in u["leakage"].items()]
+    return lines + [""] + not_applicable_lines(updates)
+
+
+def not_applicable_lines(updates: list[dict[str, Any]]) -> list[str]:
+    """The attacks that did not apply, once per reason: which attacks, on which updates."""
+    by_reason: dict[str, dict[str, list[str]]] = {}  # reason -> attack -> updates
+    for u in updates:
+        for name, status in u["attacks"].items():
+            if status.startswith(NOT_APPLICABLE):
+                by_reason.setdefault(status.removeprefix(NOT_APPLICABLE), {}).setdefault(name, []).append(u["update"])
+    if not by_reason:
+        return []
+    lines = ["### Attacks that did not apply", ""]
+    for reason, attacks in by_reason.items():
+        on = {tuple(names) for names in attacks.values()}
+        where = "all updates" if on == {tuple(u["update"] for u in updates)} else "; ".join(
+            ", ".join(names) for names in on)  # fmt: skip
+        lines.append(f"- {', '.join(attacks)} ({where}): {reason}")
     return lines + [""]
 
 
@@ -216,22 +255,4 @@ def draw_grid(panels: list[tuple], columns: list[str], path: Path, title: str = 
         fig.suptitle(title, fontsize=7)
     fig.tight_layout(rect=(0, 0, 1, 0.97) if title else (0, 0, 1, 1))  # keep a title clear of the headings
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-
-
-def save_roc(curves: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> None:
-    """Log-log ROC curves (one per update; the diagonal is chance), as Carlini et al. plot them."""
-    from fedvit.core.plots import plt
-
-    if not curves:
-        return
-    fig, ax = plt.subplots(figsize=(4, 4))
-    for label, inside, outside in curves:
-        fpr, tpr, _ = split_roc(inside, outside)
-        ax.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label=label, lw=1)
-    ax.plot([1e-5, 1], [1e-5, 1], "k--", lw=0.7, label="chance")
-    ax.set(xscale="log", yscale="log", xlabel="false positive rate", ylabel="true positive rate",
-           xlim=(1e-4, 1), ylim=(1e-4, 1), title="membership inference (per update)")  # fmt: skip
-    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: long update names fit
-    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)

@@ -196,7 +196,15 @@ def others(data: UserData, own: int) -> tuple[np.ndarray, np.ndarray, str] | Non
     loaded = [data.load(p) for p in pids]
     x, y = np.concatenate([a for a, _ in loaded]), np.concatenate([b for _, b in loaded])
     keep = evenly_spaced(len(x), OTHERS)
-    return x[keep], y[keep], f"{len(keep)} images of partitions {pids[0]}-{pids[-1]} ({data.source})"
+    return x[keep], y[keep], f"{len(keep)} images of {partitions_text(pids)} ({data.source})"
+
+
+def partitions_text(pids: list[int]) -> str:
+    """"partition 4", "partitions 4-7" (a run), "partitions 1, 5" (not a run)."""
+    if len(pids) == 1:
+        return f"partition {pids[0]}"
+    run = pids == list(range(pids[0], pids[-1] + 1))
+    return f"partitions {pids[0]}-{pids[-1]}" if run else "partitions " + ", ".join(map(str, pids))
 
 
 class Truths:

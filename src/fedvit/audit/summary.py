@@ -1,0 +1,197 @@
+"""The report's first screen: per client and leakage type one finding (the figure, its null, its 95% interval, the
+audit's power and one word), and a verdict of at most three short lines built from those findings.
+
+The words: "leaks" (the figure clears its null by the margin, :mod:`fedvit.audit.evidence`), "no evidence" (measured,
+within the null), "could not have seen" (within the null, and a simulated update like this one with known members
+was within its null too: at this budget the audit had no power to see such leakage), "not measured" (with why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fedvit.attacks.membership_stats import clopper_pearson
+from fedvit.audit.evidence import MEASURED
+
+LEAKS, NO_EVIDENCE, UNSEEABLE, NOT_MEASURED = "leaks", "no evidence", "could not have seen", "not measured"
+KINDS = ("labels", "membership", "images", "DP claim")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One leakage type of one client, as the summary table states it (each field is display text; "—": none)."""
+
+    word: str  # leaks | no evidence | could not have seen | not measured
+    figure: str = "—"
+    null: str = "—"
+    interval: str = "—"  # 95% interval of the figure
+    power: str = "—"  # what a simulated update with known members showed (membership only)
+    why: str = ""  # not measured: the reason
+
+    def cell(self) -> str:
+        """The finding in one table cell: the word first, then the figure, its null, interval and power."""
+        if self.word == NOT_MEASURED:
+            return f"**{self.word}**" + (f": {self.why}" if self.why else "")
+        parts = [self.figure, f"null {self.null}"]
+        parts += [f"95% CI {self.interval}"] if self.interval != "—" else []
+        parts += [f"power: {self.power}"] if self.power != "—" else []
+        return f"**{self.word}**: " + "; ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientFinding:
+    """One client's row of the summary: its updates and one finding per leakage type."""
+
+    client: str  # "partition P" where the scoring data maps it, else "node N"
+    updates: tuple[str, ...]
+    labels: Finding
+    membership: Finding
+    images: Finding
+    dp_claim: Finding
+
+    def by_kind(self) -> dict[str, Finding]:
+        return dict(zip(KINDS, (self.labels, self.membership, self.images, self.dp_claim), strict=True))
+
+
+def _ci(low: float, high: float) -> str:
+    return f"[{low:.1%}, {high:.1%}]"
+
+
+def label_finding(updates: list[dict[str, Any]]) -> Finding:
+    """Label counts over a client's updates: the share of its images they misplace against the prior's."""
+    found = [u["leakage"]["labels"] for u in updates]
+    measured = [(u, e) for u, e in zip(updates, found, strict=True) if e["status"] == MEASURED]
+    if not measured:
+        e = found[0]
+        if e["status"] != NOT_MEASURED:  # estimated, nothing to score it against
+            return Finding(NOT_MEASURED, why=f"counts estimated, unverified ({e.get('why', '')})")
+        return Finding(NOT_MEASURED, why=e.get("why", ""))
+    images = sum(int(u["examples"] or 0) for u, _ in measured)
+    misplaced = sum(e["error"] * int(u["examples"] or 0) for u, e in measured)
+    error = misplaced / images if images else sum(e["error"] for _, e in measured) / len(measured)
+    null = sum(e["null-error"] for _, e in measured) / len(measured)
+    hits = sum(e["clears"] for _, e in measured)
+    figure = f"error {error:.1%}" + (f" ({hits} of {len(measured)} updates beyond)" if len(measured) > 1 else "")
+    interval = _ci(*clopper_pearson(round(misplaced), images)) if images else "—"
+    return Finding(LEAKS if hits else NO_EVIDENCE, figure, f"{null:.1%} (the prior)", interval)
+
+
+def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] | None) -> Finding:
+    """Membership of a client's images: over its updates combined where there are several, else its one update."""
+    measured = [u["leakage"]["membership"] for u in updates if u["leakage"]["membership"]["status"] == MEASURED]
+    if combined is not None and combined["status"] == MEASURED:
+        e = combined
+    elif measured:
+        e = max(measured, key=lambda m: m["auc"] - m["null"]["auc"])
+    else:
+        why = combined["why"] if combined else updates[0]["leakage"]["membership"].get("why", "")
+        return Finding(NOT_MEASURED, why=why)
+    at = "0.01" if e.get("tpr@0.01") is not None else "resolution"
+    fpr = 0.01 if at == "0.01" else e.get("fpr@resolution", e.get("fpr-resolution"))
+    tpr = e.get(f"tpr@{at}")
+    figure = f"AUC {e['auc']:.3f}" + ("" if tpr is None else f", TPR {tpr:.1%} at FPR {fpr:.1%}")
+    if combined is e:
+        figure += f" ({len(updates)} updates combined)"
+    null = f"AUC {e['null']['auc']:.3f}" + (
+        "" if e["null"].get(f"tpr@{at}") is None else f", TPR {e['null'][f'tpr@{at}']:.1%}"
+    )
+    ci = e.get(f"tpr@{at}-ci")
+    power, word = "—", LEAKS if e["clears"] else NO_EVIDENCE
+    powers = [m["power"] for m in ([e] if combined is not e else measured) if (m.get("power") or {}).get("status")
+              == MEASURED]  # fmt: skip
+    if powers:
+        seen = sum(p["could-have-seen"] for p in powers)
+        auc = sum(p["simulated"]["auc"] for p in powers) / len(powers)
+        power = f"simulated AUC {auc:.3f}, beyond its null in {seen} of {len(powers)}"
+        if not e["clears"] and seen == 0:
+            word = UNSEEABLE
+    return Finding(word, figure, null, "—" if ci is None else "TPR " + _ci(*ci), power)
+
+
+def image_finding(updates: list[dict[str, Any]]) -> Finding:
+    """Images: the best attack's re-identification (top-1) against the same reconstructions among unseen images."""
+    found = [u["leakage"]["images"] for u in updates]
+    measured = [e for e in found if e["status"] == MEASURED]
+    if not measured:
+        return Finding(NOT_MEASURED, why=short_reason(found[0].get("why", "")))
+    images = sum(int(e.get("images", 1)) for e in measured)
+    hits = round(sum(e["top1"] * int(e.get("images", 1)) for e in measured))
+    top1 = hits / images
+    null = sum(e["null-top1"] for e in measured) / len(measured)
+    psnr = [e["psnr"] for e in measured if e.get("psnr") is not None]
+    figure = f"re-identified {top1:.0%} top-1" + (f", {sum(psnr) / len(psnr):.1f} dB" if psnr else "")
+    word = LEAKS if any(e["clears"] for e in measured) else NO_EVIDENCE
+    return Finding(word, figure, f"{null:.0%}", _ci(*clopper_pearson(hits, images)))
+
+
+def dp_finding(updates: list[dict[str, Any]]) -> Finding:
+    """A DP claim on record: the empirical ε the membership test proves, against the claimed ε."""
+    claims = [p for u in updates if (p := u["leakage"]["membership"].get("privacy") or {}).get("claimed-epsilon")
+              is not None]  # fmt: skip
+    if not claims:
+        return Finding(NOT_MEASURED, why="no DP claim on record")
+    worst = max(claims, key=lambda p: p["empirical-epsilon"])
+    broken = [p for p in claims if not p["consistent"]]
+    figure = f"ε ≥ {worst['empirical-epsilon']:.2f} against the claimed {worst['claim']}"
+    interval = f"one-sided, {worst['confidence']:.0%} confidence"
+    return Finding(LEAKS if broken else NO_EVIDENCE, figure, f"ε {worst['null']:.2f}", interval)
+
+
+def short_reason(why: str) -> str:
+    """A reason's first clause (the table cell; the update detail keeps the whole reason)."""
+    return why.split(" (")[0].split(";")[0].removeprefix("not attempted: ")
+
+
+def client_of(update: dict[str, Any]) -> str:
+    """Whose update this is: its partition where known (the scoring data's mapping), else its node."""
+    return f"partition {update['partition']}" if update.get("partition") is not None else f"node {update['node']}"
+
+
+def client_findings(updates: list[dict[str, Any]], clients: list[dict[str, Any]]) -> list[ClientFinding]:
+    """One row per client (:func:`client_of` its updates), in audit order; ``clients``: membership combined."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for u in updates:
+        grouped.setdefault(client_of(u), []).append(u)
+    combined = {c["client"]: c["membership"] for c in clients}
+    return [
+        ClientFinding(
+            client, tuple(u["update"] for u in mine), label_finding(mine),
+            membership_finding(mine, combined.get(client)), image_finding(mine), dp_finding(mine),
+        )  # fmt: skip
+        for client, mine in grouped.items()
+    ]
+
+
+def short_verdict(findings: list[ClientFinding], nothing: str) -> str:
+    """At most three lines: what leaks (and for how many clients), what showed no evidence or could not have been
+    seen, and what was not measured."""
+    if not findings:
+        return nothing
+    n = len(findings)
+    words = {kind: [f.by_kind()[kind].word for f in findings] for kind in KINDS}
+
+    def listed(word: str) -> str:
+        return ", ".join(f"{kind} ({ws.count(word)} of {n} client{'s' * (n > 1)})" for kind, ws in words.items()
+                         if word in ws)  # fmt: skip
+
+    lines = [f"LEAKS: {listed(LEAKS)}." if listed(LEAKS) else "No leakage found at this budget."]
+    quiet = [f"{label}: {listed(word)}" for label, word in (("No evidence", NO_EVIDENCE),
+             ("could not have seen", UNSEEABLE)) if listed(word)]  # fmt: skip
+    if quiet:
+        lines.append("; ".join(quiet) + ".")
+    unmeasured = [kind for kind, ws in words.items() if all(w == NOT_MEASURED for w in ws)]
+    if unmeasured:
+        lines.append(f"Not measured: {', '.join(unmeasured)}.")
+    if not any(listed(w) for w in (LEAKS, NO_EVIDENCE, UNSEEABLE)):
+        lines[0] = "Unverified: nothing could be scored (no ground truth recorded and no --data)."
+    return "\n".join(line[0].upper() + line[1:] for line in lines)
+
+
+def summary_table(findings: list[ClientFinding]) -> list[str]:
+    """The markdown table: one row per client, one cell per leakage type."""
+    lines = ["| client | updates | " + " | ".join(KINDS) + " |", "|---" * (2 + len(KINDS)) + "|"]
+    for f in findings:
+        cells = " | ".join(x.cell() for x in f.by_kind().values())
+        lines.append(f"| {f.client} | {len(f.updates)} | {cells} |")
+    return lines
