@@ -6,9 +6,12 @@ capture path; the audit sees only the capture folder and the model factory."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import io
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
 from fedvit.capture.writer import add_direction, capture_stem
 from fedvit.core.budget import AuditConfig
+from tests.report_checks import check_html, check_markdown
 
 APP = Path(__file__).parent / "thirdparty_app"
 sys.path.insert(0, str(APP))
@@ -53,10 +57,12 @@ def capture_exchange(
     batch: int = 4,
     clip: float | None = None,
     local_dp: dict[str, float] | None = None,
+    recorded_partition: bool = False,
 ) -> None:
     """One train exchange of the test app (FedAvg, 1 local epoch at ``batch``, lr 0.05; or a FedSGD gradient),
     captured; ``clip``: Flower's client-side clipping (the bound in the ConfigRecord, the update scaled to it);
-    ``local_dp``: the reply through Flower's own LocalDpMod with these settings, which the run config carries."""
+    ``local_dp``: the reply through Flower's own LocalDpMod with these settings, which the run config carries;
+    ``recorded_partition``: the partition in the capture, as capture_mod records the node config's."""
     torch.manual_seed(server_round)
     model = Net()
     start = {n: t.clone() for n, t in model.state_dict().items()}
@@ -89,6 +95,8 @@ def capture_exchange(
         run_config |= local_dp
     stem = capture_stem(root, 5, server_round, node, "train")
     head = {"run-id": 5, "round": server_round, "node": node, "run_config": run_config}
+    if recorded_partition:  # as capture_mod records it from the node config
+        head["partition"] = partition
     add_direction(stem, "received", instruction, **head)
     add_direction(stem, "sent", reply, **head)
 
@@ -229,6 +237,65 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     (row,) = audit_app_captures(tmp_path / "one", tmp_path / "out1", SPEC, BUDGET, data=data, references=3)["updates"]
     assert row["attacks"]["membership: shadow alignment"].startswith("not applicable: shadow updates need a multi")
     assert row["leakage"]["membership"]["power"]["status"] == "not measured"
+
+
+def test_the_python_api_takes_plain_types_returns_a_typed_result_and_prints_nothing(tmp_path, capsys):
+    """``fedvit.audit_captures("dir", out="dir", model=..., data=..., **budget)``: str paths, the model as the class
+    itself, the budget as keywords; a typed result; nothing on stdout. The report opens with the short verdict and the
+    per-client table, and its HTML page (three pictures inline) opens in Chromium without console messages."""
+    import fedvit
+    from fedvit.audit.summary import ClientFinding, Finding
+
+    for server_round in (1, 2):
+        capture_exchange(tmp_path / "cap", 15, 3, server_round, batch=2)
+    capture_exchange(tmp_path / "cap", 16, 1)
+    capsys.readouterr()
+    result = fedvit.audit_captures(
+        str(tmp_path / "cap"), out=str(tmp_path / "out"), model=Net, app_dir=str(APP),
+        data="cnnapp_partitions:partition", partitions={15: 3, 16: 1}, decoy_partitions="4-39", membership_references=3,
+        iterations=40,
+        restarts=1, max_seconds=30,
+    )  # fmt: skip
+    assert capsys.readouterr().out == ""
+    assert isinstance(result, fedvit.AuditResult) and isinstance(result.verdict, str)
+    assert result.verdict.startswith("LEAKS: labels (2 of 2 clients)"), result.verdict
+    assert [c.client for c in result.clients] == ["partition 3", "partition 1"]
+    assert all(isinstance(c, ClientFinding) and isinstance(c.labels, Finding) for c in result.clients)
+    assert result.clients[0].updates == ("run 5 round 1 node 15", "run 5 round 2 node 15")
+    assert {c.labels.word for c in result.clients} == {"leaks"}
+    assert result.clients[0].membership.word in ("leaks", "no evidence", "could not have seen")
+    assert result.clients[1].dp_claim.word == "not measured" and result.clients[1].dp_claim.why
+    assert {"json", "markdown", "html", "membership-roc", "labels", "grid"} <= set(result.paths)
+    assert json.loads(result.paths["json"].read_text())["verdict"] == result.verdict
+    report = check_markdown(tmp_path / "out")
+    assert report["findings"][0]["membership"]["word"] == result.clients[0].membership.word
+    check_html(tmp_path / "out", pictures=3)
+
+    with pytest.raises(TypeError, match="cannot be named as module:name"):
+        fedvit.audit_captures(tmp_path / "cap", out=tmp_path / "x", model=lambda: Net())
+    with pytest.raises(ValueError, match="budget: .*audit.iterations"):
+        fedvit.audit_captures(tmp_path / "cap", out=tmp_path / "x", model=Net, iterations=0)
+    with pytest.raises(ValueError, match="partitions .* give data"):
+        fedvit.audit_captures(tmp_path / "cap", out=tmp_path / "x", model=Net, partitions={15: 3})
+
+
+def test_the_api_pages_example_runs(tmp_path, monkeypatch):
+    """docs/reference/api.md's example, run as written from a copy of the test app's folder with captures in it."""
+    text = (Path(__file__).parents[1] / "docs" / "reference" / "api.md").read_text()
+    section = text[text.index("## Audit from Python") :]
+    example = section[section.index("```python\n") + 10 : section.index("\n```", section.index("```python"))]
+    app = tmp_path / "app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    for node, partition in ((11, 0), (12, 1)):
+        capture_exchange(app / "captures", node, partition, recorded_partition=True)
+    monkeypatch.chdir(app)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(example, "api.md", "exec"), {})
+    lines = printed.getvalue().splitlines()
+    assert lines[0].startswith("LEAKS: labels (2 of 2 clients)"), lines
+    assert any(line.startswith("partition 0 labels: leaks | membership:") for line in lines), lines
+    assert lines[-1] == "report: audit/audit.html" and (app / "audit" / "audit.html").is_file()
 
 
 def test_without_data_the_report_is_unscored_and_a_gradient_is_recognised(tmp_path):

@@ -5,7 +5,8 @@ The public API (stable within a minor version; docs/reference/api.md) is what ``
 
 - :func:`capture_mod` and :class:`CapturingStrategy` record a Flower app's exchanges for the audit
   (light: importing them loads Flower and NumPy, never torch);
-- :func:`audit_captures` and :class:`AuditOptions` run the audit from Python (they load torch when first used).
+- :func:`audit_captures` runs the audit from Python with plain types and returns an :class:`AuditResult` (torch
+  loads when it runs, not at import).
 
 Everything else under ``fedvit`` is internal and may change between releases.
 """
@@ -32,18 +33,18 @@ def _version() -> str:
 
 __version__ = _version()
 
-__all__ = ["AuditOptions", "CapturingStrategy", "__version__", "audit_captures", "capture_mod"]
+__all__ = ["AuditResult", "CapturingStrategy", "__version__", "audit_captures", "capture_mod"]
 
 # name -> module that defines it; imported on first use, so `import fedvit` stays cheap
 _PUBLIC = {
     "capture_mod": "fedvit.capture.writer",
     "CapturingStrategy": "fedvit.capture.writer",
-    "audit_captures": "fedvit.audit.pipeline",
-    "AuditOptions": "fedvit.audit.pipeline",
+    "audit_captures": "fedvit.audit.api",
+    "AuditResult": "fedvit.audit.api",
 }
 
 if TYPE_CHECKING:
-    from fedvit.audit.pipeline import AuditOptions, audit_captures
+    from fedvit.audit.api import AuditResult, audit_captures
     from fedvit.capture.writer import CapturingStrategy, capture_mod
 
 

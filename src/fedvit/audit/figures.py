@@ -39,6 +39,8 @@ def null_band(roc: Roc, grid: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np
 def roc_figure(clients: dict[str, list[tuple[str, Roc]]]) -> Any:
     """Log–log ROC, one panel per client and one curve per update (short labels), drawn only above the FPR
     resolution (marked), over the null's band; the diagonal is chance."""
+    from matplotlib.ticker import NullFormatter
+
     from fedvit.core.plots import plt
 
     cols = min(3, len(clients))
@@ -58,10 +60,15 @@ def roc_figure(clients: dict[str, list[tuple[str, Roc]]]) -> Any:
             ax.step(fpr[keep], np.maximum(tpr[keep], floor / 2), where="post", lw=1.2, label=f"{label} (AUC {auc:.2f})")
         ax.plot([floor / 2, 1], [floor / 2, 1], "k--", lw=0.7, label="chance")
         ax.axvline(floor, color="0.4", ls=":", lw=0.8)
-        ax.text(floor, 1.02, "FPR resolution", fontsize=6, ha="left", va="bottom", transform=ax.get_xaxis_transform())
+        ax.text(floor * 1.15, 0.97, f"FPR resolution {floor:.1%}", fontsize=6, rotation=90, ha="left", va="top",
+                transform=ax.get_xaxis_transform())  # fmt: skip
         ax.set(xscale="log", yscale="log", xlim=(floor / 2, 1), ylim=(floor / 2, 1.05), xlabel="false positive rate",
                ylabel="true positive rate")  # fmt: skip
-        ax.set_title(client, fontsize=8, pad=12)
+        if floor / 2 < 0.1:  # decades only where there are two: minor labels collide on a log axis
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_minor_formatter(NullFormatter())
+        ax.tick_params(labelsize=7)
+        ax.set_title(client, fontsize=8)
         ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     return fig
