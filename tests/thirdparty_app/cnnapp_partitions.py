@@ -58,3 +58,12 @@ def flower(partition_id: int):
     """cnnapp's partition as the quickstart-sized run makes it (``partition-sizes="1864,1864" dirichlet-alpha=0.5
     images="textures"``)."""
     return load_data(partition_id, partition_size(FLOWER_SIZES, partition_id), SEED, ALPHA, "textures")
+
+
+QUICK_SIZES = "100,120"  # the tutorial script's quick run (docs/build_tutorial.py --sizes 100,120)
+
+
+def quick(partition_id: int):
+    """cnnapp's partition as the tutorial's quick run makes it (``partition-sizes="100,120" dirichlet-alpha=0.5
+    images="textures"``)."""
+    return load_data(partition_id, partition_size(QUICK_SIZES, partition_id), SEED, ALPHA, "textures")

@@ -114,7 +114,11 @@ def image_finding(updates: list[dict[str, Any]]) -> Finding:
     found = [u["leakage"]["images"] for u in updates]
     measured = [e for e in found if e["status"] == MEASURED]
     if not measured:
-        return Finding(NOT_MEASURED, why=short_reason(found[0].get("why", "")))
+        why = found[0].get("why", "")
+        skipped = [status for status in updates[0].get("attacks", {}).values() if "not attempted: " in status]
+        if skipped:  # no image attack ran: say why the inversions were not attempted
+            why = skipped[0].split("not attempted: ", 1)[1]
+        return Finding(NOT_MEASURED, why=short_reason(why))
     images = sum(int(e.get("images", 1)) for e in measured)
     hits = round(sum(e["top1"] * int(e.get("images", 1)) for e in measured))
     top1 = hits / images
@@ -159,8 +163,14 @@ def client_findings(updates: list[dict[str, Any]], clients: list[dict[str, Any]]
             client, tuple(u["update"] for u in mine), label_finding(mine),
             membership_finding(mine, combined.get(client)), image_finding(mine), dp_finding(mine),
         )  # fmt: skip
-        for client, mine in grouped.items()
+        for client, mine in sorted(grouped.items(), key=lambda kv: client_order(kv[0]))
     ]
+
+
+def client_order(client: str) -> tuple[int, int | str]:
+    """Partitions first, in number order, then nodes."""
+    kind, _, number = client.partition(" ")
+    return (kind != "partition", int(number) if number.isdigit() else number)
 
 
 def short_verdict(findings: list[ClientFinding], nothing: str) -> str:
