@@ -2,7 +2,7 @@
 Dirichlet(0.5) classes, batch 32, 1 local epoch (59 steps), SGD momentum 0.9 in its code and on no record, captured
 through fedvit's capture path and audited with ``--data`` at the default budget (labels with the optimiser
 inferred, membership against 8 shadow updates, the power twin; image inversion refused; report written). The
-issue's target: at most 60 s on 2 cores. Each repeat is a fresh audit of the same capture in this process (the
+time target: at most 60 s on 2 cores. Each repeat is a fresh audit of the same capture in this process (the
 first pays the imports and the model build).
 
     uv run --frozen python -m benchmarks.audit_time [--repeats 2] [--profile]

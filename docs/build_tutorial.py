@@ -160,6 +160,7 @@ def build(out: Path, work: Path, sizes: str, loader: str) -> dict:
     (out / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
     (out / "facts.md").write_text(facts_text(facts))
     head = (app / "audit" / "audit.md").read_text().splitlines()[2:HEAD_LINES]  # below the title
+    head = [f"**{line[3:]}**" if line.startswith("## ") else line for line in head]  # no section of the page
     (out / "audit-head.md").write_text("\n".join(head).rstrip() + "\n")
     for name in ("audit.json", "audit.html", "membership-roc.png", "labels.png"):
         shutil.copyfile(app / "audit" / name, out / name)

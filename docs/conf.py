@@ -15,7 +15,7 @@ copyright = "2026, fedvit developers"  # noqa: A001 — Sphinx's name for it
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_static/tutorial/*.md"]  # fragments the tutorial includes
 myst_enable_extensions = ["colon_fence", "dollarmath"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) links are checked like any cross-reference
 

@@ -188,6 +188,17 @@ def test_results_tables_come_from_committed_data_with_provenance():
     typed = [f"{p.name}:{n}" for p in pages
              for n, line in enumerate(prose(p.read_text()).splitlines(), 1) if line.startswith("|")]  # fmt: skip
     assert not typed, f"tables typed into a results page instead of read from committed data: {typed[:5]}"
+    # every figure from a tracked file: no console output pasted, no git-ignored JSON cited, every CSV in git
+    for page in pages:
+        text = page.read_text()
+        blocks = re.findall(r"^\s*```(\S*)", text, flags=re.M)[::2]  # each block's opening fence
+        assert set(blocks) <= {"bash", "{csv-table}"}, f"{page.name}: a pasted output block ({set(blocks)})"
+        assert "benchmarks/results" not in text and "JSON output" not in text, page.name
+    if shutil.which("git") and (ROOT / ".git").exists():
+        tracked = subprocess.run(["git", "ls-files", "docs/results/data"], cwd=ROOT, capture_output=True, text=True,
+                                 check=True).stdout.split()  # fmt: skip
+        assert {str(p.relative_to(ROOT)) for p in used} <= set(tracked), sorted(
+            str(p.relative_to(ROOT)) for p in used if str(p.relative_to(ROOT)) not in tracked)
 
 
 # ---------------------------------------------------------------------------- the checks catch drift
@@ -259,21 +270,44 @@ def test_the_worked_verdict_example_quotes_the_committed_tables():
     assert claimed == {"1.073"} and "claims ε 1.07" in example
 
 
-def test_the_tutorial_quotes_its_committed_report_and_runs_real_options():
-    """docs/tutorial.md: the verdict it quotes is the committed report's, the figures it reads out are that report's,
-    the pictures are there, and every ``fedvit`` command it shows parses with the real command line."""
+def tutorial_script():
+    """docs/build_tutorial.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_tutorial", DOCS / "build_tutorial.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tutorial_shows_what_its_script_ran_and_wrote():
+    """docs/tutorial.md includes only what docs/build_tutorial.py wrote, and those files agree with each other and
+    with the script: the commands are the script's for the nodes the capture held, the verdict and the report's
+    head are the committed audit.json's, the cost sentence is its facts'; every fedvit command parses; the page
+    types no node id."""
+    script = tutorial_script()
     text = (DOCS / "tutorial.md").read_text()
-    report = json.loads((DOCS / "_static" / "tutorial" / "audit.json").read_text())
-    assert f"> {report['verdict']}\n" in text
-    for u in report["updates"]:
-        assert f"{u['leakage']['labels']['error']:.1%}" in text, u["leakage"]["labels"]
-        assert f"{u['leakage']['membership']['auc']:.2f}" in text, u["leakage"]["membership"]["auc"]
-        assert f"--partition={u['node']}={u['partition']}" in text
+    static = DOCS / "_static" / "tutorial"
+    for name in ("commands.sh", "facts.md", "audit-head.md"):
+        assert f"_static/tutorial/{name}" in text, name
     for picture in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
         assert (DOCS / picture).is_file(), picture
-    commands = [" ".join(c.replace("\\\n", " ").split()) for c in re.findall(r"^fedvit (.+?)(?<!\\)$", text,
-                                                                            flags=re.M | re.S)]  # fmt: skip
-    assert len(commands) == 2, commands
+    assert {"membership-roc.png", "labels.png"} <= {Path(p).name for p in re.findall(r"\]\(([^)]+)\)", text)}
+    facts = json.loads((static / "facts.json").read_text())
+    report = json.loads((static / "audit.json").read_text())
+    nodes = {int(node): p for node, p in facts["nodes"].items()}
+    assert (static / "commands.sh").read_text() == script.commands_text(facts["sizes"], nodes,
+                                                                       script.LOADERS[facts["sizes"]])  # fmt: skip
+    assert facts["sizes"] == script.SIZES and facts["verdict"] == report["verdict"]
+    assert facts["update-seconds"] == [u["seconds"] for u in report["updates"]]
+    assert {str(u["node"]): u["partition"] for u in report["updates"]} == facts["nodes"]
+    assert (static / "facts.md").read_text() == script.facts_text(facts)
+    head = (static / "audit-head.md").read_text()
+    assert head.startswith("**Verdict**\n\n" + "".join(f"> {line}  \n" for line in report["verdict"].splitlines()))
+    assert "| client | updates | labels | membership | images | DP claim |" in head
+    assert not re.search(r"\d{10,}", text), "the page types a node id"
     parser = build_parser()
-    for command in commands:
-        parser.parse_args(shlex.split(command))
+    fedvit_lines = [line for line in (static / "commands.sh").read_text().splitlines() if line.startswith("fedvit ")]
+    assert len(fedvit_lines) == 2
+    for line in fedvit_lines:
+        parser.parse_args(shlex.split(line)[1:])
