@@ -85,20 +85,6 @@ def disk_use(folder: Path) -> tuple[int, int]:
     return sum(f.stat().st_size for f in files), len(files)
 
 
-def wait_for(port: int, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"exited with code {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s; see {log}")
-
-
 def build(out: Path, work: Path, sizes: str, loader: str) -> dict:
     """Run the page's commands in ``work`` and write the page's files under ``out``; returns the facts."""
     app = work / "app"
@@ -106,6 +92,7 @@ def build(out: Path, work: Path, sizes: str, loader: str) -> dict:
     home = work / "flwr-home"
     sys.path.insert(0, str(REPO / "src"))
     from fedvit.app.deployment.connection import add_connection
+    from fedvit.app.deployment.loopback import wait_for_port
 
     add_connection(home, "tapped", f"127.0.0.1:{LINK}", None)
     bin_dir = str(Path(sys.executable).parent)  # this environment's fedvit, flwr and flower-* first
@@ -122,7 +109,7 @@ def build(out: Path, work: Path, sizes: str, loader: str) -> dict:
             with open(log, "ab") as sink:
                 procs.append(subprocess.Popen(shlex.split(command), cwd=app, env=env, stdout=sink,
                                               stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
-            wait_for(ports[name], procs[-1], log)
+            wait_for_port(ports[name], procs[-1], log)
             print(f"tutorial: {name} listening on 127.0.0.1:{ports[name]}", flush=True)
         done = subprocess.run(shlex.split(run), cwd=app, env=env, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:

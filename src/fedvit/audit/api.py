@@ -197,7 +197,8 @@ def recipe_overrides(table: Mapping[str, Any], recipe: Mapping[str, Any] | None)
         *OPTIMISER_KEYS, *AUGMENT_KEYS} | {name for keys in (PRIVACY_KEYS, LOCAL_DP_KEYS) for names in keys.values()
                                            for name in names}  # fmt: skip
     if unknown := sorted(set(overrides) - known):
-        raise ValueError(f"recipe {', '.join(unknown)}: not a recipe key (one of {', '.join(sorted(known))})")
+        choices = ", ".join(sorted(known))
+        raise ValueError(f"recipe (--recipe) {', '.join(unknown)}: not a recipe key (one of {choices})")
     return overrides
 
 
