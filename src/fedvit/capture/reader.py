@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from fedvit.capture.writer import CAPTURES, GROUND_TRUTH, unflatten
+from fedvit.capture.writer import CAPTURES, EXCHANGE_SEP, GROUND_TRUTH, exchange_number, unflatten
 
 NOTHING_ON_THE_WIRE = "the wire shows nothing; the server still sees every update"
 class AuditInputError(ValueError):
@@ -78,20 +78,24 @@ def _model_arrays(records: dict[str, dict[str, np.ndarray]], stem: Path, directi
 
 
 def find_manifests(path: Path) -> list[Path]:
-    """Train-exchange manifests (``node-<id>.json``) under ``path``, the server's view only when asked for."""
+    """Train-exchange manifests (``node-<id>.json``, and ``node-<id>~<k>.json`` for a round's further exchanges)
+    under ``path``, the server's view only when asked for."""
     server_view = path.resolve().name == "server"  # pointed at a captures/server folder
     found = [
         p
         for p in sorted(path.rglob("node-*.json"))
-        if re.fullmatch(r"node-\d+", p.stem) and (server_view or "server" not in p.relative_to(path).parts)
+        if re.fullmatch(rf"node-\d+({EXCHANGE_SEP}\d+)?", p.stem)
+        and (server_view or "server" not in p.relative_to(path).parts)
     ]
     return sorted(found, key=_order)
 
 
-def _order(path: Path) -> tuple[int, str, str]:
-    """Captures in run, round and node order (SCAFFOLD's control variates are summed round by round)."""
+def _order(path: Path) -> tuple[int, str, int, int]:
+    """Captures in run, round, node and exchange order (SCAFFOLD's control variates are summed round by round;
+    a protocol's stages follow one another)."""
     run = next((int(m.group(1)) for part in path.parts if (m := re.fullmatch(r"run-(\d+)", part))), 0)
-    return run, path.parent.name, path.stem
+    node = int(path.stem.removeprefix("node-").partition(EXCHANGE_SEP)[0])
+    return run, path.parent.name, node, exchange_number(path.with_suffix(""))
 
 
 def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:

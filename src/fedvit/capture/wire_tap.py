@@ -45,7 +45,7 @@ from flwr.proto.run_pb2 import GetRunRequest, GetRunResponse  # pylint: disable=
 from flwr.supercore.inflatable.inflatable_object import get_object_id, iterate_object_tree
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents, validate_object_content
 
-from fedvit.capture.writer import RoundCounter, add_direction, capture_stem
+from fedvit.capture.writer import RoundCounter, add_direction, capture_stem, new_exchange
 from fedvit.core.results import atomic_write
 
 LOG = logging.getLogger("fedvit.tap")
@@ -98,8 +98,8 @@ class WireRecorder:
         self.out = Path(out).resolve()
         self.spool = ObjectSpool(self.out / ".spool", spool_bytes)
         self.stats: dict[str, int] = dict.fromkeys(
-            ("requests", "objects", "received", "sent", "fabs", "parse-errors", "write-errors", "dropped",
-             "incomplete"), 0,  # fmt: skip
+            ("requests", "objects", "seen-received", "seen-sent", "received", "sent", "fabs", "parse-errors",
+             "write-errors", "dropped", "incomplete"), 0,  # fmt: skip
         )
         self._pending: dict[str, PendingMessage] = {}  # root object id -> message being collected
         self._waiting_for: dict[str, set[str]] = {}  # object id -> roots that need it
@@ -212,6 +212,7 @@ class WireRecorder:
             atomic_write(self.out / f"run-{run_id}" / "run.json", json.dumps(info, indent=1).encode())
 
     def _announce(self, direction: str, node: int, proto: Any, tree: ObjectTree) -> None:
+        self.stats[f"seen-{direction}"] += 1  # every message the wire announced; "received"/"sent": those kept
         ids = {t.object_id for t in iterate_object_tree(tree)}
         self._pending[tree.object_id] = PendingMessage(direction, node, proto, ids)
         for object_id in ids:
@@ -259,7 +260,8 @@ class WireRecorder:
     def _record(self, pending: PendingMessage, msg: Message, root: str, announced: Any) -> None:
         if pending.direction == "received":
             server_round, source = self._rounds.round_of(msg, pending.node)
-            stem = capture_stem(self.out, msg.metadata.run_id, server_round, pending.node, msg.metadata.message_type)
+            stem = new_exchange(capture_stem(self.out, msg.metadata.run_id, server_round, pending.node,
+                                             msg.metadata.message_type))  # fmt: skip
             head = {
                 "run-id": msg.metadata.run_id,
                 "round": server_round,

@@ -134,6 +134,26 @@ def capture_stem(root: Path, run_id: int, server_round: int, node: int, message_
     return Path(root) / f"run-{run_id}" / CAPTURES / f"round-{server_round:04d}" / f"node-{node}{kind}"
 
 
+EXCHANGE_SEP = "~"  # node-<id>~<k>: the k-th exchange (k ≥ 2) of one node, type and round (e.g. SecAgg+'s stages)
+
+
+def new_exchange(stem: Path) -> Path:
+    """The stem of a new exchange at ``stem``'s node, type and round: ``stem`` itself while nothing is recorded
+    there, else ``<stem>~2``, ``<stem>~3``, ... (the first free one): a second message of a round (SecAgg+ sends
+    four) never overwrites the first. A node's exchanges are recorded one after the other."""
+    found, k = stem, 1
+    while found.with_name(f"{found.name}.json").exists():
+        k += 1
+        found = stem.with_name(f"{stem.name}{EXCHANGE_SEP}{k}")
+    return found
+
+
+def exchange_number(stem: Path) -> int:
+    """1 for ``node-<id>``, k for ``node-<id>~k``."""
+    _, sep, k = stem.name.partition(EXCHANGE_SEP)
+    return int(k) if sep and k.isdigit() else 1
+
+
 def ground_truth_path(root: Path, run_id: int, server_round: int, node: int) -> Path:
     """Where a client's true batch of one round goes: beside ``captures/``, under ``ground-truth/``."""
     return Path(root) / f"run-{run_id}" / GROUND_TRUTH / f"round-{server_round:04d}" / f"node-{node}.safetensors"
@@ -283,6 +303,7 @@ def capture_mod(msg: Message, context: Context, call_next: Callable[[Message, Co
             "run_config": dict(context.run_config),
             "app-dir": app_folder(),
         }
+        stem = new_exchange(stem)
         size = add_direction(stem, "received", msg, **head)
         size += add_direction(stem, "sent", reply, **head)
         log(20, "fedvit capture: round %d node %d (%.2f MB) -> %s", server_round, context.node_id, size / 1e6,
@@ -341,7 +362,7 @@ class CapturingStrategy(Strategy):
                 "run_config": self.run_config,
                 "app-dir": app_folder(),
             }
-            stem = self._stem(rnd, msg)
+            stem = new_exchange(self._stem(rnd, msg))
             self._guarded(add_direction, stem, "received", msg, **head)
             self._sent.append((msg, stem, head))
         return messages
