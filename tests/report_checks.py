@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedvit.audit.summary import AGGREGATE_ROW
+
 VERDICT_CHARS = 400  # the verdict a person reads at a glance
 TABLE_WITHIN = 40  # the summary table starts within audit.md's first lines
 NOT_APPLICABLE_PER_UPDATE = 2
@@ -34,7 +36,8 @@ def check_markdown(out: Path) -> dict:
     for finding in report["findings"]:
         rows[finding["client"]] = set(finding["updates"])
     for update in report["updates"]:  # each update row's partition (or node) is the client its finding sits under
-        client = (f"partition {update['partition']}" if update["partition"] is not None else f"node {update['node']}")
+        client = (AGGREGATE_ROW if update["node"] == "aggregate" else f"partition {update['partition']}"
+                  if update["partition"] is not None else f"node {update['node']}")  # fmt: skip
         assert update["update"] in rows[client], (client, update["update"], rows)
     table = [line for line in lines[header + 2 :] if line.startswith("| ")][: len(rows)]
     assert [line.split(" | ")[0].removeprefix("| ") for line in table] == list(rows)

@@ -38,7 +38,8 @@ from fedvit.audit.html import Picture, write_html
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
 from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
-from fedvit.audit.summary import client_findings, client_of, short_verdict
+from fedvit.audit.secagg import OBSERVERS, TLS, NotRebuilt, aggregate_exchange, describe_rounds, secagg_rounds
+from fedvit.audit.summary import client_findings, client_name, client_of, short_verdict
 from fedvit.audit.user_data import Truths, UserData, run_config
 from fedvit.capture.reader import (
     NOTHING_ON_THE_WIRE,
@@ -381,8 +382,9 @@ def attack_exchange(
 
 
 def audit_exchanges(
-    exchanges: list[Exchange], out: Path, options: AuditOptions, notes: list[str] | None = None
-) -> tuple[dict[str, Any], list[Audited]]:
+    exchanges: list[Exchange], out: Path, options: AuditOptions, notes: list[str] | None = None,
+    secure: Secured | None = None,
+) -> tuple[dict[str, Any], list[Audited]]:  # fmt: skip
     """Attack and score every exchange; write ``audit.json``, ``audit.md``, ``grid.png`` and the frontier under
     ``out``. Returns the report and, per exchange, what was attacked."""
     out.mkdir(parents=True, exist_ok=True)
@@ -421,12 +423,13 @@ def audit_exchanges(
         for a in attacked
     )
     clients = rounds_combined(by_client)
-    findings = client_findings(updates, clients)
+    masked = [client_name(node, recorded, options.data) for node, recorded in (secure.masked if secure else [])]
+    findings = client_findings(updates, clients, masked)
     report = {
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "—",
         "threat-model": threat_model(observers, any(u["assumptions"] for u in updates)),
-        "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE),
+        "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds)),
         "findings": [dataclasses.asdict(f) for f in findings],
         "verdict-detail": verdict(updates, NOTHING_ON_THE_WIRE, clients),
         "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
@@ -436,6 +439,10 @@ def audit_exchanges(
         "rows": rows,
         "summary": frontier_rows(rows, {}),  # each attack's means per defence and setting
         "notes": list(notes or []) + truths.notes,
+        "secure-aggregation": None if not (secure and secure.rounds) else {
+            "protocol": "SecAgg+ (Flower's SecAggPlusWorkflow and secaggplus_mod)", "observers": OBSERVERS, "tls": TLS,
+            "rounds": secure.rounds,
+        },
     }
     assert tuple(report) == TOP_LEVEL_KEYS
     numbers = lambda v: v.item() if isinstance(v, np.generic) else str(v)  # noqa: E731 — numpy scalars as numbers
@@ -507,12 +514,14 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     exchanges, skipped = load_exchanges(captures)
     hidden = unreadable_links(captures)
     notes = [f"skipped {s}" for s in skipped]
+    secure = secure_aggregation(exchanges, notes)  # SecAgg+'s stages out, the aggregates in
+    exchanges = secure.exchanges
     if hidden:
         notes.append(
             f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded (no "
             "messages, and no app bundle to read the client's recipe from: give --app DIR|FAB)"
         )
-    if not exchanges and not hidden:
+    if not exchanges and not hidden and not secure.rounds:
         old = (
             " (these are fedvit's captures in the layout before the one capture layout, captures/round-N/partition-P:"
             f" fedvit at commit {OLD_LAYOUT_COMMIT} audits them, or capture the run again)"
@@ -525,5 +534,31 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     title = options.title or f"fedvit audit of {captures}"
     if options.spec is not None and exchanges and all(is_fedvit(ex) for ex in exchanges):
         raise AuditInputError("--model: these are captures of fedvit's own app, whose run config names its model")
-    report, _ = audit_exchanges(exchanges, Path(out), dataclasses.replace(options, title=title), notes)
+    report, _ = audit_exchanges(exchanges, Path(out), dataclasses.replace(options, title=title), notes, secure)
     return report
+
+
+class Secured(NamedTuple):
+    """What the SecAgg+ rounds among the captures give the audit: the exchanges to attack (the others, and one per
+    round for the aggregate), the report's entries per round and the nodes whose updates were masked."""
+
+    exchanges: list[Exchange]
+    rounds: list[dict[str, Any]]
+    masked: list[tuple[Any, int | None]]  # (node, the partition its node config recorded)
+
+
+def secure_aggregation(exchanges: list[Exchange], notes: list[str]) -> Secured:
+    """Split SecAgg+'s rounds off (:mod:`fedvit.audit.secagg`): each node's masked vector is never attacked; each
+    round's aggregate, rebuilt (or taken from the next broadcast), is audited as the server's view."""
+    rounds, rest = secagg_rounds(exchanges)
+    entries, aggregates = describe_rounds(rounds)
+    for found in rounds:
+        aggregate = aggregates.get((found.run_id, found.round))
+        if aggregate is None:
+            continue
+        try:
+            rest.append(aggregate_exchange(found, aggregate))
+        except NotRebuilt as err:
+            notes.append(f"{found.label}: the aggregate is not audited ({err})")
+    masked = {n: next(iter(r.stages[n].values())).partition for r in rounds for n in r.sampled}
+    return Secured(rest, entries, sorted(masked.items()))

@@ -18,7 +18,7 @@ FINDING_KEYS = ("labels", "membership", "images", "dp_claim")
 
 TOP_LEVEL_KEYS = (
     "title", "model", "threat-model", "verdict", "findings", "verdict-detail", "metrics", "budget", "updates",
-    "clients", "rows", "summary", "notes",
+    "clients", "rows", "summary", "notes", "secure-aggregation",
 )  # fmt: skip
 NOT_APPLICABLE = "not applicable: "
 
@@ -29,6 +29,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# {report['title']}", "", "**Verdict**", ""]
     lines += [f"> {line}  " for line in report["verdict"].splitlines()] + [""]
     lines += summary_lines(report["findings"])
+    lines += secure_lines(report["secure-aggregation"])
     lines += ["## Detail", "", f"In full: {report['verdict-detail']}", "", f"Threat model: {report['threat-model']}",
               ""]  # fmt: skip
     lines += [f"Model: {report['model']}", "", f"Budget: {'; '.join(report['budget'])}", ""]
@@ -51,6 +52,25 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
     lines += [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def secure_lines(secure: dict[str, Any] | None) -> list[str]:
+    """Secure aggregation: what each observer holds, and per round its nodes and how the aggregate was obtained."""
+    if not secure:
+        return []
+    lines = ["## Secure aggregation", "", f"{secure['protocol']}. What each observer holds: {secure['observers']}. "
+             f"{secure['tls']}.", ""]  # fmt: skip
+    for r in secure["rounds"]:
+        check = r.get("next-broadcast-max-difference")
+        lines.append(
+            f"- **{r['round']}**: {len(r['sampled'])} node(s) sampled, {len(r['survived'])} sent a masked vector"
+            + (f" ({len(r['dropped'])} dropped: {', '.join(map(str, r['dropped']))})" if r["dropped"] else "")
+            + f"; threshold {r['settings'].get('threshold')} of {r['settings'].get('share_num')} shares; the "
+            f"aggregate: {r['aggregate']}"
+            + ("" if check is None else f"; it equals the next round's broadcast to {check:.1e}")
+            + (f" (not rebuilt: {r['not-rebuilt']})" if "not-rebuilt" in r else "")
+        )
+    return lines + [""]
 
 
 def summary_lines(findings: list[dict[str, Any]]) -> list[str]:

@@ -147,37 +147,59 @@ def short_reason(why: str) -> str:
     return why.split(" (")[0].split(";")[0].removeprefix("not attempted: ")
 
 
+AGGREGATE_ROW = "the aggregate (SecAgg+)"
+MASKED = "masked by SecAgg+: not measurable from a masked vector"
+
+
 def client_of(update: dict[str, Any]) -> str:
-    """Whose update this is: its partition where known (the scoring data's mapping), else its node."""
+    """Whose update this is: its partition where known (the scoring data's mapping), else its node; a SecAgg+
+    round's aggregate is the server's view of all its clients."""
+    if update.get("node") == "aggregate":
+        return AGGREGATE_ROW
     return f"partition {update['partition']}" if update.get("partition") is not None else f"node {update['node']}"
 
 
-def client_findings(updates: list[dict[str, Any]], clients: list[dict[str, Any]]) -> list[ClientFinding]:
-    """One row per client (:func:`client_of` its updates), in audit order; ``clients``: membership combined."""
+def client_name(node: Any, recorded: int | None, data: Any) -> str:
+    """A node's row name where no update of its own was audited: its partition where the scoring data maps it, else
+    the one its node config recorded, else the node."""
+    partition = recorded if data is None else data.partitions.get(str(node), recorded)
+    return f"partition {partition}" if partition is not None else f"node {node}"
+
+
+def client_findings(updates: list[dict[str, Any]], clients: list[dict[str, Any]],
+                    masked: list[str] = ()) -> list[ClientFinding]:  # fmt: skip
+    """One row per client (:func:`client_of` its updates), in audit order; ``clients``: membership combined;
+    ``masked``: clients whose updates SecAgg+ masked (every figure: not measurable)."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for u in updates:
         grouped.setdefault(client_of(u), []).append(u)
     combined = {c["client"]: c["membership"] for c in clients}
-    return [
+    rows = [
         ClientFinding(
             client, tuple(u["update"] for u in mine), label_finding(mine),
             membership_finding(mine, combined.get(client)), image_finding(mine), dp_finding(mine),
         )  # fmt: skip
-        for client, mine in sorted(grouped.items(), key=lambda kv: client_order(kv[0]))
+        for client, mine in grouped.items()
     ]
+    hidden = Finding(NOT_MEASURED, why=MASKED)
+    rows += [ClientFinding(c, (), hidden, hidden, hidden, hidden) for c in dict.fromkeys(masked) if c not in grouped]
+    return sorted(rows, key=lambda f: client_order(f.client))
 
 
 def client_order(client: str) -> tuple[int, int | str]:
-    """Partitions first, in number order, then nodes."""
+    """The aggregate first, then partitions in number order, then nodes."""
     kind, _, number = client.partition(" ")
-    return (kind != "partition", int(number) if number.isdigit() else number)
+    rank = 0 if client == AGGREGATE_ROW else 1 if kind == "partition" else 2
+    return (rank, int(number) if number.isdigit() else number)
 
 
-def short_verdict(findings: list[ClientFinding], nothing: str) -> str:
+def short_verdict(findings: list[ClientFinding], nothing: str, secured: bool = False) -> str:
     """At most three lines: what leaks (and for how many clients), what showed no evidence or could not have been
-    seen, and what was not measured."""
+    seen, and what was not measured. ``secured`` (SecAgg+): the first line says whose figures these are."""
     if not findings:
         return nothing
+    if secured:
+        return secured_verdict(findings)
     n = len(findings)
     words = {kind: [f.by_kind()[kind].word for f in findings] for kind in KINDS}
 
@@ -205,3 +227,21 @@ def summary_table(findings: list[ClientFinding]) -> list[str]:
         cells = " | ".join(x.cell() for x in f.by_kind().values())
         lines.append(f"| {f.client} | {len(f.updates)} | {cells} |")
     return lines
+
+
+def secured_verdict(findings: list[ClientFinding]) -> str:
+    """SecAgg+: each client's update is masked, so the verdict is the aggregate's (the server's view)."""
+    masked = sum(f.labels.why == MASKED for f in findings)
+    aggregate = next((f for f in findings if f.client == AGGREGATE_ROW), None)
+    lines = [f"SecAgg+: the {masked} clients' updates are masked (nothing measurable per client); the figures are "
+             "the aggregate's, which the server rebuilds."]  # fmt: skip
+    if aggregate is None:
+        return lines[0] + "\nNot measured: the aggregate was not obtained from the captures."
+    kinds = aggregate.by_kind()
+    for label, words in (("LEAKS from the aggregate", (LEAKS,)), ("No evidence", (NO_EVIDENCE, UNSEEABLE))):
+        found = [kind for kind, f in kinds.items() if f.word in words]
+        if found:
+            lines.append(f"{label}: {', '.join(found)}.")
+    if len(lines) < 3 and (unmeasured := [kind for kind, f in kinds.items() if f.word == NOT_MEASURED]):
+        lines.append(f"Not measured: {', '.join(unmeasured)}.")
+    return "\n".join(lines[:3])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any
 
 import numpy as np
@@ -155,14 +156,14 @@ def normalized(images: Any, labels: Any, what: str) -> tuple[np.ndarray, np.ndar
     return array, np.ascontiguousarray(targets, dtype=np.int64)
 
 
-def gallery_for(data: UserData, own: int, size: tuple[int, ...]) -> Gallery:
-    """Decoys for partition ``own``: a named dataset's test split (99 images), else every image of the other
-    partitions (mapped and decoy), at most 99."""
+def gallery_for(data: UserData, own: frozenset[int], size: tuple[int, ...]) -> Gallery:
+    """Decoys for the partitions ``own`` (one client's, or an aggregate's): a named dataset's test split (99
+    images), else every image of the other partitions (mapped and decoy), at most 99."""
     if data.named:  # the same decoys for every partition
         return gallery_from_test_split(data.config(), int(size[-1]))
     decoys = []
     for pid in sorted(set(data.partitions.values()) | set(data.decoy_partitions)):
-        if pid != own:
+        if pid not in own:
             images = data.load(pid)[0]
             decoys.extend(im for im in images if im.shape == tuple(size))
     decoys = decoys[:DEFAULT_DECOYS]
@@ -184,13 +185,13 @@ def test_split_sample(config: Config, size: int, count: int = OTHERS) -> tuple[n
     return x.numpy().astype(np.float64), y.numpy().astype(np.int64)
 
 
-def others(data: UserData, own: int) -> tuple[np.ndarray, np.ndarray, str] | None:
-    """Images none of which is partition ``own``'s: the decoy partitions (else the other mapped partitions) of a
-    loader, a named dataset's test split; at most :data:`OTHERS`, evenly spaced."""
+def others(data: UserData, own: frozenset[int]) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """Images none of which is of the partitions ``own``: the decoy partitions (else the other mapped partitions)
+    of a loader, a named dataset's test split; at most :data:`OTHERS`, evenly spaced."""
     if data.named:
         x, y = test_split_sample(data.config(), data.image_size)
         return x, y, f"{len(x)} images of the {data.source} test split"
-    pids = sorted(set(data.decoy_partitions) - {own}) or sorted(set(data.partitions.values()) - {own})
+    pids = sorted(set(data.decoy_partitions) - own) or sorted(set(data.partitions.values()) - own)
     if not pids:
         return None
     loaded = [data.load(p) for p in pids]
@@ -220,20 +221,21 @@ class Truths:
         """(images, labels, gallery, exact): ``exact`` when the images are exactly the update's."""
         data = self.data
         if data is not None:
-            partition = data.partitions.get(str(ex.node), ex.partition)
-            if partition is None:
-                self.notes.append(f"{ex.label}: no partition known for node {ex.node} (give --partition NODE=ID): "
-                                  "unscored")  # fmt: skip
+            own = self.partitions_of(ex)
+            if own is None:
                 return None, None, None, False
-            images, labels = data.load(partition, ex.num_partitions)
-            gallery = gallery_for(data, partition, images.shape[1:])
+            loaded = [data.load(p, ex.num_partitions) for p in sorted(own)]
+            images, labels = np.concatenate([x for x, _ in loaded]), np.concatenate([y for _, y in loaded])
+            gallery = gallery_for(data, own, images.shape[1:])
             exact = len(images) == recipe(obs).examples
+            what = partitions_text(sorted(own))
             if not exact:  # which of the partition's images the update used is unknown
                 self.notes.append(
-                    f"{ex.label}: partition {partition} holds {len(images)} images, the update {recipe(obs).examples}: "
+                    f"{ex.label}: {what} holds {len(images)} images, the update {recipe(obs).examples}: "
                     "each reconstruction is scored against its closest partition image (optimistic); labels unscored"
                 )
-            obs.meta["partition"] = partition
+            if not ex.members:
+                obs.meta["partition"] = next(iter(own))
             return self._keep(images, labels, gallery, exact)
         recorded = ex.ground_truth()
         if recorded is None:
@@ -245,7 +247,7 @@ class Truths:
         """Labelled images that are not this client's (auxiliary data for the label simulation, non-members for
         membership): see :func:`others`; for a fedvit run without ``--data``, its test split (None if not loadable).
         Gathered once per partition (or run config) and audit."""
-        key = self.data.partitions.get(str(ex.node), ex.partition) if self.data is not None else run_config(ex)
+        key = self.partitions_of(ex, quiet=True) if self.data is not None else run_config(ex)
         if key not in self._others:
             self._others[key] = self._gather_others(key, obs)
         return self._others[key]
@@ -271,10 +273,24 @@ class Truths:
         """Membership candidates: the client's images (the scored truth) and :meth:`others` (None if either lacks);
         with ``--canaries``, the canaries planted in its partition instead."""
         if self.data is not None and self.data.canaries is not None:
-            partition = self.data.partitions.get(str(ex.node), ex.partition)
-            return None if partition is None else self.data.planted(partition)
+            own = self.partitions_of(ex, quiet=True)
+            return None if own is None or len(own) != 1 else self.data.planted(next(iter(own)))
         found = None if members is None or labels is None else self.others(ex, obs)
         return None if found is None else Candidates((members, labels), found[:2], found[2])
+
+    def partitions_of(self, ex: Exchange, quiet: bool = False) -> frozenset[int] | None:
+        """The partitions an update trained on as ``--data`` maps its node (a SecAgg+ aggregate: its members'),
+        else the node config's; None (and a note, unless ``quiet``) where one is unknown."""
+        nodes = ex.members or (ex.node,)
+        recorded = ex.meta.get("member-partitions", {}) if ex.members else {str(ex.node): ex.partition}
+        found = {n: self.data.partitions.get(str(n), recorded.get(str(n))) for n in nodes}
+        missing = [str(n) for n, p in found.items() if p is None]
+        if missing:
+            if not quiet:
+                self.notes.append(f"{ex.label}: no partition known for node {', '.join(missing)} (give --partition "
+                                  "NODE=ID): unscored")  # fmt: skip
+            return None
+        return frozenset(int(p) for p in found.values())
 
     def _keep(self, images, labels, gallery, exact):
         if gallery is not None and all(gallery is not g for g in self.galleries):
@@ -291,7 +307,7 @@ class Truths:
         except (OSError, RuntimeError, ValueError) as err:
             note = f"re-identification not scored: the run's test split cannot be loaded ({err})"
             if note not in self.notes:
-                print(f"audit: {note}", flush=True)
+                logging.getLogger("fedvit.audit").info(f"audit: {note}")
                 self.notes.append(note)
             return None
 

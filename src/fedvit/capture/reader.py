@@ -13,9 +13,12 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from fedvit.capture.writer import CAPTURES, EXCHANGE_SEP, GROUND_TRUTH, exchange_number, unflatten
+from fedvit.capture.writer import CAPTURES, EXCHANGE_SEP, GROUND_TRUTH, exchange_number, restore_bytes, unflatten
 
 NOTHING_ON_THE_WIRE = "the wire shows nothing; the server still sees every update"
+SECAGG_RECORD = "secaggplus_configs"  # Flower's SecAgg+ ConfigRecord (flwr.common.secure_aggregation)
+
+
 class AuditInputError(ValueError):
     """Captures, model or options the audit cannot work with (the message says what to change)."""
 
@@ -40,6 +43,16 @@ class Exchange:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # labels a producer added (the benchmark's)
     observer: str | None = None  # who recorded it: "client-mod", "wire-tap", "server", "benchmark"
     app_code: Path | None = None  # the app bundle the tap kept for this run (its code), or the folder a capture named
+    received_configs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # by record, bytes kept
+    sent_configs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    number: int = 1  # the exchange's place among its node's exchanges of this round (SecAgg+: its stage)
+    members: tuple[Any, ...] = ()  # an aggregate's (SecAgg+): the nodes whose updates it sums
+
+    @property
+    def secagg_stage(self) -> str | None:
+        """The SecAgg+ stage this exchange is (Flower's ``secaggplus_configs``), else None."""
+        stage = self.received_configs.get(SECAGG_RECORD, {}).get("stage")
+        return None if stage is None else str(stage)
 
     @property
     def label(self) -> str:
@@ -112,9 +125,11 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
         if not (sent_file.exists() and received_file.exists()):
             skipped.append(f"{stem}: one direction was not captured")
             continue
-        received = unflatten(load_file(str(received_file)))
-        sent = unflatten(load_file(str(sent_file)))
-        if not received or not sent:
+        received_raw, sent_raw = load_file(str(received_file)), load_file(str(sent_file))
+        received, sent = unflatten(received_raw), unflatten(sent_raw)
+        received_configs = restore_bytes(manifest.get("received", {}).get("config", {}), received_raw)
+        secagg = SECAGG_RECORD in received_configs or SECAGG_RECORD in manifest.get("sent", {}).get("config", {})
+        if (not received or not sent) and not secagg:  # SecAgg+'s stages carry their payload in ConfigRecords
             skipped.append(f"{stem}: no arrays in one direction")
             continue
         sent_metrics = _merged(manifest.get("sent", {}).get("metrics", {}))
@@ -130,9 +145,9 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
                 node=manifest.get("node"),
                 partition=None if partition in (None, "") else int(partition),
                 num_partitions=None if num_partitions in (None, "") else int(num_partitions),
-                received=_model_arrays(received, stem, "received"),
-                sent=_model_arrays(sent, stem, "sent"),
-                received_config=_merged(manifest.get("received", {}).get("config", {})),
+                received=_model_arrays(received, stem, "received") if received else {},
+                sent=_model_arrays(sent, stem, "sent") if sent else {},
+                received_config=_merged(received_configs),
                 sent_metrics=sent_metrics,
                 run_config=dict(manifest.get("run_config") or {}) | dict(run_info.get("run_config", {})),
                 received_records=received,
@@ -140,6 +155,9 @@ def load_exchanges(path: Path) -> tuple[list[Exchange], list[str]]:
                 meta=dict(manifest.get("meta") or {}),
                 observer=manifest.get("observer"),
                 app_code=_app_code(run, run_info, manifest),
+                received_configs=received_configs,
+                sent_configs=restore_bytes(manifest.get("sent", {}).get("config", {}), sent_raw),
+                number=exchange_number(stem),
             )
         )
     return exchanges, skipped

@@ -65,23 +65,74 @@ def flatten(msg: Message) -> dict[str, np.ndarray]:
 
 
 def unflatten(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
-    """Inverse of :func:`flatten`: record name → {array name → array}."""
+    """Inverse of :func:`flatten`: record name → {array name → array} (ConfigRecords' bytes left out)."""
     out: dict[str, dict[str, np.ndarray]] = {}
     for key, value in arrays.items():
+        if key.startswith(BYTES):
+            continue
         record, _, name = key.partition("/")
         out.setdefault(record, {})[name] = value
     return out
+
+
+BYTES = "bytes:"  # safetensors key prefix of a ConfigRecord's bytes values (SecAgg+'s keys, shares, masked vectors)
+
+
+def config_bytes(msg: Message) -> dict[str, np.ndarray]:
+    """Every bytes value of the message's ConfigRecords as a uint8 array, keyed ``bytes:<record>/<key>`` (a list
+    of bytes: ``.../<key>/<i>``), saved beside the arrays so that nothing is lost (JSON holds no bytes)."""
+    if not msg.has_content():
+        return {}
+    out = {}
+    for name, record in plain_content(msg).config_records.items():
+        for key, value in record.items():
+            if isinstance(value, bytes):
+                out[f"{BYTES}{name}/{key}"] = np.frombuffer(value, np.uint8)
+            elif isinstance(value, list) and value and all(isinstance(v, bytes) for v in value):
+                out |= {f"{BYTES}{name}/{key}/{i}": np.frombuffer(v, np.uint8) for i, v in enumerate(value)}
+    return out
+
+
+def restore_bytes(configs: dict[str, dict[str, Any]], saved: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+    """A manifest direction's ConfigRecords with their bytes values back from the saved arrays
+    (:func:`config_bytes`)."""
+    out = {name: dict(values) for name, values in configs.items()}
+    for key, value in saved.items():
+        if not key.startswith(BYTES):
+            continue
+        record, _, rest = key.removeprefix(BYTES).partition("/")
+        field, _, index = rest.partition("/")
+        if index:
+            items = out.setdefault(record, {}).get(field)
+            items = items if isinstance(items, list) else []
+            items += [b""] * (int(index) + 1 - len(items))
+            items[int(index)] = value.tobytes()
+            out[record][field] = items
+        else:
+            out.setdefault(record, {})[field] = value.tobytes()
+    return out
+
+
+def _json_value(value: Any) -> Any:
+    """A record value as the manifest holds it: bytes named by their size (their content is in the safetensors)."""
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, list) and value and all(isinstance(v, bytes) for v in value):
+        return [f"<{len(v)} bytes>" for v in value]
+    return value
 
 
 def _records(msg: Message, kind: str) -> dict[str, Any]:
     if not msg.has_content():
         return {"error": msg.error.reason if msg.has_error() else "no content"}
     records = getattr(plain_content(msg), kind)
-    return {name: dict(rec.items()) for name, rec in records.items() if name != LAYOUT_RECORD}
+    return {name: {k: _json_value(v) for k, v in rec.items()} for name, rec in records.items()
+            if name != LAYOUT_RECORD}  # fmt: skip
 
 
 def describe(msg: Message, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """One direction of a capture manifest: message type, array shapes, ConfigRecords, MetricRecords, error."""
+    arrays = {k: v for k, v in arrays.items() if not k.startswith(BYTES)}
     entry = direction_entry(msg.metadata.message_type, arrays, _records(msg, "config_records"),
                             _records(msg, "metric_records"))  # fmt: skip
     if msg.has_error():
@@ -160,10 +211,15 @@ def ground_truth_path(root: Path, run_id: int, server_round: int, node: int) -> 
 
 
 def add_direction(stem: Path, direction: str, msg: Message, **head: Any) -> int:
-    """Write one direction of a capture (``<stem>.<direction>.safetensors``) and merge it into ``<stem>.json``
-    (created with ``head`` when new); returns the bytes of arrays saved."""
-    arrays = flatten(msg)
+    """Write one direction of a capture (``<stem>.<direction>.safetensors``: the arrays and the ConfigRecords'
+    bytes) and merge it into ``<stem>.json`` (created with ``head`` when new); returns the bytes saved."""
+    arrays = snapshot(msg)
     return write_direction(stem, direction, arrays, describe(msg, arrays), **head)
+
+
+def snapshot(msg: Message) -> dict[str, np.ndarray]:
+    """What a capture saves of a message's payload: its arrays (:func:`flatten`) and its ConfigRecords' bytes."""
+    return flatten(msg) | config_bytes(msg)
 
 
 def write_direction(stem: Path, direction: str, arrays: dict[str, np.ndarray], entry: dict[str, Any], **head) -> int:
@@ -263,9 +319,10 @@ def app_folder() -> str | None:
 _client_rounds = RoundCounter()  # per process: a deployment's per-message ClientApp processes need server-round
 
 
-def _client_stem(msg: Message, reply: Message, context: Context) -> tuple[Path, int, str] | None:
+def _client_stem(msg: Message, context: Context) -> tuple[Path, int, str] | None:
     """Where this exchange goes (stem, round, how the round was read), or None when it is not captured: for
-    fedvit's app only train and query exchanges that carry arrays, in the selected rounds and partitions."""
+    fedvit's app only train and query exchanges, in the selected rounds and partitions (and, checked on the
+    reply, only those that carry arrays)."""
     node, message_type = context.node_id, msg.metadata.message_type
     if FEDVIT_SWITCH in context.run_config:
         config = fedvit_config(context.run_config)
@@ -274,7 +331,7 @@ def _client_stem(msg: Message, reply: Message, context: Context) -> tuple[Path, 
         server_round = message_round(msg) if message_type == "train" else None
         server_round = server_round or 0  # the setup (the key handshake) is round 0
         partition = int(context.node_config.get("partition-id", -1))
-        if not selected(config, server_round, partition) or not (_has_arrays(msg) or _has_arrays(reply)):
+        if not selected(config, server_round, partition):
             return None
         return capture_stem(run_dir(config), msg.metadata.run_id, server_round, node, message_type), server_round, ""
     server_round, source = _client_rounds.round_of(msg, node)
@@ -284,14 +341,36 @@ def _client_stem(msg: Message, reply: Message, context: Context) -> tuple[Path, 
 
 def capture_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """ClientApp mod for any app (``ClientApp(mods=[capture_mod])``): passes the message on unchanged, then
-    records it and the exact reply (train, evaluate and query messages; fedvit's app: as its ``capture.*`` keys
-    say). Errors in writing are logged, never raised: the client's work is not disturbed."""
-    reply = call_next(msg, context)
+    records it as it arrived (before any inner mod changes it: secaggplus_mod takes its stage out) and the exact
+    reply (train, evaluate and query messages; fedvit's app: as its ``capture.*`` keys say). Errors in writing
+    are logged, never raised: the client's work is not disturbed."""
     try:
-        where = _client_stem(msg, reply, context)
-        if where is None:
-            return reply
+        where = _client_stem(msg, context)
+        arrays = snapshot(msg) if where is not None else {}
+        received = (arrays, describe(msg, arrays)) if where is not None else None
+    except Exception as err:  # noqa: BLE001 — capture must never break the client
+        log(30, "fedvit capture: not recorded (%s: %s)", type(err).__name__, err)
+        where = None
+    if where is None:
+        return call_next(msg, context)
+    try:
+        reply = call_next(msg, context)
+    except Exception as err:  # the client failed (Flower answers with an error): the instruction is still kept
+        failed = {"message-type": msg.metadata.message_type, "error": f"raised {type(err).__name__}: {err}"}
+        _record_client(msg, context, where, received, ({}, failed))
+        raise
+    _record_client(msg, context, where, received, reply)
+    return reply
+
+
+def _record_client(msg: Message, context: Context, where: tuple[Path, int, str], received: tuple, reply: Any) -> None:
+    """Write one exchange :func:`capture_mod` saw: ``received`` as it arrived, ``reply`` the reply Message or, for a
+    client that raised, (no arrays, the error's manifest entry). Logs instead of raising."""
+    try:
         stem, server_round, source = where
+        replied = isinstance(reply, Message)
+        if FEDVIT_SWITCH in context.run_config and not (_has_arrays(msg) or (replied and _has_arrays(reply))):
+            return  # fedvit's app: only exchanges that carry arrays
         head = {
             "run-id": msg.metadata.run_id,
             "round": server_round,
@@ -304,13 +383,12 @@ def capture_mod(msg: Message, context: Context, call_next: Callable[[Message, Co
             "app-dir": app_folder(),
         }
         stem = new_exchange(stem)
-        size = add_direction(stem, "received", msg, **head)
-        size += add_direction(stem, "sent", reply, **head)
+        size = write_direction(stem, "received", *received, **head)
+        size += add_direction(stem, "sent", reply, **head) if replied else write_direction(stem, "sent", *reply, **head)
         log(20, "fedvit capture: round %d node %d (%.2f MB) -> %s", server_round, context.node_id, size / 1e6,
             stem.parent)  # fmt: skip
     except Exception as err:  # noqa: BLE001 — capture must never break the client
         log(30, "fedvit capture: not recorded (%s: %s)", type(err).__name__, err)
-    return reply
 
 
 class CapturingStrategy(Strategy):

@@ -1,0 +1,254 @@
+"""Secure aggregation (Flower's SecAgg+) read from captures: each round's four stages per node gathered into one
+protocol round, and the aggregate rebuilt as the server rebuilds it, with Flower's own SecAgg+ primitives.
+
+What each observer of a SecAgg+ round holds (Bell et al., "Secure Single-Server Aggregation with (Poly)Logarithmic
+Complexity", CCS 2020; Flower's ``SecAggPlusWorkflow``):
+
+- per client, a masked vector: uniform modulo the ring unless the masks are known, so nothing on its own;
+- the broadcast models, in clear: under FedAvg each one after the first is the previous round's aggregate;
+- the unmask stage's shares, sent to the server in plaintext inside the message (only TLS protects the link):
+  whoever holds them and the masked vectors rebuilds the aggregate exactly as the server does (:func:`rebuild`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from fedvit.capture.reader import SECAGG_RECORD, Exchange
+
+SETUP, SHARE_KEYS, COLLECT, UNMASK = "setup", "share_keys", "collect_masked_vectors", "unmask"
+FITINS = "fitins.parameters"  # the legacy API's instruction arrays: the broadcast model, in clear
+
+
+@dataclasses.dataclass
+class SecAggRound:
+    """One SecAgg+ round of one run as the captures show it (per node: its exchange of each stage)."""
+
+    run_id: Any
+    round: int
+    stages: dict[int, dict[str, Exchange]]  # node -> stage -> exchange
+
+    @property
+    def sampled(self) -> list[int]:
+        """The nodes the server sent the setup to."""
+        return sorted(n for n, s in self.stages.items() if SETUP in s)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The setup's parameters (sample and share numbers, threshold, clipping, quantisation and modulus ranges)."""
+        first = next(s[SETUP] for s in self.stages.values() if SETUP in s)
+        return {k: v for k, v in first.received_configs[SECAGG_RECORD].items() if k != "stage"}
+
+    def replied(self, stage: str) -> list[int]:
+        """The nodes whose reply to ``stage`` was captured and is not an error."""
+        return sorted(n for n, s in self.stages.items() if stage in s and SECAGG_RECORD in s[stage].sent_configs)
+
+    @property
+    def broadcast(self) -> list[np.ndarray] | None:
+        """The model the server sent with the collect stage (the legacy API's ``fitins.parameters``), in order."""
+        for node in sorted(self.stages):
+            ex = self.stages[node].get(COLLECT)
+            if ex is not None and FITINS in ex.received_records:
+                arrays = ex.received_records[FITINS]
+                return [arrays[k] for k in sorted(arrays, key=int)]
+        return None
+
+    @property
+    def examples(self) -> dict[int, int]:
+        """Each node's number of training examples, from its collect reply's metrics (the legacy ``FitRes``)."""
+        out = {}
+        for node in self.replied(COLLECT):
+            metrics = self.stages[node][COLLECT].sent_metrics
+            if "num_examples" in metrics:
+                out[node] = int(metrics["num_examples"])
+        return out
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} round {self.round}"
+
+
+def secagg_rounds(exchanges: list[Exchange]) -> tuple[list[SecAggRound], list[Exchange]]:
+    """The SecAgg+ rounds among ``exchanges`` (by run and round) and the exchanges of no SecAgg+ round."""
+    rounds: dict[tuple[Any, int], SecAggRound] = {}
+    rest = []
+    for ex in exchanges:
+        stage = ex.secagg_stage
+        if stage is None:
+            rest.append(ex)
+            continue
+        key = (ex.run_id, ex.round)
+        found = rounds.setdefault(key, SecAggRound(ex.run_id, ex.round, {}))
+        found.stages.setdefault(int(ex.node), {})[stage] = ex
+    return [rounds[k] for k in sorted(rounds, key=lambda k: (str(k[0]), k[1]))], rest
+
+
+def neighbours(found: SecAggRound) -> dict[int, set[int]]:
+    """Each sampled node's neighbours (itself included): the nodes whose public keys its share-keys stage carried,
+    and those whose share-keys stage carried its own (the relation is symmetric)."""
+    out = {n: {n} for n in found.sampled}
+    for node, stages in found.stages.items():
+        if SHARE_KEYS in stages:
+            keys = [int(k) for k in stages[SHARE_KEYS].received_configs[SECAGG_RECORD] if k.isdigit()]
+            for other in keys:
+                out.setdefault(node, {node}).add(other)
+                out.setdefault(other, {other}).add(node)
+    return out
+
+
+def public_key_1(found: SecAggRound, node: int) -> bytes | None:
+    """A node's first public key: from its setup reply, else from a share-keys stage that forwarded it."""
+    setup = found.stages.get(node, {}).get(SETUP)
+    if setup is not None and "pk1" in setup.sent_configs.get(SECAGG_RECORD, {}):
+        return setup.sent_configs[SECAGG_RECORD]["pk1"]
+    for stages in found.stages.values():
+        if SHARE_KEYS in stages and str(node) in stages[SHARE_KEYS].received_configs[SECAGG_RECORD]:
+            return stages[SHARE_KEYS].received_configs[SECAGG_RECORD][str(node)][0]
+    return None
+
+
+class NotRebuilt(ValueError):
+    """The captures do not hold what the server needs to rebuild this round's aggregate (the reason)."""
+
+
+def rebuild(found: SecAggRound) -> list[np.ndarray]:
+    """The round's aggregate from the captured masked vectors and the unmask stage's shares, computed as Flower's
+    ``SecAggPlusWorkflow.unmask_stage`` computes it, with Flower's primitives: the masked vectors summed modulo the
+    ring; each surviving node's self-mask seed, and each dropped node's secret key, recombined from its Shamir
+    shares (at least the threshold); the self-masks and the dropped nodes' pairwise masks removed; the weight factor
+    extracted; dequantised, shifted by the clipping offset and divided by the total weight. Raises
+    :class:`NotRebuilt` with what is missing."""
+    from flwr.common import bytes_to_ndarray
+    from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+    from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
+    from flwr.common.secure_aggregation.ndarrays_arithmetic import (
+        factor_extract,
+        get_parameters_shape,
+        parameters_addition,
+        parameters_mod,
+        parameters_subtraction,
+    )
+    from flwr.common.secure_aggregation.quantization import dequantize
+    from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+    from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
+
+    settings = found.settings
+    mod_range, threshold = int(settings["mod_range"]), int(settings["threshold"])
+    active = found.replied(COLLECT)
+    if not active:
+        raise NotRebuilt("no masked vector was captured")
+    masked = None
+    for node in active:
+        vector = [bytes_to_ndarray(b) for b in found.stages[node][COLLECT].sent_configs[SECAGG_RECORD]["masked_params"]]
+        masked = vector if masked is None else parameters_addition(masked, vector)
+    masked = parameters_mod(masked, mod_range)
+    shares: dict[int, list[bytes]] = {node: [] for node in found.sampled}
+    for node in found.replied(UNMASK):
+        reply = found.stages[node][UNMASK].sent_configs[SECAGG_RECORD]
+        for owner, share in zip(reply["nids"], reply["shares"], strict=True):
+            shares.setdefault(int(owner), []).append(share)
+    near = neighbours(found)
+    shape = get_parameters_shape(masked)
+    for node, held in shares.items():
+        if len(held) < threshold:
+            raise NotRebuilt(f"node {node}: {len(held)} share(s) captured, the threshold is {threshold}")
+        secret = combine_shares(held)
+        if node in active:  # its self-mask, seeded by its private mask seed
+            masked = parameters_subtraction(masked, pseudo_rand_gen(secret, mod_range, shape))
+            continue
+        for other in sorted(near.get(node, set()) - {node}):  # a dropped node: its pairwise masks, from its key
+            key = public_key_1(found, other)
+            if key is None:
+                raise NotRebuilt(f"node {other}'s public key was not captured")
+            pairwise = pseudo_rand_gen(generate_shared_key(bytes_to_private_key(secret), bytes_to_public_key(key)),
+                                       mod_range, shape)  # fmt: skip
+            masked = parameters_addition(masked, pairwise) if node > other else parameters_subtraction(masked, pairwise)
+    total_ratio, values = factor_extract(parameters_mod(masked, mod_range))
+    quantisation, clipping = int(settings["target_range"]), float(settings["clipping_range"])
+    aggregate = dequantize(values, clipping, quantisation)
+    offset = -(len(active) - 1) * clipping
+    return [(vector + offset) * (quantisation / total_ratio) for vector in aggregate]
+
+
+TLS = ("TLS on the clients' links hides every message from a wire eavesdropper (only connection times and sizes "
+       "remain); the server still holds the aggregate")  # fmt: skip
+OBSERVERS = (
+    "per client: a masked vector, uniform modulo the ring on its own, so no per-client figure is computed from it; "
+    "the broadcast models travel in clear (under FedAvg each one after the first is the previous aggregate); the "
+    "unmask stage's shares travel to the server in plaintext inside the message, so the server, and anyone on its "
+    "links without TLS, rebuilds the aggregate"
+)
+
+
+def close(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
+    """The largest absolute difference between two models given as array lists (None: shapes differ)."""
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return None
+    return max((float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in
+                zip(a, b, strict=True) if x.size), default=0.0)  # fmt: skip
+
+
+def describe_rounds(rounds: list[SecAggRound]) -> tuple[list[dict[str, Any]], dict[tuple[Any, int], list[np.ndarray]]]:
+    """Per SecAgg+ round, what the report says of it (nodes sampled and surviving, the protocol's settings, whether
+    and how the aggregate was obtained, its agreement with the next broadcast), and the aggregates obtained: rebuilt
+    from the captures, else taken from the next round's broadcast (FedAvg)."""
+    entries, aggregates = [], {}
+    by_key = {(r.run_id, r.round): r for r in rounds}
+    for found in rounds:
+        following = by_key.get((found.run_id, found.round + 1))
+        after = following.broadcast if following is not None else None
+        entry: dict[str, Any] = {
+            "round": found.label,
+            "sampled": found.sampled,
+            "survived": found.replied(COLLECT),
+            "dropped": sorted(set(found.sampled) - set(found.replied(COLLECT))),
+            "settings": found.settings,
+            "examples": found.examples,
+        }
+        try:
+            rebuilt = rebuild(found)
+            entry["aggregate"] = "rebuilt from the masked vectors and the unmask stage's shares (Flower's primitives)"
+            if after is not None:
+                entry["next-broadcast-max-difference"] = close(rebuilt, after)
+            aggregates[(found.run_id, found.round)] = rebuilt
+        except NotRebuilt as err:
+            entry["not-rebuilt"] = str(err)
+            if after is not None:
+                entry["aggregate"] = "the next round's broadcast (FedAvg sends the aggregate on)"
+                aggregates[(found.run_id, found.round)] = after
+            else:
+                entry["aggregate"] = "not obtained: " + str(err)
+        entries.append(entry)
+    return entries, aggregates
+
+
+def aggregate_exchange(found: SecAggRound, aggregate: list[np.ndarray]) -> Exchange:
+    """The server's view of one SecAgg+ round as one update: the broadcast model received, the aggregate sent back,
+    all survivors' examples; its node is ``aggregate`` and its members the surviving nodes (what the audit scores
+    against, with ``--data``)."""
+    survivors = found.replied(COLLECT)
+    collect = found.stages[survivors[0]][COLLECT]
+    broadcast = found.broadcast
+    if broadcast is None:
+        raise NotRebuilt("the broadcast model was not captured")
+    examples = sum(found.examples.values())
+    return dataclasses.replace(
+        collect,
+        node=AGGREGATE,
+        partition=None,
+        received={str(i): a for i, a in enumerate(broadcast)},
+        sent={str(i): np.asarray(a, broadcast[i].dtype) for i, a in enumerate(aggregate)},
+        sent_metrics={"num-examples": examples} if examples else {},
+        received_records={FITINS: {str(i): a for i, a in enumerate(broadcast)}},
+        sent_records={},
+        meta=dict(collect.meta) | {"secure-aggregation": f"the aggregate of {len(survivors)} clients",
+                                   "member-partitions": {str(n): found.stages[n][COLLECT].partition
+                                                         for n in survivors}},  # fmt: skip
+        members=tuple(survivors),
+    )
+
+
+AGGREGATE = "aggregate"
