@@ -34,13 +34,15 @@ class Federation:
     """SuperLink and two SuperNodes (subprocess isolation), the SuperNodes dialling ``dial`` (the tap or the
     SuperLink itself); TLS when ``tls``. Every process in its own session, ended by :meth:`stop`."""
 
-    def __init__(self, workdir: Path, tls: bool = False, app: Path = APP) -> None:
+    def __init__(self, workdir: Path, tls: bool = False, app: Path = APP, partitions: tuple[int, ...] = PARTITIONS,
+                 num_partitions: int = 4) -> None:  # fmt: skip
         self.workdir, self.tls, self.app = workdir, tls, app
-        self.link_port, self.tap_port, *self.node_ports = free_ports(4)
+        self.partitions, self.num_partitions = partitions, num_partitions
+        self.link_port, self.tap_port, *self.node_ports = free_ports(2 + len(partitions))
         self.procs: list[subprocess.Popen] = []
         self.credentials = workdir / "credentials"
         if tls:
-            write_credentials(self.credentials, len(PARTITIONS))
+            write_credentials(self.credentials, len(partitions))
 
     def env(self, name: str) -> dict[str, str]:
         return flower_env() | {"FLWR_HOME": str(self.workdir / "homes" / name), "OMP_NUM_THREADS": "1",
@@ -70,9 +72,10 @@ class Federation:
         wait_for_port(self.link_port, link, self.workdir / "logs" / "superlink.log")
 
     def start_supernodes(self, dial: int) -> None:
-        for i, (partition, port) in enumerate(zip(PARTITIONS, self.node_ports, strict=True)):
-            argv = ["flower-supernode", *self.security("supernode"), "--superlink", f"127.0.0.1:{dial}",
-                    "--port", str(port), "--node-config", f"partition-id={partition} num-partitions=4"]  # fmt: skip
+        for i, (partition, port) in enumerate(zip(self.partitions, self.node_ports, strict=True)):
+            node_config = f"partition-id={partition} num-partitions={self.num_partitions}"
+            argv = ["flower-supernode", *self.security("supernode"), "--superlink", f"127.0.0.1:{dial}", "--port",
+                    str(port), "--node-config", node_config]  # fmt: skip
             node = self.spawn(f"supernode-{i}", argv)
             wait_for_port(port, node, self.workdir / "logs" / f"supernode-{i}.log")
 
@@ -118,11 +121,12 @@ def stop_tap(tap: subprocess.Popen) -> None:
 
 
 def deploy(
-    workdir: Path, through_tap: bool, tls: bool = False, rounds: int = 2, extra: str = "", app: Path = APP
-) -> tuple[subprocess.CompletedProcess, Path, Path]:
-    """One run of ``app`` (``extra``: run-config overrides); returns flwr's result, the final model and the tap's
-    folder."""
-    fed = Federation(workdir, tls, app)
+    workdir: Path, through_tap: bool, tls: bool = False, rounds: int = 2, extra: str = "", app: Path = APP,
+    partitions: tuple[int, ...] = PARTITIONS,
+) -> tuple[subprocess.CompletedProcess, Path, Path]:  # fmt: skip
+    """One run of ``app`` (``extra``: run-config overrides) on one SuperNode per partition; returns flwr's result,
+    the final model and the tap's folder."""
+    fed = Federation(workdir, tls, app, partitions)
     captures, final = workdir / "captures", workdir / "final.pt"
     tap = None
     try:

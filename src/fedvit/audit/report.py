@@ -120,8 +120,9 @@ def not_applicable_lines(updates: list[dict[str, Any]]) -> list[str]:
     by_reason: dict[str, dict[str, list[str]]] = {}  # reason -> attack -> updates
     for u in updates:
         for name, status in u["attacks"].items():
-            if status.startswith(NOT_APPLICABLE):
-                by_reason.setdefault(status.removeprefix(NOT_APPLICABLE), {}).setdefault(name, []).append(u["update"])
+            if status.startswith(NOT_APPLICABLE):  # "withheld: <why>" and "<why>": one reason
+                reason = status.removeprefix(NOT_APPLICABLE).removeprefix("withheld: ")
+                by_reason.setdefault(reason, {}).setdefault(name, []).append(u["update"])
     if not by_reason:
         return []
     lines = ["### Attacks that did not apply", ""]
