@@ -123,6 +123,11 @@ def not_applicable_lines(updates: list[dict[str, Any]]) -> list[str]:
             if status.startswith(NOT_APPLICABLE):  # "withheld: <why>" and "<why>": one reason
                 reason = status.removeprefix(NOT_APPLICABLE).removeprefix("withheld: ")
                 by_reason.setdefault(reason, {}).setdefault(name, []).append(u["update"])
+    for reason in sorted(by_reason, key=len, reverse=True):  # the same why with more said: under the shorter one
+        shorter = [r for r in by_reason if r != reason and reason.startswith(r + ";")]
+        if shorter:
+            for name, names in by_reason.pop(reason).items():
+                by_reason[shorter[0]].setdefault(name, []).extend(names)
     if not by_reason:
         return []
     lines = ["### Attacks that did not apply", ""]
