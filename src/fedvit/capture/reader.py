@@ -59,7 +59,10 @@ class Exchange:
         return f"run {self.run_id} round {self.round} node {self.node}"
 
     def ground_truth(self) -> dict[str, np.ndarray] | None:
-        """The client's recorded true batch (fedvit's ``capture.ground-truth``), or None. For scoring only."""
+        """The client's recorded true batch (fedvit's ``capture.ground-truth``), or None. For scoring only. An
+        aggregate has none of its own (its members' images come from ``--data``)."""
+        if self.members:
+            return None
         path = ground_truth_file(self.stem)
         return load_file(str(path)) if path.is_file() else None
 
