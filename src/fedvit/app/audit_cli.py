@@ -54,7 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("captures")
     g.add_argument("captures", nargs="?", type=Path, help="a capture folder (a run folder, its captures/ folder or a "
                    "`fedvit tap` output); not with --benchmark")  # fmt: skip
-    g.add_argument("--out", type=Path, required=True, help="where audit.md, audit.json, grid.png and the frontier go")
+    g.add_argument("--out", type=Path, required=True, help="where audit.md, audit.html, audit.json, the pictures and "
+                   "the frontier go")  # fmt: skip
     g.add_argument("--sent", choices=("auto", "gradient", "weights"), help="what another app's replies carry "
                    "(default auto: read from their per-layer norm against the received weights)")  # fmt: skip
     g.add_argument("--recipe", action="append", default=[], help="KEY=VALUE of another app's client recipe: lr, "
