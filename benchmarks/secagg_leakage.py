@@ -33,10 +33,12 @@ OUT = ROOT / "docs" / "results" / "data" / "secagg-leakage.csv"
 DECOYS = 4  # partitions past the clients' as non-members and decoys
 
 
-def shares(n: int) -> tuple[int, int]:
-    """SecAgg+'s share number and reconstruction threshold for ``n`` clients (Flower's example uses 3 of 5)."""
-    count = n if n <= 5 else 5
-    return count, max(2, count // 2 + 1)
+def shares(n: int) -> tuple[int | float, int | float]:
+    """SecAgg+'s share number and reconstruction threshold for ``n`` clients: Flower's example's 3 and 2 up to 5
+    clients, 5 and 3 beyond; two clients share with both (Flower's fractions 1.0: its integers must exceed 2)."""
+    if n <= 2:
+        return 1.0, 1.0
+    return (3, 2) if n <= 5 else (5, 3)
 
 
 def audit(captures: Path, out: Path, n: int) -> dict:
