@@ -86,7 +86,7 @@ def audit_captures(
     Raises ``ValueError`` (or its subclasses: fedvit's ``AuditInputError``, ``SpecError``) saying what to change.
     """
     from fedvit.audit.pipeline import AuditOptions, run_audit
-    from fedvit.audit.summary import ClientFinding, Finding
+    from fedvit.audit.summary import ClientFinding
 
     captures, out = Path(captures), Path(out)
     if decoys < 0 or membership_references < 0:
@@ -119,11 +119,7 @@ def audit_captures(
     )
     report = run_audit(captures, out, options)
     log.info(f"audit: {report['verdict']}")
-    clients = tuple(
-        ClientFinding(**{**f, "updates": tuple(f["updates"]),
-                         **{k: Finding(**f[k]) for k in ("labels", "membership", "images", "dp_claim")}})
-        for f in report["findings"]
-    )  # fmt: skip
+    clients = tuple(ClientFinding.from_dict(f) for f in report["findings"])
     paths = {kind: out / name for kind, name in OUTPUTS.items() if (out / name).is_file()}
     return AuditResult(report["verdict"], clients, paths, report)
 

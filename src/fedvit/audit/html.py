@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from fedvit.audit.summary import KINDS
+from fedvit.audit.summary import FINDING_FIELDS, KINDS
 
 
 class Picture(NamedTuple):
@@ -39,11 +39,8 @@ def render(report: dict[str, Any], pictures: list[Picture]) -> str:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    findings = [
-        {"client": f["client"], "updates": f["updates"], "cells": [f[k] for k in ("labels", "membership", "images",
-                                                                                      "dp_claim")]}
-        for f in report["findings"]
-    ]  # fmt: skip
+    findings = [{"client": f["client"], "updates": f["updates"], "cells": [f[name] for name in FINDING_FIELDS]}
+                for f in report["findings"]]  # fmt: skip
     figures = [{"title": p.title, "caption": p.caption, "data": base64.b64encode(p.png).decode()} for p in pictures]
     recipes = [{"update": u["update"], "rows": recipe_values(u)} for u in report["updates"] if recipe_values(u)]
     return env.get_template("audit.html.j2").render(

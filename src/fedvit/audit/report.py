@@ -12,9 +12,7 @@ import numpy as np
 from fedvit.attacks.observation import Observation, Reconstruction
 from fedvit.audit.frontier import fmt, reid_cell
 from fedvit.audit.metrics import as_batch, match_batch
-from fedvit.audit.summary import ClientFinding, Finding, summary_table
-
-FINDING_KEYS = ("labels", "membership", "images", "dp_claim")
+from fedvit.audit.summary import ClientFinding, summary_table
 
 TOP_LEVEL_KEYS = (
     "title", "model", "threat-model", "verdict", "findings", "verdict-detail", "metrics", "budget", "updates",
@@ -77,8 +75,7 @@ def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
     """The summary table of ``audit.json``'s ``findings`` (:func:`fedvit.audit.summary.summary_table`)."""
     if not findings:
         return []
-    rows = [ClientFinding(**{**f, "updates": tuple(f["updates"]), **{k: Finding(**f[k]) for k in FINDING_KEYS}})
-            for f in findings]  # fmt: skip
+    rows = [ClientFinding.from_dict(f) for f in findings]
     legend = ("Each cell: **the finding** (leaks: beyond the null by the margin; no evidence: within it; could not "
               "have seen: within it, and so was a simulated update with known members; not measured), the figure, "
               "the same figure on a null that holds no information, its 95% interval, and the audit's power.")

@@ -21,6 +21,7 @@ from fedvit.capture.reader import SECAGG_RECORD, Exchange
 
 SETUP, SHARE_KEYS, COLLECT, UNMASK = "setup", "share_keys", "collect_masked_vectors", "unmask"
 FITINS = "fitins.parameters"  # the legacy API's instruction arrays: the broadcast model, in clear
+AGGREGATE = "aggregate"  # the node of a round's aggregate, audited as one update (the server's view)
 
 
 @dataclasses.dataclass
@@ -250,5 +251,3 @@ def aggregate_exchange(found: SecAggRound, aggregate: list[np.ndarray]) -> Excha
         members=tuple(survivors),
     )
 
-
-AGGREGATE = "aggregate"

@@ -13,9 +13,11 @@ from typing import Any
 
 from fedvit.attacks.membership_stats import clopper_pearson
 from fedvit.audit.evidence import MEASURED
+from fedvit.audit.secagg import AGGREGATE
 
 LEAKS, NO_EVIDENCE, UNSEEABLE, NOT_MEASURED = "leaks", "no evidence", "could not have seen", "not measured"
 KINDS = ("labels", "membership", "images", "DP claim")
+FINDING_FIELDS = ("labels", "membership", "images", "dp_claim")  # ClientFinding's field of each kind, in order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +53,13 @@ class ClientFinding:
     dp_claim: Finding
 
     def by_kind(self) -> dict[str, Finding]:
-        return dict(zip(KINDS, (self.labels, self.membership, self.images, self.dp_claim), strict=True))
+        return dict(zip(KINDS, (getattr(self, name) for name in FINDING_FIELDS), strict=True))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ClientFinding:
+        """The finding as ``audit.json``'s ``findings`` holds it (``dataclasses.asdict``), back as the dataclass."""
+        return cls(**{**values, "updates": tuple(values["updates"]),
+                      **{name: Finding(**values[name]) for name in FINDING_FIELDS}})  # fmt: skip
 
 
 def _ci(low: float, high: float) -> str:
@@ -154,7 +162,7 @@ MASKED = "masked by SecAgg+: not measurable from a masked vector"
 def client_of(update: dict[str, Any]) -> str:
     """Whose update this is: its partition where known (the scoring data's mapping), else its node; a SecAgg+
     round's aggregate is the server's view of all its clients."""
-    if update.get("node") == "aggregate":
+    if update.get("node") == AGGREGATE:
         return AGGREGATE_ROW
     return f"partition {update['partition']}" if update.get("partition") is not None else f"node {update['node']}"
 
