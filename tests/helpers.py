@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
+from types import SimpleNamespace
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
@@ -69,6 +71,13 @@ class FakeGrid:
         return out
 
 
+def delivered(msg: Message) -> Message:
+    """``msg`` as its node receives it: its own copy of the content (messages that share a RecordDict on the
+    server, as the SecAgg+ setup does, arrive as separate copies; mods may change theirs)."""
+    out = make_message(copy.deepcopy(msg.metadata), content=copy.deepcopy(msg.content))
+    return out
+
+
 class LocalGrid:
     """A Grid that answers each message by calling the ClientApp's handlers in this process (no Ray).
 
@@ -89,6 +98,7 @@ class LocalGrid:
             )
             for p in range(num_nodes)
         }
+        self.run = SimpleNamespace(run_id=1)  # what Flower's legacy workflow reads of a Grid
         self.sent: list[Message] = []
         self.received: list[Message] = []
         self._inbox: dict[str, Message] = {}  # push/pull: replies by the id of the message they answer
@@ -110,7 +120,7 @@ class LocalGrid:
                 handler = handlers[msg.metadata.message_type]
                 for mod in reversed(client_app.MODS):  # as Flower applies them: the first mod is outermost
                     handler = functools.partial(mod, call_next=handler)
-                out = handler(msg, self.contexts[node])
+                out = handler(delivered(msg), self.contexts[node])
                 out = make_message(reply_metadata(node, msg.metadata.message_type), content=out.content)
             except Exception:  # noqa: BLE001 - Flower turns a handler's exception into an error reply
                 error = Error(code=1, reason=traceback.format_exc())

@@ -16,6 +16,7 @@ from fedvit.capture.writer import capture_mod, ground_truth_hook
 from fedvit.clients import runner
 from fedvit.clients.encryption import EncryptionKey, EncryptionKeyError, require_client_key
 from fedvit.clients.privacy import dp_mod
+from fedvit.clients.secagg import secagg_mod
 from fedvit.core.config import Config
 from fedvit.core.wire import wire_mod
 from fedvit.strategies.base import FedVitStrategy
@@ -23,9 +24,10 @@ from fedvit.strategies.base import FedVitStrategy
 REPORT_LAUNCH_ENV = "FEDVIT_REPORT_LAUNCH"  # "1": train replies carry launch-to-handler-s (deployment benchmark)
 
 
-# The first mod is outermost: the capture records what Flower's DP mod let leave (dp.mode on), as plain records.
-# It only records, and only when capture.enabled.
-MODS = [wire_mod, capture_mod, dp_mod]
+# The first mod is outermost: the capture records what Flower's DP mod let leave (dp.mode on), as plain records,
+# and with secagg.enabled every SecAgg+ stage as it crossed the wire (masked). It only records, and only when
+# capture.enabled. secagg_mod runs Flower's secaggplus_mod on SecAgg+ messages, with the DP mod and the handler inside.
+MODS = [wire_mod, capture_mod, secagg_mod, dp_mod]
 app = ClientApp(mods=MODS)
 
 

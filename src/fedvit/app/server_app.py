@@ -15,6 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedvit.app import secagg_rounds
 from fedvit.app.polling_grid import PollingGrid, poll_interval
 from fedvit.capture.writer import CAPTURES, CapturingStrategy, selected
 from fedvit.clients.adversarial import robust_accuracy
@@ -27,7 +28,8 @@ from fedvit.core.results import RunRecorder, load_checkpoint
 from fedvit.strategies import STRATEGIES, FedVitStrategy
 from fedvit.strategies.base import ClientSetupError, ClientsFailedError, NodesUnavailableError
 from fedvit.strategies.encrypted import ENCRYPTED_STRATEGIES, KeyHandshakeError
-from fedvit.strategies.privacy import CentralDP, with_central_dp
+from fedvit.strategies.privacy import CentralDP, with_central_dp, write_privacy_report
+from fedvit.strategies.secagg import SecAggRoundError
 
 app = ServerApp()
 
@@ -40,6 +42,7 @@ RUN_ERRORS = (
     PretrainedWeightsError,
     DatasetUnavailableError,
     KeyHandshakeError,
+    SecAggRoundError,
 )
 
 
@@ -140,7 +143,8 @@ class RoundEnd:
         stats = self.strategy.stats.get(rnd)
         if stats is not None:
             entry |= {k: v for k, v in stats.train.items()} | {k: v for k, v in stats.evaluate.items()}
-            entry |= {k.replace("_", "-"): v for k, v in asdict(stats).items() if k not in ("train", "evaluate")}
+            entry |= {k.replace("_", "-"): v for k, v in asdict(stats).items()
+                      if k not in ("train", "evaluate") and v is not None}  # fmt: skip
             if not entry["aggregation"]:
                 del entry["aggregation"]
         now = time.perf_counter()
@@ -178,14 +182,16 @@ class RoundEnd:
             quality += f" robust {100 * e[f'{source}-robust-accuracy']:5.1f}%"
         if source and f"{source}-autoattack-accuracy" in e:
             quality += f" autoattack {100 * e[f'{source}-autoattack-accuracy']:5.1f}%"
+        # SecAgg+'s masked vectors are not counted (``RoundStats.bytes_up`` None)
+        up = "not measured" if "bytes-down" in e and "bytes-up" not in e else f"{e.get('bytes-up', 0) / 1e6:.2f} MB"
         log(
             INFO,
-            "round %d/%d | %s | %.2f s | up %.2f MB down %.2f MB",
+            "round %d/%d | %s | %.2f s | up %s down %.2f MB",
             e["round"],
             self.total_rounds,
             quality,
             e["round-s"],
-            e.get("bytes-up", 0) / 1e6,
+            up,
             e.get("bytes-down", 0) / 1e6,
         )
 
@@ -213,30 +219,50 @@ def run(grid: Grid, context: Context) -> Path:
     round_end = RoundEnd(config, strategy, recorder, model, config.num_server_rounds)
     initial = ArrayRecord({k: Array(v) for k, v in get_weights(model).items()})
     initial = strategy.prepare_initial(grid, initial, resumed=bool(config.resume_from))
-    driver = dp_driver = with_central_dp(strategy, config.dp, len(connected))  # Flower's DP wrapper (central)
     strategy.plan_rounds(config.num_server_rounds - done)  # whoever drives the rounds, the strategy knows the last
+    if config.secagg.enabled:
+        final, dp_driver = secure_rounds(grid, context, config, strategy, initial, round_end, run_dir)
+    else:
+        final, dp_driver = message_api_rounds(grid, context, config, strategy, initial, round_end, run_dir, connected)
+    recorder.finish({k: a.numpy() for k, a in final.items()} or get_weights(model))
+    strategy.write_report(run_dir)
+    if isinstance(dp_driver, CentralDP):  # the accountant's ε, and the canaries' estimate beside it
+        dp_driver.privacy_report(final, run_dir)
+    elif dp_driver is not None:
+        write_privacy_report(run_dir, config.dp, dp_driver.num_sampled_clients, dp_driver.releases)
+    if config.capture.enabled:
+        captured = sum(f.stat().st_size for f in run_dir.glob(f"run-*/{CAPTURES}/**/*") if f.is_file())
+        log(INFO, "capture: %.1f MB of captures under %s", captured / 1e6, run_dir)
+    log(INFO, "fedvit: finished; results in %s", run_dir)
+    return run_dir
+
+
+def message_api_rounds(grid, context, config, strategy, initial, round_end, run_dir, connected):
+    """The rounds through Flower's Message API: the strategy (in Flower's DP wrapper with central DP), recorded by
+    ``CapturingStrategy`` with capture on. Returns the final model and the DP wrapper (or None)."""
+    driver = dp_driver = with_central_dp(strategy, config.dp, len(connected))  # Flower's DP wrapper (central)
     if config.capture.enabled:  # the server's view, recorded around whatever drives the rounds
         driver = CapturingStrategy(driver, run_dir, context.run_config, capture_selection(config, strategy))
         log(INFO, "capture: recording to %s", run_dir)
     result = driver.start(
         grid=grid,
         initial_arrays=initial,
-        num_rounds=config.num_server_rounds - done,
+        num_rounds=config.num_server_rounds - strategy.round_offset,
         timeout=config.round_timeout,
         train_config=ConfigRecord({"lr": config.lr}),
         evaluate_config=ConfigRecord(),
         evaluate_fn=round_end,
     )
     final = result.arrays if result.arrays is not None else ArrayRecord()
-    recorder.finish({k: a.numpy() for k, a in final.items()} or get_weights(model))
-    strategy.write_report(run_dir)
-    if isinstance(dp_driver, CentralDP):  # the accountant's ε, and the canaries' estimate beside it
-        dp_driver.privacy_report(final, run_dir)
+    return final, dp_driver if isinstance(dp_driver, CentralDP) else None
+
+
+def secure_rounds(grid, context, config, strategy, initial, round_end, run_dir):
+    """The rounds through SecAgg+ (Flower's legacy workflow, ``fedvit.app.secagg_rounds``)."""
     if config.capture.enabled:
-        captured = sum(f.stat().st_size for f in run_dir.glob(f"run-*/{CAPTURES}/**/*") if f.is_file())
-        log(INFO, "capture: %.1f MB of captures under %s", captured / 1e6, run_dir)
-    log(INFO, "fedvit: finished; results in %s", run_dir)
-    return run_dir
+        log(INFO, "capture: SecAgg+ runs in Flower's legacy workflow, which the server-side capture cannot wrap; the "
+            "clients' capture_mod records every stage of every round to %s", run_dir)  # fmt: skip
+    return secagg_rounds.run_rounds(grid, context, config, strategy, initial, round_end, config.num_server_rounds)
 
 
 def capture_selection(config: Config, strategy: FedVitStrategy) -> Callable[[int, int], bool]:

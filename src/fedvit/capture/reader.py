@@ -13,10 +13,17 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from fedvit.capture.writer import CAPTURES, EXCHANGE_SEP, GROUND_TRUTH, exchange_number, restore_bytes, unflatten
+from fedvit.capture.writer import (
+    CAPTURES,
+    EXCHANGE_SEP,
+    GROUND_TRUTH,
+    SECAGG_RECORD,
+    exchange_number,
+    restore_bytes,
+    unflatten,
+)
 
 NOTHING_ON_THE_WIRE = "the wire shows nothing; the server still sees every update"
-SECAGG_RECORD = "secaggplus_configs"  # Flower's SecAgg+ ConfigRecord (flwr.common.secure_aggregation)
 
 
 class AuditInputError(ValueError):

@@ -36,6 +36,8 @@ from fedvit.core.config import Config, ConfigError, parse_config_cached, parse_s
 from fedvit.core.results import atomic_save_safetensors, atomic_write
 from fedvit.core.wire import LAYOUT_RECORD, is_packed, unpack
 
+SECAGG_RECORD = "secaggplus_configs"  # Flower's SecAgg+ ConfigRecord (flwr.common.secure_aggregation)
+
 CAPTURES = "captures"
 GROUND_TRUTH = "ground-truth"
 SERVER_VIEW = "server"
@@ -369,8 +371,9 @@ def _record_client(msg: Message, context: Context, where: tuple[Path, int, str],
     try:
         stem, server_round, source = where
         replied = isinstance(reply, Message)
-        if FEDVIT_SWITCH in context.run_config and not (_has_arrays(msg) or (replied and _has_arrays(reply))):
-            return  # fedvit's app: only exchanges that carry arrays
+        secagg = msg.has_content() and SECAGG_RECORD in msg.content.config_records
+        if FEDVIT_SWITCH in context.run_config and not (secagg or _has_arrays(msg) or (replied and _has_arrays(reply))):
+            return  # fedvit's app: only exchanges that carry arrays, and every SecAgg+ stage
         head = {
             "run-id": msg.metadata.run_id,
             "round": server_round,

@@ -30,6 +30,18 @@ AUDIT_KEEP = ("match", "objective")  # fedvit.attacks.inversion: which candidate
 AUDIT_PRIOR_SCHEDULE = ("constant", "cosine")  # fedvit.attacks.inversion: the image priors' weight over the steps
 DP_MODES = ("off", "central", "local")
 DP_STRATEGIES = ("fedsgd", "fedavg", "fedprox")  # one plain update per client: clipping bounds its contribution
+# SecAgg+ reveals one weighted mean of the client models, which is all these aggregate; why each other one cannot
+# compose with it (the refusal's one line)
+SECAGG_STRATEGIES = ("fedavg", "fedprox")
+SECAGG_REFUSALS = {
+    "fedsgd": "the server steps with its lr along the mean gradient, while SecAgg+ runs Flower's FedAvg, whose "
+    "aggregate is the new model (use strategy='fedavg')",
+    "masked-fedsgd": "eq. 12 divides each entry by the number of clients that kept it, which needs every client's "
+    "mask; SecAgg+ reveals only the sum",
+    "fedwavg": "its weights need each client's last layer (cosine with the global one); SecAgg+ reveals only the sum",
+    "scaffold": "it needs each client's control-variate change beside its model; SecAgg+ sums one vector per client",
+}
+QUANTIZATION_LIMIT = 2**31  # Flower's SecAgg+ masks modulo 2**32: the quantised sum of the clients must fit below it
 HEADS = ("cls", "vis", "cls+vis")
 AUGMENTATIONS = ("none", "crop-flip")
 
@@ -180,6 +192,33 @@ class DPConfig:
 
 
 @dataclass(frozen=True)
+class SecAggConfig:
+    """Secure aggregation: SecAgg+ (Bell et al., "Secure Single-Server Aggregation with (Poly)Logarithmic
+    Overhead", CCS 2020) through Flower's ``SecAggPlusWorkflow`` and ``secaggplus_mod``.
+
+    ``num-shares``: how many clients hold a share of each client's secrets (a number in (0, 1]: that share of the
+    sampled clients; an integer >= 3: that many). ``reconstruction-threshold``: how many shares rebuild a secret
+    (in (0, 1]: that share of num-shares; an integer >= 2: that many); a round survives a client's dropout while
+    every client keeps that many answering share holders. Each client clips its weighted model to
+    [-clipping-range, clipping-range] and quantises it to ``quantization-range`` levels. ``max-weight``: the
+    largest num-examples a client may weigh in with (0: the largest training partition the clients reported).
+    """
+
+    enabled: bool = False
+    num_shares: float = 1.0
+    reconstruction_threshold: float = 0.6
+    clipping_range: float = 8.0
+    quantization_range: int = 4194304
+    max_weight: float = 0.0
+
+
+def flower_share_setting(value: float) -> int | float:
+    """``secagg.num-shares`` or ``reconstruction-threshold`` as Flower reads it: a float in (0, 1] is a proportion,
+    an int a count."""
+    return value if value <= 1.0 else int(value)
+
+
+@dataclass(frozen=True)
 class EncryptionConfig:
     """Encrypted-domain aggregation (encrypted-ViT paper); the key itself never enters the run config.
 
@@ -230,6 +269,7 @@ class Config:
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
     dp: DPConfig = field(default_factory=DPConfig)
+    secagg: SecAggConfig = field(default_factory=SecAggConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
 
     def lr_at(self, server_round: int) -> float:
@@ -375,6 +415,13 @@ _CHECKS: dict[str, Check] = {
     "dp.noise-multiplier": (lambda v: v >= 0, "a number >= 0"),
     "dp.delta": _OPEN_FRACTION,
     "dp.canaries": (lambda v: v >= 0, "an integer >= 0 (0: no canary clients)"),
+    "secagg.num-shares": (lambda v: 0 < v <= 1 or (v >= 3 and float(v).is_integer()),
+                          "a number in (0, 1] (that share of the sampled clients) or an integer >= 3"),
+    "secagg.reconstruction-threshold": (lambda v: 0 < v <= 1 or (v >= 2 and float(v).is_integer()),
+                                        "a number in (0, 1] (that share of num-shares) or an integer >= 2"),
+    "secagg.clipping-range": _POSITIVE,
+    "secagg.quantization-range": (lambda v: 2 <= v < QUANTIZATION_LIMIT, f"an integer in [2, {QUANTIZATION_LIMIT})"),
+    "secagg.max-weight": (lambda v: v >= 0, "a number >= 0 (0: the largest training partition)"),
     "audit.iterations": _POSITIVE_INT,
     "audit.restarts": _POSITIVE_INT,
     "audit.max-seconds": _POSITIVE,
@@ -511,6 +558,9 @@ def _check_cross_field(config: Config) -> None:
                           "aggregate before its noise)")  # fmt: skip
     if config.dp.canaries and config.resume_from:
         raise ConfigError("dp.canaries", config.dp.canaries, "0 with resume-from (the estimate needs the run's start)")
+    _only_when_enabled(config, "secagg")
+    if config.secagg.enabled:
+        _check_secagg(config)
     if config.lr_decay > 0 and config.strategy in SERVER_LR_STRATEGIES:
         raise ConfigError("lr-decay", config.lr_decay, f"0 with strategy={config.strategy!r} (its lr is the server's)")
     if config.encryption.enabled:
@@ -527,6 +577,25 @@ def _check_cross_field(config: Config) -> None:
                 data.classes_per_client,
                 f"at most the number of classes ({data.synthetic_num_classes})",
             )
+
+
+def _check_secagg(config: Config) -> None:
+    """What SecAgg+ cannot compose with, refused with one line each."""
+    if config.strategy not in SECAGG_STRATEGIES:
+        raise ConfigError("strategy", config.strategy, f"{' or '.join(SECAGG_STRATEGIES)} with secagg.enabled: "
+                          f"{SECAGG_REFUSALS[config.strategy]}")  # fmt: skip
+    if config.encryption.enabled:
+        raise ConfigError("encryption.mode", config.encryption.mode, "'off' with secagg.enabled: encrypted-domain "
+                          "aggregation runs its key handshake and strategies through the Message API, SecAgg+ runs "
+                          "Flower's legacy FedAvg")  # fmt: skip
+    if config.dp.canaries:
+        raise ConfigError("dp.canaries", config.dp.canaries, "0 with secagg.enabled (canaries join the aggregate in "
+                          "fedvit's Message-API DP wrapper; SecAgg+ runs Flower's legacy one)")  # fmt: skip
+    if config.resume_from:
+        raise ConfigError("resume-from", config.resume_from, "'' with secagg.enabled (a SecAgg+ run starts afresh)")
+    shares, threshold = config.secagg.num_shares, config.secagg.reconstruction_threshold
+    if shares > 1 and threshold > 1 and threshold >= shares:
+        raise ConfigError("secagg.reconstruction-threshold", threshold, f"less than secagg.num-shares ({shares:g})")
 
 
 def _check_encryption(config: Config) -> None:
@@ -568,6 +637,8 @@ def defence_of(config: Config) -> str:
         parts.append(f"encryption-{config.encryption.mode}")
     if config.dp.enabled:
         parts.append(f"dp-{config.dp.mode}-σ{config.dp.noise_multiplier:g}-C{config.dp.clipping_norm:g}")
+    if config.secagg.enabled:
+        parts.append("secagg+")
     if config.adversarial.enabled:
         parts.append("pgd-at")
     return "+".join(parts) or "none"

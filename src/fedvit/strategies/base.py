@@ -34,7 +34,7 @@ class RoundStats:
     """Per-round accounting kept by the strategy (merged into metrics.json by the server app)."""
 
     bytes_down: int = 0
-    bytes_up: int = 0
+    bytes_up: int | None = 0  # None: not measured (SecAgg+)
     train_s: float = 0.0
     evaluate_s: float = 0.0
     messages: int = 0  # instructions sent to clients in this round (train + evaluate)

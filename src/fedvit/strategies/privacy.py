@@ -78,17 +78,13 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
         """The accountant's ε over the released rounds and, with canaries, the one-shot estimate from the run's
         model change; written to ``dp-privacy.json`` and logged."""
         releases = self.strategy.round_offset + self.releases  # a resumed run released its earlier rounds too
-        report = {"noise-multiplier": self.noise_multiplier, "clipping-norm": self.clipping_norm,
-                  "clients-per-round": self.clients, "releases": releases, "delta": self.dp.delta,
-                  "accountant-epsilon": canaries.accountant_epsilon(self.noise_multiplier, releases, self.dp.delta)}
-        # fmt: skip
+        found = {}
         if self.dp.canaries and self._start is not None and len(final):
             found = canaries.estimate(flat(final) - self._start, self.dp.canaries, self.strategy.seed, self.dp.delta)
-            report |= found
+        report = write_privacy_report(run_dir, self.dp, self.clients, releases, found)
+        if found:
             log(INFO, "dp: %d canaries, empirical ε %.3g (one-shot estimate) against the accountant's ε %.3g at δ %g",
                 self.dp.canaries, found["epsilon-estimate"], report["accountant-epsilon"], self.dp.delta)
-        report = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in report.items()}
-        (run_dir / PRIVACY_REPORT).write_text(json.dumps(report, indent=2))
         return report
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs):
@@ -109,6 +105,17 @@ class CentralDP(DifferentialPrivacyClientSideFixedClipping):
             std = compute_stdv(self.noise_multiplier, self.clipping_norm, self.noised_updates)
             self.strategy.stats[self.strategy.round_of(server_round)].train["dp-central-noise-std"] = std
         return arrays, metrics
+
+
+def write_privacy_report(run_dir: Path, dp: DPConfig, clients: int, releases: int, extra: dict | None = None) -> dict:
+    """``dp-privacy.json``: the settings, the releases and the accountant's ε over them (with ``extra`` beside)."""
+    report = {"noise-multiplier": dp.noise_multiplier, "clipping-norm": dp.clipping_norm,
+              "clients-per-round": clients, "releases": releases, "delta": dp.delta,
+              "accountant-epsilon": canaries.accountant_epsilon(dp.noise_multiplier, releases, dp.delta)}  # fmt: skip
+    report |= extra or {}
+    report = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in report.items()}
+    (run_dir / PRIVACY_REPORT).write_text(json.dumps(report, indent=2))
+    return report
 
 
 def with_central_dp(strategy: FedVitStrategy, dp: DPConfig, num_nodes: int) -> FedVitStrategy | CentralDP:
