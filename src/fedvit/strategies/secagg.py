@@ -49,7 +49,21 @@ class SecAggRoundError(RuntimeError):
 
 class StrictSecAggPlusWorkflow(SecAggPlusWorkflow):
     """Flower's ``SecAggPlusWorkflow``, except that a stage that halts the protocol raises
-    :class:`SecAggRoundError` (Flower logs "halted" and the round keeps the old model)."""
+    :class:`SecAggRoundError` (Flower logs "halted" and the round keeps the old model), and that a client lost
+    before its key shares went out is not treated as a dropout whose masks must be removed (below)."""
+
+    def share_keys_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        """Flower's stage; then the clients that did not answer it leave the round's sampled set.
+
+        Only the clients that answered this stage had their key shares forwarded, and only they enter each other's
+        pairwise masks. Flower 1.41/1.42 keep a client lost here (or at setup) among the sampled ones, so its unmask
+        stage asks the survivors for the lost client's key shares, which they never received: every survivor's
+        ``secaggplus_mod`` raises ``KeyError`` and the round fails, whatever the threshold (measured over loopback,
+        a SuperNode killed after computing its shares). Such a client masked nothing: there is nothing to remove."""
+        if not super().share_keys_stage(grid, context, state):
+            return False
+        state.sampled_node_ids = set(state.active_node_ids)
+        return True
 
     def __call__(self, grid: Grid, context: LegacyContext) -> None:
         state = WorkflowState()
@@ -64,7 +78,7 @@ def halted(stage: str, context: LegacyContext, state: WorkflowState) -> str:
     """Why Flower's workflow stopped a round, in one line."""
     server_round = context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND]
     stage = stage.removesuffix("_stage").replace("_", " ")
-    sampled = len(state.sampled_node_ids) or len(state.nid_to_fitins)
+    sampled = len(state.nid_to_proxies)  # set at setup; the sampled set shrinks after share keys
     if sampled < 2:
         return f"SecAgg+ round {server_round}: {sampled} client(s) sampled; the protocol needs at least 2"
     why = (f"SecAgg+ round {server_round} stopped at its {stage} stage: {len(state.active_node_ids)} of {sampled} "
@@ -105,7 +119,8 @@ class SecAggFedAvg(LegacyFedAvg):
 
     def __init__(self, fedvit: FedVitStrategy, grid: Grid, names: list[str], lr: float, accept_failures: bool,
                  settings: SecAggConfig, max_weight: float):  # fmt: skip
-        super().__init__(fraction_fit=fedvit.fraction_train, fraction_evaluate=0.0, accept_failures=accept_failures)
+        super().__init__(fraction_fit=fedvit.fraction_train, accept_failures=accept_failures,
+                         fit_metrics_aggregation_fn=lambda _replies: {})  # fedvit's accounting does it: `account`
         self.fedvit, self.grid, self.names, self.lr = fedvit, grid, names, lr
         self.settings, self.max_weight = settings, max_weight
         self.sampled: dict[int, list[int]] = {}  # run round -> node ids
