@@ -12,6 +12,7 @@ move; for several local steps see :mod:`fedvit.attacks.label_distribution`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from fedvit.attacks.holdings import Auxiliary
-from fedvit.attacks.label_distribution import estimate, noise_auxiliary
+from fedvit.attacks.label_distribution import estimate, integer_counts, noise_auxiliary
 from fedvit.attacks.observation import (
     Observation,
     as_gradient,
@@ -31,6 +32,7 @@ from fedvit.attacks.observation import (
     simulated,
     update_clipped,
 )
+from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.simulation import RecipeFit
 from fedvit.core.model import classify
 
@@ -143,15 +145,22 @@ def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) 
         return Recovered(None, why)
     client = recipe(obs)
     dp = obs.defence.dp
-    if client.several_steps:
+    member = member_recipe(obs)
+    if member.several_steps:
         if not client.lr_known:
             return Recovered(None, "not estimated: no record carries the learning rate (give --recipe lr=...)")
         if dp:
             return Recovered(None, "not estimated: DP clipping scaled the update by an unknown factor")
         aux = aux or noise_auxiliary(input_shape(obs), obs.num_classes, attacker_seed(obs))
-        found = estimate(obs, aux, attacker_seed(obs))
+        found = estimate(dataclasses.replace(obs, client=member), aux, attacker_seed(obs))
+        counts, note = found.counts, found.note
+        if member is not client:  # one member's share of the aggregate, scaled to all of its images
+            counts = integer_counts(counts * client.examples / member.examples, client.examples)
+            note = (f"a SecAgg+ aggregate of {len(obs.meta['member-examples'])} clients simulated as one client of "
+                    f"{member.examples} images ({member.steps} steps), its counts scaled to the {client.examples}; "
+                    + note)  # fmt: skip
         dropped = client.augment is not None and found.augment is None
-        return Recovered(found.counts, found.note, found.momentum, found.momentum_estimate, found.optimiser, found.fit,
+        return Recovered(counts, note, found.momentum, found.momentum_estimate, found.optimiser, found.fit,
                          dropped)  # fmt: skip
     # Flower's client-side clipping scaled this update by an unknown factor: as DP clipping, the scale is estimated
     dp = dp or update_clipped(obs)
@@ -171,6 +180,21 @@ def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) 
     if dp:  # clipping scaled the update by an unknown factor
         return Recovered(label_counts_unknown_scale(grad, examples, mean_probs), "clip scale estimated")
     return Recovered(*best_counts(grad, examples, mean_probs))
+
+
+def member_recipe(obs: Observation) -> ClientRecipe:
+    """The recipe whose local training the label counts rest on: the client's own, or for a SecAgg+ aggregate of
+    FedAvg updates (``member-examples`` in its meta) one member's, with the members' mean number of images.
+
+    Every member starts from the same broadcast model, so where each takes one local step the aggregate's head
+    change is lr times the mean of (softmax − one-hot) over all their images: one step over the union, counted
+    exactly. Where they take several, the mean of N trainings is simulated as one training on 1/N of the union (exact
+    where the members' class mixes agree; the recipe-fit check says where they do not)."""
+    client = recipe(obs)
+    members = obs.meta.get("member-examples") or {}
+    if len(members) < 2 or client.sends_gradient:
+        return client
+    return dataclasses.replace(client, examples=max(1, round(sum(members.values()) / len(members))))
 
 
 def recover_labels(obs: Observation, aux: Auxiliary | None = None) -> tuple[np.ndarray | None, str]:

@@ -35,6 +35,7 @@ from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
 from fedvit.audit.html import Picture, write_html
+from fedvit.audit.members import member_membership
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
 from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
@@ -411,6 +412,10 @@ def audit_exchanges(
             rocs.setdefault(client_of(update), []).append((f"round {update['round']}", roc))
         if (scores := recs.pop("scores")) is not None and scores[0]:
             by_client.setdefault(client_of(update), []).append((update["update"], scores))
+            if slices := truths.slices.get(ex.label):  # a SecAgg+ aggregate: each member's images in it
+                split = scores[1]
+                members = member_membership(scores[0], split.candidates, split.seed, slices)
+                update["membership-members"] = members
         attacked.append(Audited(obs, truth[0], recs))
         log.info(f"audit: {update['update']}: labels {update['labels']}; " + (
             "unscored" if update["psnr"] is None else

@@ -109,6 +109,8 @@ def update_lines(updates: list[dict[str, Any]]) -> list[str]:
         lines += [f"  - {name}: {status}" for name, status in u["attacks"].items()
                   if not status.startswith(NOT_APPLICABLE)]  # fmt: skip
         lines += [f"  - evidence, {kind}: {evidence_text(e)}" for kind, e in u["leakage"].items()]
+        lines += [f"  - evidence, membership of {name}'s images in this aggregate: {evidence_text(e)}"
+                  for name, e in (u.get("membership-members") or {}).items()]  # fmt: skip
     return lines + [""] + not_applicable_lines(updates)
 
 

@@ -13,14 +13,17 @@ Complexity", CCS 2020; Flower's ``SecAggPlusWorkflow``):
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
 
 from fedvit.capture.reader import SECAGG_RECORD, Exchange
+from fedvit.core.secagg import ARRAY_NAMES
 
 SETUP, SHARE_KEYS, COLLECT, UNMASK = "setup", "share_keys", "collect_masked_vectors", "unmask"
 FITINS = "fitins.parameters"  # the legacy API's instruction arrays: the broadcast model, in clear
+FITINS_CONFIG = "fitins.config"  # the legacy API's instruction config
 AGGREGATE = "aggregate"  # the node of a round's aggregate, audited as one update (the server's view)
 
 
@@ -229,25 +232,40 @@ def describe_rounds(rounds: list[SecAggRound]) -> tuple[list[dict[str, Any]], di
 def aggregate_exchange(found: SecAggRound, aggregate: list[np.ndarray]) -> Exchange:
     """The server's view of one SecAgg+ round as one update: the broadcast model received, the aggregate sent back,
     all survivors' examples; its node is ``aggregate`` and its members the surviving nodes (what the audit scores
-    against, with ``--data``)."""
+    against, with ``--data``). A fedvit run's instruction names the legacy API's arrays: they are named so (its
+    reply record is then fedvit's ``arrays``)."""
     survivors = found.replied(COLLECT)
     collect = found.stages[survivors[0]][COLLECT]
     broadcast = found.broadcast
     if broadcast is None:
         raise NotRebuilt("the broadcast model was not captured")
+    names = array_names(collect) or [str(i) for i in range(len(broadcast))]
+    if len(names) != len(broadcast):
+        raise NotRebuilt(f"the instruction names {len(names)} arrays, the broadcast model has {len(broadcast)}")
+    received = dict(zip(names, broadcast, strict=True))
+    sent = {n: np.asarray(a, b.dtype) for n, a, b in zip(names, aggregate, broadcast, strict=True)}
     examples = sum(found.examples.values())
+    named = array_names(collect) is not None
     return dataclasses.replace(
         collect,
         node=AGGREGATE,
         partition=None,
-        received={str(i): a for i, a in enumerate(broadcast)},
-        sent={str(i): np.asarray(a, broadcast[i].dtype) for i, a in enumerate(aggregate)},
+        received=received,
+        sent=sent,
         sent_metrics={"num-examples": examples} if examples else {},
-        received_records={FITINS: {str(i): a for i, a in enumerate(broadcast)}},
-        sent_records={},
+        received_records={"arrays" if named else FITINS: received},
+        sent_records={"arrays": sent} if named else {},
         meta=dict(collect.meta) | {"secure-aggregation": f"the aggregate of {len(survivors)} clients",
                                    "member-partitions": {str(n): found.stages[n][COLLECT].partition
-                                                         for n in survivors}},  # fmt: skip
+                                                         for n in survivors},
+                                   "member-examples": {str(n): found.examples[n] for n in survivors
+                                                       if n in found.examples}},  # fmt: skip
         members=tuple(survivors),
     )
+
+
+def array_names(collect: Exchange) -> list[str] | None:
+    """The model's array names a fedvit SecAgg+ instruction carries in its legacy config, or None (another app)."""
+    names = collect.received_configs.get(FITINS_CONFIG, {}).get(ARRAY_NAMES)
+    return json.loads(names) if isinstance(names, str) else None
 

@@ -190,8 +190,22 @@ def client_findings(updates: list[dict[str, Any]], clients: list[dict[str, Any]]
         for client, mine in grouped.items()
     ]
     hidden = Finding(NOT_MEASURED, why=MASKED)
-    rows += [ClientFinding(c, (), hidden, hidden, hidden, hidden) for c in dict.fromkeys(masked) if c not in grouped]
+    in_aggregate: dict[str, list[dict[str, Any]]] = {}  # a masked client's images in the aggregates, per round
+    for u in updates:
+        for name, e in (u.get("membership-members") or {}).items():
+            in_aggregate.setdefault(name, []).append(e)
+    rows += [ClientFinding(c, (), hidden, member_finding(in_aggregate.get(c, [])), hidden, hidden)
+             for c in dict.fromkeys(masked) if c not in grouped]  # fmt: skip
     return sorted(rows, key=lambda f: client_order(f.client))
+
+
+def member_finding(found: list[dict[str, Any]]) -> Finding:
+    """A SecAgg+ member's membership: of its images in the aggregates it joined (the strongest round), else not
+    measured (masked)."""
+    if not any(e["status"] == MEASURED for e in found):
+        return Finding(NOT_MEASURED, why=MASKED)
+    found = membership_finding([{"leakage": {"membership": e}} for e in found], None)
+    return dataclasses.replace(found, figure=f"its images in the aggregate: {found.figure}")
 
 
 def client_order(client: str) -> tuple[int, int | str]:
@@ -246,8 +260,12 @@ def secured_verdict(findings: list[ClientFinding]) -> str:
     if aggregate is None:
         return lines[0] + "\nNot measured: the aggregate was not obtained from the captures."
     kinds = aggregate.by_kind()
+    members = [f.membership for f in findings if f.client != AGGREGATE_ROW and f.labels.why == MASKED]
+    each = sum(m.word == LEAKS for m in members)
     for label, words in (("LEAKS from the aggregate", (LEAKS,)), ("No evidence", (NO_EVIDENCE, UNSEEABLE))):
         found = [kind for kind, f in kinds.items() if f.word in words]
+        if label.startswith("LEAKS") and each:
+            found.append(f"membership of {each} of {len(members)} clients' own images")
         if found:
             lines.append(f"{label}: {', '.join(found)}.")
     if len(lines) < 3 and (unmeasured := [kind for kind, f in kinds.items() if f.word == NOT_MEASURED]):

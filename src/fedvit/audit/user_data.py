@@ -216,6 +216,8 @@ class Truths:
         self.galleries: list[Gallery] = []
         self.notes: list[str] = []
         self._others: dict[Any, tuple[np.ndarray, np.ndarray, str] | None] = {}  # by partition (or run config)
+        # a SecAgg+ aggregate's members: (client name, [start, stop) of its images in the scored truth), by update
+        self.slices: dict[str, list[tuple[str, int, int]]] = {}
 
     def of(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray | None, np.ndarray | None, Gallery | None, bool]:
         """(images, labels, gallery, exact): ``exact`` when the images are exactly the update's."""
@@ -236,12 +238,25 @@ class Truths:
                 )
             if not ex.members:
                 obs.meta["partition"] = next(iter(own))
+            else:
+                self._slice(ex, [f"partition {p}" for p in sorted(own)], [len(y) for _, y in loaded])
             return self._keep(images, labels, gallery, exact)
         recorded = ex.ground_truth()
         if recorded is None:
             return None, None, None, False
         images = np.asarray(recorded["images"])
+        if ex.members:  # the members' recorded batches, in member order (``Exchange.ground_truth``)
+            partitions, examples = ex.meta.get("member-partitions", {}), ex.meta.get("member-examples", {})
+            names = [f"partition {partitions[str(n)]}" if partitions.get(str(n)) is not None else f"node {n}"
+                     for n in ex.members]  # fmt: skip
+            sizes = [examples.get(str(n)) for n in ex.members]
+            if None not in sizes and sum(sizes) == len(images):
+                self._slice(ex, names, sizes)
         return self._keep(images, np.asarray(recorded["labels"]), self._gallery_of(ex, images), True)
+
+    def _slice(self, ex: Exchange, names: list[str], sizes: list[int]) -> None:
+        bounds = np.cumsum([0, *sizes])
+        self.slices[ex.label] = [(n, int(a), int(b)) for n, a, b in zip(names, bounds[:-1], bounds[1:], strict=True)]
 
     def others(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
         """Labelled images that are not this client's (auxiliary data for the label simulation, non-members for

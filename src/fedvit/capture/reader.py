@@ -66,12 +66,17 @@ class Exchange:
         return f"run {self.run_id} round {self.round} node {self.node}"
 
     def ground_truth(self) -> dict[str, np.ndarray] | None:
-        """The client's recorded true batch (fedvit's ``capture.ground-truth``), or None. For scoring only. An
-        aggregate has none of its own (its members' images come from ``--data``)."""
-        if self.members:
+        """The client's recorded true batch (fedvit's ``capture.ground-truth``), or None. For scoring only. A
+        SecAgg+ aggregate's: its members' batches together, where every member recorded one (a fedvit run;
+        another app's members' images come from ``--data``)."""
+        if not self.members:
+            path = ground_truth_file(self.stem)
+            return load_file(str(path)) if path.is_file() else None
+        paths = [ground_truth_file(self.stem.parent / f"node-{member}") for member in self.members]
+        if not all(path.is_file() for path in paths):
             return None
-        path = ground_truth_file(self.stem)
-        return load_file(str(path)) if path.is_file() else None
+        batches = [load_file(str(path)) for path in paths]
+        return {key: np.concatenate([batch[key] for batch in batches]) for key in ("images", "labels")}
 
 
 def ground_truth_file(stem: Path) -> Path:
