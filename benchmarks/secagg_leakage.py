@@ -1,10 +1,12 @@
 """What SecAgg+ leaves to the server, as N grows: the same N clients (the third-party app's CNN, 100 and 120
 photograph-like images of Dirichlet(0.5) classes per client, batch 32, one local epoch, SGD momentum 0.9 in its
 code only) trained one FedAvg round through Flower's SecAgg+ (legacy workflow, ``secaggplus_mod``) and without it,
-both captured by ``capture_mod`` and audited with ``--data`` (4 other partitions as non-members):
+both captured by ``capture_mod`` and audited with ``--data`` (24 other partitions as non-members):
 
 - without SecAgg+, each client's own update (label error and membership, mean over the clients);
-- with SecAgg+, the aggregate the server rebuilds (label error of the survivors' union, membership of its images).
+- with SecAgg+, the aggregate the server rebuilds (label error of the survivors' union, membership of its images),
+  and each client's own images in the aggregate (``membership-members``), beside what the audit could have seen of
+  one client's images in a simulated aggregate of that N (the power twin).
 
     uv run --frozen python -m benchmarks.secagg_leakage [--sizes 2,5,10]
     # writes docs/results/data/secagg-leakage.csv
@@ -30,7 +32,7 @@ from fedvit.audit.user_data import UserData  # noqa: E402
 from tests.secagg_harness import APP, Recipe, run_secagg  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "data" / "secagg-leakage.csv"
-DECOYS = 4  # partitions past the clients' as non-members and decoys
+DECOYS = 24  # partitions past the clients' as non-members, decoys and (half of them) the power twin's pool
 
 
 def shares(n: int) -> tuple[int | float, int | float]:
@@ -62,6 +64,21 @@ def figures(update: dict) -> dict:
         "membership beyond null": member.get("clears"),
         "recipe fits": (update.get("recipe-fit") or {}).get("fits"),
     }
+
+
+def each_client(update: dict) -> list[dict]:
+    """Each client's own images: in the aggregate (SecAgg+), else in its own update; with the power twin's."""
+    found = update.get("membership-members") or {"own": update["leakage"]["membership"]}
+    out = []
+    for e in found.values():
+        if e.get("status") != "measured":
+            continue
+        power = e.get("power") or {}
+        twin = power.get("simulated") if power.get("status") == "measured" else None
+        out.append({"client AUC": e["auc"], "client null AUC": e["null"]["auc"], "client beyond null": e["clears"],
+                    "twin AUC": None if twin is None else twin["auc"],
+                    "twin beyond null": None if twin is None else power["could-have-seen"]})  # fmt: skip
+    return out
 
 
 def mean(rows: list[dict], key: str) -> float | None:
@@ -97,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
                     row[key] = None if value is None else round(value, 4)
                 for key in ("labels beyond null", "membership beyond null", "recipe fits"):
                     row[key] = f"{sum(bool(f[key]) for f in found)} of {len(found)}"
+                clients = [c for u in report["updates"] for c in each_client(u)]
+                for key in ("client AUC", "client null AUC", "twin AUC"):
+                    value = mean(clients, key)
+                    row[key] = None if value is None else round(value, 4)
+                row["clients beyond null"] = f"{sum(c['client beyond null'] for c in clients)} of {len(clients)}"
+                twins = [c for c in clients if c["twin beyond null"] is not None]
+                row["twin beyond null"] = f"{sum(c['twin beyond null'] for c in twins)} of {len(twins)}"
                 row["seconds"] = round(time.perf_counter() - started, 1)
                 print(row, flush=True)
                 rows.append(row)

@@ -335,6 +335,45 @@ def simulated_power(
     return found
 
 
+def aggregate_power(
+    obs: Observation, pool: Auxiliary, counts: np.ndarray, momentum: float, seed: int, non_members: int, members: int
+) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """:func:`simulated_power` for a SecAgg+ aggregate of ``members`` FedAvg clients: each member's local training
+    simulated from the received weights with ``obs``'s recipe (one member's) on its own share of ``pool``,
+    ``counts`` split evenly among them; their weights averaged by their sizes, as FedAvg does; then judged by the
+    loss scores on the union of the drawn images, and on the first member's alone, against up to ``non_members``
+    pool images no member drew. What the audit could detect of the union, and of one client, at this N."""
+    split = member_counts(counts, members)
+    owner = np.zeros(len(pool.labels), dtype=np.int64)  # each member draws from its own share of the pool: within
+    for k in np.unique(pool.labels):  # each class every members-th image, so no image trains two members
+        owner[pool.labels == k] = np.arange(int(np.sum(pool.labels == k))) % members
+    own = [np.flatnonzero(owner == m) for m in range(members)]
+    runs = [simulate(obs, dataclasses.replace(pool, images=pool.images[own[m]], labels=pool.labels[own[m]]), share,
+                     momentum, seed + m, keep_weights=True, private=True) for m, share in enumerate(split)]  # fmt: skip
+    sizes = split.sum(1).astype(np.float64)
+    average = {k: sum(w * r.weights[k].astype(np.float64) for w, r in zip(sizes / sizes.sum(), runs, strict=True))
+               .astype(runs[0].weights[k].dtype) for k in runs[0].weights}  # fmt: skip
+    drawn = [own[m][np.unique(r.drawn[r.drawn >= 0])] for m, r in enumerate(runs)]
+    union = np.unique(np.concatenate(drawn))
+    rest = np.setdiff1d(np.arange(len(pool.images)), union)
+    rest = rest[evenly_spaced(len(rest), non_members)] if len(rest) > non_members else rest
+    outside = (pool.images[rest], pool.labels[rest])
+    source = f"{len(rest)} other images of {pool.source}"
+    simulated_update = dataclasses.replace(obs, update=average)
+    found = []
+    for inside in (union, drawn[0]):
+        candidates = Candidates((pool.images[inside], pool.labels[inside]), outside, source)
+        found.append(judge(loss_scores(candidate_losses(simulated_update, candidates)), candidates, seed)[0])
+    return found[0], found[1]
+
+
+def member_counts(counts: np.ndarray, members: int) -> np.ndarray:
+    """``counts`` per class split among ``members`` as evenly as integers allow ([members, classes]; each class's
+    remainder to the first members)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return counts[None, :] // members + (np.arange(members)[:, None] < counts[None, :] % members)
+
+
 def infer(
     obs: Observation, candidates: Candidates, seed: int = 0,
     shadows: list[Simulation] | None = None, pool: Auxiliary | None = None,

@@ -20,13 +20,14 @@ from fedvit.attacks.frozen_features import head_path, on_features
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.inversion import collusion_inversion, fedavg_aware_invert, invert
 from fedvit.attacks.label_distribution import benchmarked_error, prior_accuracy
-from fedvit.attacks.labels import Recovered, label_accuracy, recover_labels_and_momentum
+from fedvit.attacks.labels import Recovered, label_accuracy, member_recipe, recover_labels_and_momentum
 from fedvit.attacks.membership import (
     ALIGNMENT,
     LOSS_DROP,
     LOSS_SCORES,
     SENT_LOSS,
     SENT_LOSS_PER_CLASS,
+    aggregate_power,
     alignment_score,
     candidate_losses,
     loss_drop_score,
@@ -465,19 +466,32 @@ def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any
     if (why := power_applies(obs, held)) is not None:
         return {"status": "not measured", "why": why}
     split = held.found.membership_split
-    simulated = simulated_power(obs, held.aux, held.found.simulated_counts, recipe(obs).momentum, split.seed,
-                                result["non-members"])  # fmt: skip
+    members = len(obs.meta.get("member-examples") or {})
+    kept = ("auc", "tpr@0.01", "tpr@resolution", "null", "clears-null", "members", "non-members", "score")
+    one = None
+    if members >= 2 and len(held.aux.images) < (need := int(np.sum(held.found.simulated_counts))):
+        return {"status": "not measured", "why": f"a simulated aggregate of {members} clients needs {need} distinct "
+                f"images, the auxiliary pool holds {len(held.aux.images)} (give more --decoy-partitions)"}  # fmt: skip
+    if members >= 2:  # a SecAgg+ aggregate: N members simulated and averaged, the union and one member judged
+        simulated, one = aggregate_power(dataclasses.replace(obs, client=member_recipe(obs)), held.aux,
+                                         held.found.simulated_counts, recipe(obs).momentum, split.seed,
+                                         result["non-members"], members)  # fmt: skip
+    else:
+        simulated = simulated_power(obs, held.aux, held.found.simulated_counts, recipe(obs).momentum, split.seed,
+                                    result["non-members"])  # fmt: skip
     observed = max(result["scores"][name]["auc"] for name in LOSS_SCORES if name in result["scores"])
-    return {
+    found = {
         "status": "measured",
         "scores": f"the strongest of: {', '.join(LOSS_SCORES)}",
-        "simulated": {
-            k: simulated[k]
-            for k in ("auc", "tpr@0.01", "tpr@resolution", "null", "clears-null", "members", "non-members", "score")
-        },
+        "simulated": {k: simulated[k] for k in kept},
         "observed-auc": observed,
         "could-have-seen": simulated["clears-null"],
     }
+    if one is not None:  # what the audit could see of one client's images in an aggregate of this N
+        found["simulated"]["aggregate-of"] = members
+        found["per-member"] = {"status": "measured", "scores": found["scores"], "simulated": {k: one[k] for k in kept}
+                               | {"aggregate-of": members}, "could-have-seen": one["clears-null"]}  # fmt: skip
+    return found
 
 
 def membership_scores(findings: dict[str, Finding]) -> list[Score]:

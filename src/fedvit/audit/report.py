@@ -201,8 +201,10 @@ def power_text(power: dict[str, Any] | None) -> str:
     if power["status"] != "measured":
         return f"; power not measured ({power['why']})"
     sim = power["simulated"]
-    return (f"; power of the loss scores: an update like this one, simulated with {sim['members']} known members, "
-            f"shows AUC "
+    like = (f"an aggregate of {sim['aggregate-of']} clients like this one, simulated with known members, shows for "
+            f"{sim['members']} of their images AUC" if sim.get("aggregate-of") else
+            f"an update like this one, simulated with {sim['members']} known members, shows AUC")  # fmt: skip
+    return (f"; power of the loss scores: {like} "
             f"{sim['auc']:.3f} (null {sim['null']['auc']:.3f}; {sim['score']}), "
             + ("beyond" if power["could-have-seen"] else "within") + " its null: the audit "
             + ("could" if power["could-have-seen"] else "could not") + " have seen membership like it; this one "
