@@ -171,3 +171,19 @@ def test_secagg_settings_are_refused_while_it_is_off():
     with pytest.raises(ConfigError, match="secagg.num-shares"):
         parse_config(BASE | {"secagg.num-shares": 0.5})
     assert Config().secagg.enabled is False
+
+
+def test_a_fedvit_secagg_capture_keeps_every_stage_and_audits_as_the_aggregate(tmp_path):
+    import fedvit
+
+    config = SECAGG | {"capture.enabled": True, "capture.ground-truth": True, "data.synthetic-train-size": 150}
+    run_dir, _ = run(tmp_path / "run", config, 3)
+    stems = sorted(p.name for p in run_dir.glob("run-*/captures/round-0001/node-*.json"))
+    assert len(stems) == 3 * 4 and sum("~" not in s for s in stems) == 3  # four stages of each node, none lost
+    result = fedvit.audit_captures(run_dir, out=tmp_path / "audit", iterations=5, restarts=1, max_seconds=5)
+    assert result.verdict.startswith("SecAgg+: the 3 clients' updates are masked"), result.verdict
+    (update,) = result.report["updates"]
+    assert update["node"] == "aggregate" and update["examples"] == 120  # the three members' 40 images each
+    assert update["leakage"]["membership"]["members"] == 120  # scored against the members' recorded batches
+    assert sorted(update["membership-members"]) == ["partition 0", "partition 1", "partition 2"]
+    assert all(e["members"] == 40 for e in update["membership-members"].values())
