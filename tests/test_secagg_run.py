@@ -135,6 +135,13 @@ def test_below_the_reconstruction_threshold_the_run_stops_with_one_line(tmp_path
     assert "fewer than the 4 share holders (reconstruction threshold)" in message
 
 
+def test_accept_failures_false_stops_a_secagg_round_that_lost_a_client(tmp_path):
+    from fedvit.strategies.base import ClientsFailedError
+
+    with pytest.raises(ClientsFailedError, match="3 of 4 sampled clients completed SecAgg"):
+        run(tmp_path, SECAGG | {"accept-failures": False}, 4, drop={1: COLLECT})
+
+
 def test_central_dp_composes_with_secagg_as_in_flowers_example(tmp_path):
     dp = {"dp.mode": "central", "dp.noise-multiplier": 0.0, "dp.clipping-norm": 0.05}  # no noise: comparable
     plain_dir, _ = run(tmp_path / "plain", dp, 4)
