@@ -34,7 +34,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests that must share one worker (one deployment, Docker stack or Ray cluster at a time) carry an
     ``xdist_group``; pytest-xdist's ``--dist loadgroup`` keeps them together by appending the group to their node
     id. A pytest that ignores that would spread them over the workers without a word: refuse to run instead (a
-    backstop for a release not yet known to: it surfaces as xdist's INTERNALERROR, with this message in it)."""
+    backstop for a release not yet known to: it surfaces as xdist's INTERNALERROR, with this message in it).
+
+    Tests marked ``long`` (minutes each) are collected first, in their order: xdist hands out work in collection
+    order, so the longest start first and the workers end together instead of one finishing a long test alone."""
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("long") is None)  # stable: order kept within
     if not os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("loadgroup", False):  # set in workers
         return
     lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]

@@ -131,6 +131,7 @@ def capture_dp_exchange(root: Path, node: int, partition: int, noise: float) -> 
     return epsilon
 
 
+@pytest.mark.long  # minutes: scheduled first (conftest)
 def test_a_dp_claim_is_read_and_tested_against_planted_canaries(tmp_path):
     """A DP-GD client that reports its ε (Opacus' metric names) with 128 canaries planted, each included with
     probability ½: the audit reads the claim and, scoring the canaries (included against left out), finds it

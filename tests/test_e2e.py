@@ -17,7 +17,8 @@ from safetensors.numpy import load_file
 
 from fedvit.app.flower_processes import private_superlink_env, stop_local_superlink
 
-pytestmark = pytest.mark.e2e  # spread over the xdist workers: each worker's module fixture has its own SuperLink
+# spread over the xdist workers: each worker's module fixture has its own SuperLink; long: scheduled first (conftest)
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 ROOT = Path(__file__).parents[1]
 FEDERATION = "num-supernodes=3 client-resources-num-cpus=1"
 

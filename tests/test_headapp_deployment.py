@@ -19,7 +19,7 @@ import pytest
 
 from tests.test_thirdparty_deployment import deploy, fedvit
 
-pytestmark = pytest.mark.deployment
+pytestmark = [pytest.mark.deployment, pytest.mark.long]
 APP = Path(__file__).parent / "headapp"
 SIZES = {0: 64, 3: 80}  # partition-sizes "64,80": node partitions 0 and 3
 

@@ -18,7 +18,7 @@ from fedvit.capture.reader import load_exchanges
 from tests.report_checks import check_markdown
 from tests.test_thirdparty_deployment import APP, deploy, fedvit
 
-pytestmark = pytest.mark.deployment
+pytestmark = [pytest.mark.deployment, pytest.mark.long]
 PARTITIONS = (0, 1, 2)  # partition-sizes "1,2,3,4": 1, 2 and 3 images
 STAGES = 4  # setup, share keys, collect masked vectors, unmask
 

@@ -22,7 +22,7 @@ from fedvit.core.config import parse_config
 from fedvit.core.model import build_model, get_weights
 from fedvit.strategies.secagg import BOUND_METRIC, DROPPED
 
-pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("secagg-loopback")]
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("secagg-loopback"), pytest.mark.long]
 ROOT = Path(__file__).resolve().parents[1]
 NODES, VICTIM = 5, 3
 SHARED_KEYS = 2  # setup and share keys: the victim holds shares of the others' secrets when it dies
