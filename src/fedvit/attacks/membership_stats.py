@@ -32,8 +32,13 @@ def evenly(images: np.ndarray, labels: np.ndarray, most: int = MAX_CANDIDATES) -
     """At most ``most`` of the images (evenly spaced) with their labels."""
     if len(images) <= most:
         return images, labels
-    keep = evenly_spaced(len(images), most)
+    keep = evenly_kept(len(images), most)
     return images[keep], labels[keep]
+
+
+def evenly_kept(count: int, most: int = MAX_CANDIDATES) -> np.ndarray:
+    """The indices :func:`evenly` keeps of ``count`` images."""
+    return evenly_spaced(count, most) if count > most else np.arange(count)
 
 
 def class_ranks(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:

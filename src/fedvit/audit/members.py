@@ -8,25 +8,25 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
-from fedvit.attacks.membership_stats import MAX_CANDIDATES, Score, judge
-from fedvit.attacks.reidentification import evenly_spaced
+from fedvit.attacks.membership import LOSS_SCORES
+from fedvit.attacks.membership_stats import Score, evenly_kept, judge
 from fedvit.audit.evidence import membership_evidence
 
 IN_AGGREGATE = "its images in the SecAgg+ aggregate"  # what a member's membership evidence measures
 
 
-def member_membership(scores: list[Score], candidates: Any, seed: int,
-                      slices: list[tuple[str, int, int]]) -> dict[str, dict[str, Any]]:  # fmt: skip
+def member_membership(scores: list[Score], candidates: Any, seed: int, slices: list[tuple[str, int, int]],
+                      power: dict[str, Any]) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Per member (its name, and the [start, stop) of its images among ``candidates.members``), the membership
-    evidence of its images alone in the aggregate, against the same non-members."""
+    evidence of its images alone in the aggregate, against the same non-members; its ``power`` the simulated
+    aggregate's for one member (``power``: the aggregate's membership power, with ``per-member`` where it ran)."""
     images, labels = candidates.members
-    kept = evenly_spaced(len(images), MAX_CANDIDATES) if len(images) > MAX_CANDIDATES else np.arange(len(images))
+    kept = evenly_kept(len(images))
+    aligned = all(len(s.members) == len(kept) for s in scores)
     out: dict[str, dict[str, Any]] = {}
     for name, start, stop in slices:
         inside = (kept >= start) & (kept < stop)
-        if any(len(s.members) != len(kept) for s in scores):
+        if not aligned:
             out[name] = membership_evidence(None, "the scores do not line up with the members' images")
         elif not inside.any():
             out[name] = membership_evidence(None, "none of its images among the membership candidates")
@@ -36,4 +36,15 @@ def member_membership(scores: list[Score], candidates: Any, seed: int,
             part = [dataclasses.replace(s, members=s.members[inside]) for s in scores]
             result, _, _ = judge(part, own, seed)
             out[name] = membership_evidence(result, "") | {"measures": IN_AGGREGATE}
+        out[name]["power"] = member_power(out[name], power)
     return out
+
+
+def member_power(found: dict[str, Any], power: dict[str, Any]) -> dict[str, Any]:
+    """What the audit could see of one client's images at this N (the simulated aggregate's ``per-member``), beside
+    the AUC the same loss scores show on this member's images."""
+    twin = power.get("per-member")
+    if twin is None or found["status"] != "measured":
+        return {"status": "not measured", "why": power.get("why", "no simulated aggregate")}
+    observed = [s["auc"] for n, s in found["scores"].items() if n in LOSS_SCORES]
+    return twin | {"observed-auc": max(observed) if observed else float("nan")}

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from fedvit.attacks.app_code import App, AppCodeError, CodeRecipe, load_app, read_code
 from fedvit.attacks.holdings import Auxiliary, Candidates
-from fedvit.attacks.membership import LOSS_SCORES, REFERENCES
+from fedvit.attacks.membership import REFERENCES
 from fedvit.attacks.membership_stats import Roc
 from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, dense_update, recipe
@@ -413,17 +413,9 @@ def audit_exchanges(
         if (scores := recs.pop("scores")) is not None and scores[0]:
             by_client.setdefault(client_of(update), []).append((update["update"], scores))
             if slices := truths.slices.get(ex.label):  # a SecAgg+ aggregate: each member's images in it
-                split = scores[1]
-                members = member_membership(scores[0], split.candidates, split.seed, slices)
-                power = update["leakage"]["membership"].get("power") or {}
-                for e in members.values():  # what the audit could see of one client's images at this N
-                    twin = power.get("per-member")
-                    if twin is not None and e["status"] == "measured":
-                        observed = [s["auc"] for n, s in e["scores"].items() if n in LOSS_SCORES]
-                        e["power"] = twin | {"observed-auc": max(observed) if observed else float("nan")}
-                    else:
-                        e["power"] = {"status": "not measured", "why": power.get("why", "no simulated aggregate")}
-                update["membership-members"] = members
+                split, power = scores[1], update["leakage"]["membership"].get("power") or {}
+                update["membership-members"] = member_membership(scores[0], split.candidates, split.seed, slices,
+                                                                 power)  # fmt: skip
         attacked.append(Audited(obs, truth[0], recs))
         log.info(f"audit: {update['update']}: labels {update['labels']}; " + (
             "unscored" if update["psnr"] is None else

@@ -239,13 +239,13 @@ def aggregate_exchange(found: SecAggRound, aggregate: list[np.ndarray]) -> Excha
     broadcast = found.broadcast
     if broadcast is None:
         raise NotRebuilt("the broadcast model was not captured")
-    names = array_names(collect) or [str(i) for i in range(len(broadcast))]
+    named = array_names(collect)
+    names = named or [str(i) for i in range(len(broadcast))]
     if len(names) != len(broadcast):
         raise NotRebuilt(f"the instruction names {len(names)} arrays, the broadcast model has {len(broadcast)}")
     received = dict(zip(names, broadcast, strict=True))
     sent = {n: np.asarray(a, b.dtype) for n, a, b in zip(names, aggregate, broadcast, strict=True)}
     examples = sum(found.examples.values())
-    named = array_names(collect) is not None
     return dataclasses.replace(
         collect,
         node=AGGREGATE,
@@ -253,8 +253,8 @@ def aggregate_exchange(found: SecAggRound, aggregate: list[np.ndarray]) -> Excha
         received=received,
         sent=sent,
         sent_metrics={"num-examples": examples} if examples else {},
-        received_records={"arrays" if named else FITINS: received},
-        sent_records={"arrays": sent} if named else {},
+        received_records={"arrays" if named is not None else FITINS: received},
+        sent_records={"arrays": sent} if named is not None else {},
         meta=dict(collect.meta) | {"secure-aggregation": f"the aggregate of {len(survivors)} clients",
                                    "member-partitions": {str(n): found.stages[n][COLLECT].partition
                                                          for n in survivors},
@@ -268,4 +268,3 @@ def array_names(collect: Exchange) -> list[str] | None:
     """The model's array names a fedvit SecAgg+ instruction carries in its legacy config, or None (another app)."""
     names = collect.received_configs.get(FITINS_CONFIG, {}).get(ARRAY_NAMES)
     return json.loads(names) if isinstance(names, str) else None
-

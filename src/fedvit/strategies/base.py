@@ -294,7 +294,7 @@ class FedVitStrategy(FedAvg):
         if self.merges_evaluation(rnd - 1):
             config["evaluate-round"] = rnd - 1  # evaluate the received model (round rnd - 1's) before training
         if "lr" in config:
-            config["lr"] = float(config["lr"]) * (1.0 - self.lr_decay) ** (rnd - 1)
+            config["lr"] = self.decayed_lr(float(config["lr"]), rnd)
         content = RecordDict({"arrays": arrays, "config": self.train_config(rnd, config)})
         for name, record in self.extra_train_records(rnd, arrays).items():
             content[name] = record
@@ -306,6 +306,10 @@ class FedVitStrategy(FedAvg):
         ]
         self._outbox = messages
         return messages
+
+    def decayed_lr(self, lr: float, server_round: int) -> float:
+        """The clients' lr in ``server_round``: lr · (1 − lr_decay)^(round − 1)."""
+        return lr * (1.0 - self.lr_decay) ** (server_round - 1)
 
     def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """Hook for per-round config values (e.g. FedProx's proximal-mu)."""

@@ -143,7 +143,7 @@ class SecAggFedAvg(LegacyFedAvg):
         stats.sampled = [self.fedvit.partition_of[n] for n in nodes]
         stats.messages += 4 * len(nodes)  # the four SecAgg+ stages
         stats.bytes_down += sum(len(t) for t in parameters.tensors) * len(nodes)
-        config = ConfigRecord({"server-round": rnd, "lr": self.lr * (1.0 - self.fedvit.lr_decay) ** (rnd - 1)})
+        config = ConfigRecord({"server-round": rnd, "lr": self.fedvit.decayed_lr(self.lr, rnd)})
         config = dict(self.fedvit.train_config(rnd, config))
         config[ARRAY_NAMES] = json.dumps(self.names)  # the legacy API's config holds scalars only
         log(INFO, "configure_train: round %d, partitions %s (SecAgg+)", rnd, stats.sampled)
