@@ -772,3 +772,50 @@ def test_a_declared_augmentation_is_tried_with_and_without_where_the_optimiser_i
     # stated optimiser: the declared augmentation is taken as stated (one candidate per momentum)
     stated = dataclasses.replace(obs, client=dataclasses.replace(declared, optimiser="sgd"))
     assert {c.augment for c in candidate_recipes(stated)} == {declared.augment}
+
+
+@pytest.mark.parametrize("members, per_class_outside, lone", [(60, 40, False), (300, 3, True)])
+def test_the_batched_null_judges_every_draw_as_the_real_split_is_judged(members, per_class_outside, lone):
+    """The null judges its draws in batches; each draw's figures must be :func:`score_figures`' on that draw's split,
+    for every kind of score: calibrated with ties, raw, a class with one non-member (``lone``: ranked among all), a
+    Gaussian fit (each member class with enough non-members), and a combination over rounds."""
+    from fedvit.attacks.membership_stats import (
+        PARAMETRIC,
+        RoundsScore,
+        null_judged,
+        null_parametric,
+        null_roc_figures,
+        score_figures,
+        within_class_shuffles,
+    )
+
+    rng = np.random.default_rng(3)
+    member_labels = rng.integers(0, 4, members)
+    non_member_labels = np.r_[np.repeat(np.arange(4), per_class_outside), 4, 4, 5]
+    non_member_labels = non_member_labels[rng.permutation(len(non_member_labels))]
+    if lone:
+        member_labels[:2] = 5  # class 5 has one non-member: ranked among all of them
+
+    def values(shift: float, rounded: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        inside, outside = rng.normal(shift, 1, len(member_labels)), rng.normal(0, 1, len(non_member_labels))
+        return (np.round(inside, 1), np.round(outside, 1)) if rounded else (inside, outside)  # ties
+
+    tied, raw = Score("tied", "", *values(0.3, rounded=True)), Score("raw", "", *values(0.2), per_class=False)
+    family = [tied, raw, Score("fit", "", *values(0.5)),
+              RoundsScore("rounds", "", (Score("part", "", *values(0.1)), raw, tied))]  # fmt: skip
+    classes = np.r_[member_labels, non_member_labels]
+    is_member = np.r_[np.ones(len(member_labels), bool), np.zeros(len(non_member_labels), bool)]
+    resolution = fpr_resolution(member_labels, non_member_labels)[0]
+    masks = np.stack(list(within_class_shuffles(is_member, classes, 25, seed=1)))
+    for kind in family:
+        batched = null_roc_figures(null_judged(kind, classes, masks), masks, resolution)
+        batched[PARAMETRIC] = null_parametric(kind, classes, masks)
+        for d, mask in enumerate(masks):
+            one = score_figures(kind.resplit(mask), classes[mask], classes[~mask], resolution)
+            assert list(one) == list(batched), kind.name
+            for figure, value in one.items():
+                if value is None:
+                    assert batched[figure] is None, (kind.name, figure)
+                else:
+                    assert batched[figure][d] == pytest.approx(value, abs=1e-12), (kind.name, figure, d)
+    assert (null_parametric(family[2], classes, masks) is None) == lone  # the fit was compared where it applies

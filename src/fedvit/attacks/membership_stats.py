@@ -8,6 +8,7 @@ themselves are in :mod:`fedvit.attacks.membership`."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -25,6 +26,7 @@ NULL_QUANTILE = 0.999  # a finding must beat this quantile of the null (per figu
 FIT_MINIMUM = 20  # non-members of a class a Gaussian fit of their scores needs (LiRA's offline test)
 PARAMETRIC = "tpr@0.001-parametric"  # TPR at 0.1% FPR of the per-class Gaussian fit
 MAX_CANDIDATES = 5000  # per side; more are subsampled (evenly)
+NULL_BATCH = 2_000_000  # draws × candidates judged at once by the null (each array of the batch: 16 MB)
 EPSILON_NULL_DRAWS = 200  # within-class shuffles behind the empirical ε's null (each one a full bound: ~12 ms)
 
 
@@ -288,20 +290,27 @@ def null_figures(
     another's (one score alone: the plain quantile). The class composition of the two sides stays, so a score that
     only tells the client's frequent classes from the population's (its label distribution, a noised model's class
     bias, the raw loss of a class-skewed client) is in its null, not counted as membership. The shuffles keep each
-    class's non-member count: the null has the real split's resolution (None where a target is below it)."""
-    classes = np.concatenate([member_labels, non_member_labels])
+    class's non-member count: the null has the real split's resolution (None where a target is below it). The draws
+    are judged in batches (:func:`null_roc_figures`): per draw, the figures :func:`score_figures` gives (tested)."""
+    classes = np.concatenate([member_labels, non_member_labels]).astype(np.int64)
     is_member = np.concatenate([np.ones(len(member_labels), bool), np.zeros(len(non_member_labels), bool)])
     resolution, _ = fpr_resolution(member_labels, non_member_labels)
-    draws = []  # [draw][score] -> figures
-    for shuffled in within_class_shuffles(is_member, classes, NULL_DRAWS, seed):
-        labels = classes[shuffled], classes[~shuffled]
-        draws.append([score_figures(s.resplit(shuffled), *labels, resolution) for s in scores])
-    nulls: list[dict[str, Any]] = [dict.fromkeys(draws[0][0]) for _ in scores]
-    for figure in draws[0][0]:  # a figure a score lacks (below the resolution, no fit) is None in every draw
-        present = [k for k in range(len(scores)) if draws[0][k][figure] is not None]
+    shuffles = within_class_shuffles(is_member, classes, NULL_DRAWS, seed)
+    batches: list[dict[str, list[np.ndarray | None]]] = [{} for _ in scores]  # [score][figure] -> per batch
+    while batch := list(itertools.islice(shuffles, max(1, NULL_BATCH // max(len(classes), 1)))):
+        members = np.stack(batch)
+        for k, score in enumerate(scores):
+            figures = null_roc_figures(null_judged(score, classes, members), members, resolution)
+            figures[PARAMETRIC] = null_parametric(score, classes, members)
+            for name, values in figures.items():
+                batches[k].setdefault(name, []).append(values)
+    draws = [{name: None if parts[0] is None else np.concatenate(parts) for name, parts in b.items()} for b in batches]
+    nulls: list[dict[str, Any]] = [dict.fromkeys(draws[0]) for _ in scores]
+    for figure in draws[0]:  # a figure a score lacks (below the resolution, no fit) is None in every draw
+        present = [k for k in range(len(scores)) if draws[k][figure] is not None]
         if not present:
             continue
-        found = np.array([[d[k][figure] for k in present] for d in draws])  # [draws, scores]
+        found = np.stack([draws[k][figure] for k in present], axis=1)  # [draws, scores]
         if len(present) == 1:
             nulls[present[0]][figure] = float(np.quantile(found[:, 0], NULL_QUANTILE))
             continue
@@ -310,6 +319,105 @@ def null_figures(
         for j, k in enumerate(present):
             nulls[k][figure] = float(centre[j] + threshold * spread[j])
     return nulls
+
+
+def null_mid_ranks(values: np.ndarray, reference: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """[draws, N]: in each draw, each value's mid-rank among the values that draw marks as ``reference`` ([draws, N]
+    bool) within its group (:func:`class_ranks`'s (#{r < s} + ½ #{r = s}) / n, the group's n being the same in every
+    draw, as within-class shuffles keep it). One sort per group for all draws: the counts below and through each
+    value are cumulative sums of the marks along the group's sorted values."""
+    ranks = np.empty(reference.shape)
+    for group in np.unique(groups):
+        order = np.flatnonzero(groups == group)
+        order = order[np.argsort(values[order], kind="stable")]
+        ordered = values[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(ordered)) + 1]  # each run of tied values
+        sizes = np.diff(np.r_[starts, len(ordered)])
+        first, last = np.repeat(starts, sizes), np.repeat(starts + sizes, sizes)
+        counts = np.zeros((len(reference), len(ordered) + 1))
+        np.cumsum(reference[:, order], axis=1, out=counts[:, 1:])
+        below, through = counts[:, first], counts[:, last]
+        ranks[:, order] = (below + 0.5 * (through - below)) / np.maximum(counts[:, -1:], 1)
+    return ranks
+
+
+def null_calibrated(values: np.ndarray, classes: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """:func:`calibrate` of the pooled ``values`` on every draw's split (``members`` [draws, N]) at once: each value's
+    mid-rank among its class's non-members of the draw; a class with fewer than two non-members among all of them."""
+    non_members = ~members
+    ranks = null_mid_ranks(values, non_members, classes)
+    per_class = np.bincount(classes, non_members[0], minlength=classes.max(initial=0) + 1)
+    few = per_class[classes] < 2
+    if few.any():
+        ranks[:, few] = null_mid_ranks(values, non_members, np.zeros(len(values), np.int64))[:, few]
+    return ranks
+
+
+def null_judged(score: Score | RoundsScore, classes: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """The values :meth:`Score.judged` (or :meth:`RoundsScore.judged`) gives on each draw's split, [draws, N] over
+    the pooled candidates (members first, as :meth:`Score.resplit` pools them)."""
+    if isinstance(score, Score):
+        pooled = np.concatenate([score.members, score.non_members])
+        if not score.per_class:
+            return np.broadcast_to(pooled, members.shape)
+        return null_calibrated(pooled, classes, members)
+    floor = 0.5 / max(int((~members[0]).sum()), 1)
+    total = np.zeros(members.shape)
+    for part in score.parts:
+        pooled = np.concatenate([part.members, part.non_members])
+        if part.per_class:
+            ranks = null_calibrated(pooled, classes, members)
+        else:
+            ranks = null_mid_ranks(pooled, ~members, np.zeros(len(pooled), np.int64))
+        total += ndtri(np.clip(ranks, floor, 1 - floor))
+    return total / math.sqrt(len(score.parts))
+
+
+def null_roc_figures(values: np.ndarray, members: np.ndarray, resolution: float) -> dict[str, np.ndarray | None]:
+    """:func:`roc_figures` of every draw at once (``values``, ``members``: [draws, N]): the ROC's points are the
+    last image of each run of tied values in descending order; the AUC is the trapezoid between consecutive
+    points (from the origin), and a TPR at an FPR target the last point's within it (the TPR never falls)."""
+    draws, n = values.shape
+    inside = int(members[0].sum())
+    order = np.argsort(-values, axis=1, kind="stable")
+    ordered = np.take_along_axis(values, order, 1)
+    true_positives = np.cumsum(np.take_along_axis(members, order, 1), axis=1)
+    tpr = true_positives / max(inside, 1)
+    fpr = (np.arange(1, n + 1) - true_positives) / max(n - inside, 1)
+    point = np.ones((draws, n), bool)
+    point[:, :-1] = ordered[:, 1:] != ordered[:, :-1]
+    # each point's predecessor: the last point before it (-1: the origin)
+    latest = np.maximum.accumulate(np.where(point, np.arange(n), -1), axis=1)
+    previous = np.c_[np.full((draws, 1), -1), latest[:, :-1]]
+    fpr_before = np.where(previous >= 0, np.take_along_axis(fpr, np.maximum(previous, 0), 1), 0.0)
+    tpr_before = np.where(previous >= 0, np.take_along_axis(tpr, np.maximum(previous, 0), 1), 0.0)
+    auc = np.where(point, (fpr - fpr_before) * (tpr + tpr_before), 0.0).sum(1) / 2
+
+    def tpr_at(target: float) -> np.ndarray:
+        return np.where(point & (fpr <= target + 1e-12), tpr, 0.0).max(1)
+
+    figures: dict[str, np.ndarray | None] = {"auc": auc}
+    for f in FPRS:
+        figures[f"tpr@{f:g}"] = tpr_at(f) if resolved(f, resolution) else None
+    return figures | {"tpr@resolution": tpr_at(max(resolution, 0.0))}
+
+
+def null_parametric(score: Score | RoundsScore, classes: np.ndarray, members: np.ndarray) -> np.ndarray | None:
+    """:meth:`Score.fitted`'s TPR at 0.1% FPR on every draw's split at once (None where the score has no fit: a raw
+    or combined score, or a member class with fewer than :data:`FIT_MINIMUM` non-members, the same in every draw)."""
+    if not isinstance(score, Score) or not score.per_class:
+        return None
+    count = np.bincount(classes[~members[0]], minlength=classes.max(initial=0) + 1).astype(float)
+    if (count[np.unique(classes[members[0]])] < FIT_MINIMUM).any():
+        return None
+    pooled = np.concatenate([score.members, score.non_members])
+    one_hot = (classes[:, None] == np.arange(len(count))).astype(float)
+    outside = (~members).astype(float)
+    mean = (outside * pooled) @ one_hot / np.maximum(count, 1)
+    centred = pooled - mean[:, classes]
+    spread = np.sqrt((outside * centred**2) @ one_hot / np.maximum(count - 1, 1)) + 1e-12
+    passed = (centred / spread[:, classes] > ndtri(1 - FPRS[0])) & members
+    return passed.sum(1) / max(int(members[0].sum()), 1)
 
 
 def clears_null(figures: dict[str, Any], null: dict[str, Any]) -> bool:
