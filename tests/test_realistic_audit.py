@@ -21,8 +21,7 @@ from fedvit.attacks.label_distribution import BENCHMARKED_ERROR
 from tests.report_checks import check_markdown
 from tests.test_thirdparty_deployment import APP, PARTITIONS, deploy, fedvit
 
-# one worker runs them one after another: side by side each took 1.4-1.7 times as long as beside lighter tests
-pytestmark = [pytest.mark.deployment, pytest.mark.long, pytest.mark.xdist_group("realistic-audits")]
+pytestmark = [pytest.mark.deployment, pytest.mark.long]
 SIZES = {PARTITIONS[0]: 1000, PARTITIONS[1]: 1200}  # partition-sizes "1000,1200": partition 3 takes the second
 # fraction-evaluate=0: the audit reads the train replies; evaluation rounds would only start more ClientApp processes
 RUN = 'partition-sizes="1000,1200" dirichlet-alpha=0.5 images="textures" batch-size=32 lr=0.01 fraction-evaluate=0.0'
