@@ -578,9 +578,9 @@ def test_calibration_ranks_each_class_among_its_non_members():
     assert np.isclose(inside[2], 3 / 5)  # class 2 has one non-member: ranked among all five
 
 
-def test_calibration_in_one_sort_is_each_class_ranked_on_its_own():
-    """The one-sort calibration equals ranking each class's scores among that class's non-members (all non-members
-    for a class with fewer than two), ties included."""
+def test_calibration_is_each_class_ranked_on_its_own():
+    """The calibration (the null's batched ranks on one draw) equals ranking each class's scores among that class's
+    non-members (all non-members for a class with fewer than two), ties included."""
 
     rng = np.random.default_rng(0)
     for case in range(200):

@@ -59,27 +59,16 @@ def calibrate(
     granularity) and a null split centres on 0.5 however skewed a class's scores are (a mean/std standardisation
     does not: with most members in a long-tailed class it gives 0.50 where the within-class AUC is 0.63,
     tests/test_label_distribution.py). A class with fewer than two non-members is ranked among all non-members."""
-    # One sort for every class: each score becomes its rank among all scores, keyed by class (class × n + rank), so a
-    # class's non-members are one contiguous run of the sorted keys (the null calls this thousands of times).
-    scores = np.concatenate([member_scores, non_member_scores])
-    labels = np.concatenate([member_labels, non_member_labels]).astype(np.int64)
-    order = np.unique(scores, return_inverse=True)[1].astype(np.int64)
-    span = len(scores) + 1
-    keys = labels * span + order
-    reference = np.sort(keys[len(member_scores):])
-    classes, of_class = np.unique(labels, return_inverse=True)
-    starts = np.searchsorted(reference, classes * span, "left")
-    first, count = starts[of_class], (np.searchsorted(reference, classes * span + span, "left") - starts)[of_class]
-    by_key = np.argsort(keys, kind="stable")  # sorted queries: searchsorted walks the reference once
-    below, through = np.empty(len(keys), np.int64), np.empty(len(keys), np.int64)
-    below[by_key] = np.searchsorted(reference, keys[by_key], "left")
-    through[by_key] = np.searchsorted(reference, keys[by_key], "right")
-    below, tied = below - first, through - below
-    ranks = (below + 0.5 * tied) / np.maximum(count, 1)
-    few = count < 2  # ranked among all non-members
-    if few.any():
-        ranks[few] = class_ranks(scores[few], non_member_scores)
+    classes, members = one_split(member_labels, non_member_labels)
+    ranks = null_calibrated(np.concatenate([member_scores, non_member_scores]), classes, members)[0]
     return ranks[: len(member_scores)], ranks[len(member_scores) :]
+
+
+def one_split(member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pooled candidates' classes and the real split as the null's one draw ([1, N] member marks, members
+    first)."""
+    classes = np.concatenate([member_labels, non_member_labels]).astype(np.int64)
+    return classes, np.arange(len(classes))[None] < len(member_labels)
 
 
 def fpr_resolution(member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[float, int]:
@@ -229,16 +218,8 @@ class RoundsScore:
     per_class: bool = True
 
     def judged(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        members, non_members = np.zeros(len(member_labels)), np.zeros(len(non_member_labels))
-        floor = 0.5 / max(len(non_member_labels), 1)  # a rank of 0 or 1 is the edge of what the non-members tell
-        for part in self.parts:
-            if part.per_class:
-                ranks = part.judged(member_labels, non_member_labels)
-            else:
-                ranks = class_ranks(part.members, part.non_members), class_ranks(part.non_members, part.non_members)
-            members += ndtri(np.clip(ranks[0], floor, 1 - floor))  # the normal quantile
-            non_members += ndtri(np.clip(ranks[1], floor, 1 - floor))
-        return members / math.sqrt(len(self.parts)), non_members / math.sqrt(len(self.parts))
+        values = null_judged(self, *one_split(member_labels, non_member_labels))[0]
+        return values[: len(member_labels)], values[len(member_labels) :]
 
     def fitted(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> None:
         """No parametric fit: a combination of ranks has no per-class Gaussian to fit."""
@@ -292,10 +273,9 @@ def null_figures(
     bias, the raw loss of a class-skewed client) is in its null, not counted as membership. The shuffles keep each
     class's non-member count: the null has the real split's resolution (None where a target is below it). The draws
     are judged in batches (:func:`null_roc_figures`): per draw, the figures :func:`score_figures` gives (tested)."""
-    classes = np.concatenate([member_labels, non_member_labels]).astype(np.int64)
-    is_member = np.concatenate([np.ones(len(member_labels), bool), np.zeros(len(non_member_labels), bool)])
+    classes, real = one_split(member_labels, non_member_labels)
     resolution, _ = fpr_resolution(member_labels, non_member_labels)
-    shuffles = within_class_shuffles(is_member, classes, NULL_DRAWS, seed)
+    shuffles = within_class_shuffles(real[0], classes, NULL_DRAWS, seed)
     batches: list[dict[str, list[np.ndarray | None]]] = [{} for _ in scores]  # [score][figure] -> per batch
     while batch := list(itertools.islice(shuffles, max(1, NULL_BATCH // max(len(classes), 1)))):
         members = np.stack(batch)
