@@ -136,7 +136,9 @@ def test_a_dp_claim_is_read_and_tested_against_planted_canaries(tmp_path):
     """A DP-GD client that reports its ε (Opacus' metric names) with 128 canaries planted, each included with
     probability ½: the audit reads the claim and, scoring the canaries (included against left out), finds it
     consistent; the same client with its noise switched off, still claiming the noisy run's ε, memorises its
-    canaries and is flagged: the empirical ε (a 95% Clopper–Pearson lower bound) exceeds the claim."""
+    canaries and is flagged: the empirical ε (a 95% Clopper–Pearson lower bound) exceeds the claim. The audit is
+    asked for membership alone (``--leakage membership``), as a DP claim's check is: labels and images are reported
+    as not asked for, and the label estimate, which no asked-for figure rests on here, does not run."""
     claimed = {}
     for name, noise in (("noisy", DP_NOISE), ("noiseless", 0.0)):
         claimed[name] = capture_dp_exchange(tmp_path / name, 21, 1, noise)
@@ -144,9 +146,13 @@ def test_a_dp_claim_is_read_and_tested_against_planted_canaries(tmp_path):
     data = UserData("cnnapp_partitions:dp", {"21": 1}, tuple(range(4, 40)), str(APP),
                     canaries="cnnapp_partitions:canaries")  # fmt: skip
     reports = {name: audit_app_captures(tmp_path / name, tmp_path / f"{name}-out", SPEC, BUDGET, data=data,
-                                        references=0) for name in claimed}  # fmt: skip
+                                        references=0, leakage=("membership",)) for name in claimed}  # fmt: skip
     for name, report in reports.items():
         (row,) = report["updates"]
+        for kind in ("labels", "images"):
+            assert row["leakage"][kind] == {"status": "not measured", "why": "not asked for: --leakage membership"}
+        assert "labels not measured (not asked for: --leakage membership)" in report["verdict-detail"]
+        assert "class-mix search" not in json.dumps(row)  # the label estimate did not run
         assert f"privacy claim ε {claimed[name]:g}, δ 1e-05, noise multiplier 35, clipping norm 1 (reply metrics)" in (
             row["recipe"])  # fmt: skip
         member = row["leakage"]["membership"]
@@ -163,6 +169,27 @@ def test_a_dp_claim_is_read_and_tested_against_planted_canaries(tmp_path):
     assert reports["noiseless"]["verdict-detail"].startswith("LEAKS") and "DP claim violated in 1 of 1" in (
         reports["noiseless"]["verdict-detail"])  # fmt: skip
     assert "violates the claimed ε" in (tmp_path / "noiseless-out" / "audit.md").read_text()
+
+
+def test_a_leakage_type_not_asked_for_is_not_measured_unless_an_asked_for_figure_rests_on_it():
+    """--leakage: a type not asked for reports why; the label estimate still runs where membership's shadow
+    updates (references > 0) or its power twin (no canaries) simulate what it estimates."""
+    from types import SimpleNamespace
+
+    from fedvit.audit.registry import Held, not_asked
+
+    def held(leakage: tuple[str, ...], references: int, canaries: bool) -> Held:
+        return Held(None, None, None, False, BUDGET, {}, candidates=SimpleNamespace(canaries=canaries),
+                    references=references, leakage=leakage)  # fmt: skip
+
+    assert not_asked("labels", held(("membership",), 8, False)) is None  # the shadow updates rest on it
+    assert not_asked("labels", held(("membership",), 0, False)) is None  # the power twin does
+    assert not_asked("labels", held(("membership",), 0, True)) == "not asked for: --leakage membership"
+    assert not_asked("labels", held(("membership", "images"), 8, True)) is None  # the shadows, beside canaries
+    assert not_asked("images", held(("membership",), 8, False)) == "not asked for: --leakage membership"
+    assert not_asked("labels", held(("images",), 8, False)) == "not asked for: --leakage images"
+    assert all(not_asked(k, held(("labels", "membership", "images"), 0, True)) is None
+               for k in ("labels", "membership", "images"))  # fmt: skip
 
 
 def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_partitions(tmp_path):

@@ -208,6 +208,11 @@ def test_audit_cli_end_to_end_on_a_captured_run(tmp_path, capsys):
     assert "--images: for --benchmark only" in capsys.readouterr().err
     assert main(["audit", "--benchmark", "--out", str(tmp_path / "a5"), "--data", "cifar10"]) == 2
     assert "--data: the benchmark scores against the images its own clients trained on" in capsys.readouterr().err
+    assert main(["audit", "--benchmark", "--out", str(tmp_path / "a6"), "--leakage", "membership"]) == 2
+    assert "--leakage: the benchmark measures every leakage type" in capsys.readouterr().err
+    assert main(["audit", str(run_dir), "--out", str(tmp_path / "a7"), "--leakage", "membership,label"]) == 2
+    assert "leakage must name some of labels, membership, images, got ['label', 'membership']" in (
+        capsys.readouterr().err)  # fmt: skip
 
 
 def test_captures_in_the_old_layout_get_one_clear_error(tmp_path, capsys):

@@ -100,6 +100,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "training simulated on half the non-member images at the estimated class counts; at most "
                    "60 s): each image's gradient against what the update holds beyond them (default "
                    "%(default)s; 0: that score off, the loss scores only)")  # fmt: skip
+    g.add_argument("--leakage", help="comma-separated leakage types to measure, of labels, membership and images "
+                   "(default: all), e.g. membership to test a DP claim against --canaries alone; the others are "
+                   "reported as not asked for. The label estimate still runs where a membership figure rests on "
+                   "its simulation (the shadow updates; the power twin unless canaries are scored)")  # fmt: skip
 
     g = p.add_argument_group("budget (the optimisation attacks)")
     g.add_argument("-c", "--run-config", action="append", default=[], help="key=value or a TOML file: audit.* keys "
@@ -156,6 +160,7 @@ def misplaced(args: argparse.Namespace) -> str | None:
             (given(args, MODEL_FLAGS), "the benchmark attacks fedvit's own model (set it with -c model.*)"),
             (given(args, DATA_FLAGS), "the benchmark scores against the images its own clients trained on"),
             (given(args, RECIPE_FLAGS), "the benchmark's clients follow its run config (set it with -c)"),
+            (given(args, ("leakage",)), "the benchmark measures every leakage type"),
         ):
             if flags:
                 return f"{', '.join(flags)}: {why}"
@@ -226,6 +231,7 @@ def audit_captures(args: argparse.Namespace, budgets: list[int] | None) -> None:
         fit_check=not args.no_fit_check,
         decoys=args.decoys,
         membership_references=args.membership_references,
+        leakage=None if args.leakage is None else [k.strip() for k in args.leakage.split(",") if k.strip()],
         budgets=budgets,
         device=args.device,
         **budget_keywords(args),

@@ -66,6 +66,7 @@ def audit_captures(
     budgets: Iterable[int] | None = None,
     device: str | None = None,
     title: str | None = None,
+    leakage: Iterable[str] | None = None,
     **budget: Any,
 ) -> AuditResult:
     """Audit every captured train exchange under ``captures`` and write the report under ``out``.
@@ -82,9 +83,13 @@ def audit_captures(
       recipe simulates.
     - the budget: ``iterations``, ``restarts``, ``max_seconds``, ``tv``, ``lr``, ... (``fedvit audit --help``);
       ``budgets`` one row per Adam-step budget; ``device`` "auto", "cpu" or "cuda".
+    - ``leakage``: the leakage types to measure, of "labels", "membership" and "images" (default: all); the others
+      are reported "not asked for". The label estimate still runs where a membership figure rests on its
+      simulation (the shadow updates; the power twin unless canaries are scored).
 
     Raises ``ValueError`` (or its subclasses: fedvit's ``AuditInputError``, ``SpecError``) saying what to change.
     """
+    from fedvit.audit.evidence import LEAKAGE_KINDS
     from fedvit.audit.pipeline import AuditOptions, run_audit
     from fedvit.audit.summary import ClientFinding
 
@@ -93,6 +98,9 @@ def audit_captures(
         raise ValueError("decoys and membership_references must be >= 0")
     if sent not in ("auto", "gradient", "weights"):
         raise ValueError(f"sent must be auto, gradient or weights, got {sent!r}")
+    kinds = LEAKAGE_KINDS if leakage is None else tuple(k for k in LEAKAGE_KINDS if k in set(leakage))
+    if leakage is not None and (not kinds or set(leakage) - set(LEAKAGE_KINDS)):
+        raise ValueError(f"leakage must name some of {', '.join(LEAKAGE_KINDS)}, got {sorted(set(leakage))}")
     steps = sorted({int(b) for b in budgets}) if budgets is not None else None
     if steps is not None and (not steps or steps[0] < 1):
         raise ValueError(f"budgets must be Adam steps >= 1, got {budgets!r}")
@@ -116,6 +124,7 @@ def audit_captures(
         budgets=steps,
         device=device,
         title=title,
+        leakage=kinds,
     )
     report = run_audit(captures, out, options)
     log.info(f"audit: {report['verdict']}")

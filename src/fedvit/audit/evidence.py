@@ -20,6 +20,7 @@ import numpy as np
 LABEL_MARGIN = 0.05  # the counts must misplace ≥ 5 points of the images fewer than the prior does
 IMAGE_MARGIN = 0.05  # re-identification top-1 above the null's by ≥ 5 points and by 3 standard errors
 MEASURED, UNVERIFIED, NOT_MEASURED = "measured", "estimated (unverified)", "not measured"
+LEAKAGE_KINDS = ("labels", "membership", "images")  # the leakage types, in the report's order (--leakage picks)
 THREAT_MODELS = {
     "server": "honest-but-curious server: every client's reply and the instruction it was sent",
     "wire-tap": "passive eavesdropper on the wire: both directions of every train exchange",
@@ -175,7 +176,7 @@ def verdict(updates: list[dict[str, Any]], nothing: str, clients: list[dict[str,
     everything measured stayed within it; "unverified" where nothing could be checked."""
     if not updates:
         return nothing
-    parts = {kind: _part(kind, [u["leakage"][kind] for u in updates]) for kind in ("labels", "membership", "images")}
+    parts = {kind: _part(kind, [u["leakage"][kind] for u in updates]) for kind in LEAKAGE_KINDS}
     if clients:
         parts["rounds"] = rounds_part(clients)
     privacy = privacy_part([u["leakage"]["membership"] for u in updates])

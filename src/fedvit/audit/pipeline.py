@@ -30,7 +30,7 @@ from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, dense_update, recipe
 from fedvit.attacks.recipe import ClientRecipe, map_part, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
-from fedvit.audit.evidence import threat_model, verdict
+from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
@@ -88,6 +88,7 @@ class AuditOptions:
     title: str | None = None
     dataset_mean: np.ndarray | None = None  # the benchmark's "dataset mean image" reference
     gallery: Gallery | None = None  # decoys for every update (default: each run's test split, ``decoys`` of them)
+    leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types measured (--leakage); the others say "not asked for"
 
 
 class Audited(NamedTuple):
@@ -330,7 +331,7 @@ def attack_exchange(
     started = time.perf_counter()
     held = Held(images, labels, gallery, exact, budget, {**obs.meta, "defence": obs.defence.name}, aux,
                 candidates, options.budgets, device or options.device, options.references, position,
-                fit_check=options.fit_check)  # fmt: skip
+                fit_check=options.fit_check, leakage=options.leakage)  # fmt: skip
     obs, findings = measure_all(obs, held)  # a measure may estimate a recipe value: the one recipe from here on
     client = recipe(obs)
     rows = [row for f in findings.values() for row in f.rows]

@@ -53,7 +53,14 @@ from fedvit.attacks.observation import (
 from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import RecipeFit
-from fedvit.audit.evidence import DEFAULT_DELTA, image_evidence, label_evidence, membership_evidence, privacy_evidence
+from fedvit.audit.evidence import (
+    DEFAULT_DELTA,
+    LEAKAGE_KINDS,
+    image_evidence,
+    label_evidence,
+    membership_evidence,
+    privacy_evidence,
+)
 from fedvit.audit.metrics import as_batch, score
 from fedvit.core.budget import AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
@@ -226,6 +233,7 @@ class Held:
     references: int = 0  # shadow updates behind the shadow-alignment membership score (0: that score is off)
     position: str = ""  # "update k/n", for progress bars
     fit_check: bool = True  # withhold the simulation's figures where the recipe does not fit (off: a mutation check)
+    leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types asked for (--leakage); the others are not measured
     found: Found = field(default_factory=Found)
 
 
@@ -578,6 +586,7 @@ def best_image(findings: dict[str, Finding]) -> tuple[str | None, dict[str, Any]
 def _images(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, Any]:
     _, scores = best_image(findings)
     why = "no image attack ran" if scores is None and held.images is not None else "no ground truth and no --data"
+    why = not_asked("images", held) or why
     return image_evidence(scores, len(as_batch(held.images) or []) or 1, why)
 
 
@@ -626,14 +635,27 @@ def seen_by(leakage: str, obs: Observation, held: Held) -> tuple[Observation, He
     return pair
 
 
+def not_asked(leakage: str, held: Held) -> str | None:
+    """Why the measures of ``leakage`` do not run because it was not asked for (None: they run). The label
+    estimate also runs where an asked-for membership figure rests on its simulation: the shadow updates
+    (``references`` > 0) and the power twin (not where canaries are scored)."""
+    if leakage in held.leakage:
+        return None
+    canaries = held.candidates is not None and held.candidates.canaries
+    if leakage == "labels" and "membership" in held.leakage and (held.references > 0 or not canaries):
+        return None
+    return f"not asked for: --leakage {','.join(held.leakage)}"
+
+
 def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Finding]]:
-    """Every registry entry on one update, in order; each that does not apply reports why. A recipe value that a
-    measure estimates from the update replaces the assumed one for every later measure; returns the observation
-    with the recipe the measures ended on, and the findings."""
+    """Every registry entry on one update, in order; each that does not apply, or whose leakage type was not asked
+    for (:func:`not_asked`), reports why. A recipe value that a measure estimates from the update replaces the
+    assumed one for every later measure; returns the observation with the recipe the measures ended on, and the
+    findings."""
     findings = {}
     for measure in MEASURES:
         o, h = seen_by(measure.leakage, obs, held)
-        why = measure.why_not(o, h)
+        why = not_asked(measure.leakage, h) or measure.why_not(o, h)
         findings[measure.name] = found = measure.refused(o, h, why) if why is not None else measure.run(o, h)
         if found.recipe is not None:
             obs = dataclasses.replace(obs, client=found.recipe)
