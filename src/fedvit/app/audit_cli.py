@@ -103,7 +103,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--leakage", help="comma-separated leakage types to measure, of labels, membership and images "
                    "(default: all), e.g. membership to test a DP claim against --canaries alone; the others are "
                    "reported as not asked for. The label estimate still runs where a membership figure rests on "
-                   "its simulation (the shadow updates; the power twin unless canaries are scored)")  # fmt: skip
+                   "its simulation (the shadow updates and the power twin, neither of which runs where canaries "
+                   "are scored)")  # fmt: skip
 
     g = p.add_argument_group("budget (the optimisation attacks)")
     g.add_argument("-c", "--run-config", action="append", default=[], help="key=value or a TOML file: audit.* keys "

@@ -85,7 +85,7 @@ def audit_captures(
       ``budgets`` one row per Adam-step budget; ``device`` "auto", "cpu" or "cuda".
     - ``leakage``: the leakage types to measure, of "labels", "membership" and "images" (default: all); the others
       are reported "not asked for". The label estimate still runs where a membership figure rests on its
-      simulation (the shadow updates; the power twin unless canaries are scored).
+      simulation (the shadow updates and the power twin, neither of which runs where canaries are scored).
 
     Raises ``ValueError`` (or its subclasses: fedvit's ``AuditInputError``, ``SpecError``) saying what to change.
     """

@@ -637,12 +637,12 @@ def seen_by(leakage: str, obs: Observation, held: Held) -> tuple[Observation, He
 
 def not_asked(leakage: str, held: Held) -> str | None:
     """Why the measures of ``leakage`` do not run because it was not asked for (None: they run). The label
-    estimate also runs where an asked-for membership figure rests on its simulation: the shadow updates
-    (``references`` > 0) and the power twin (not where canaries are scored)."""
+    estimate also runs where asked-for membership figures rest on its simulation: the shadow updates and the power
+    twin, neither of which runs where canaries are scored (:func:`alignment_applies`, :func:`power_applies`)."""
     if leakage in held.leakage:
         return None
     canaries = held.candidates is not None and held.candidates.canaries
-    if leakage == "labels" and "membership" in held.leakage and (held.references > 0 or not canaries):
+    if leakage == "labels" and "membership" in held.leakage and not canaries:
         return None
     return f"not asked for: --leakage {','.join(held.leakage)}"
 
