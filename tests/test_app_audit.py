@@ -25,7 +25,7 @@ from fedvit.attacks.model_spec import ModelSpec, SpecError, model_settings
 from fedvit.attacks.observation import Observation
 from fedvit.attacks.recipe import ClientRecipe, map_state, sent_kind
 from fedvit.attacks.simulation import simulate
-from fedvit.audit.api import find_spec_file, read_spec_file, spec_from
+from fedvit.audit.api import audit_captures, find_spec_file, read_spec_file, spec_from
 from fedvit.audit.pipeline import AuditOptions, run_audit
 from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
@@ -190,6 +190,9 @@ def test_a_leakage_type_not_asked_for_is_not_measured_unless_an_asked_for_figure
     assert not_asked("labels", held(("images",), 8, False)) == "not asked for: --leakage images"
     assert all(not_asked(k, held(("labels", "membership", "images"), 0, True)) is None
                for k in ("labels", "membership", "images"))  # fmt: skip
+    for given in (iter(["membership", "label"]), "membership, label"):  # an iterator read once; the CLI's form
+        with pytest.raises(ValueError, match=r"got \['label', 'membership'\]"):
+            audit_captures(Path("no-captures"), leakage=given)
 
 
 def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_partitions(tmp_path):

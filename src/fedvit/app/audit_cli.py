@@ -232,7 +232,7 @@ def audit_captures(args: argparse.Namespace, budgets: list[int] | None) -> None:
         fit_check=not args.no_fit_check,
         decoys=args.decoys,
         membership_references=args.membership_references,
-        leakage=None if args.leakage is None else [k.strip() for k in args.leakage.split(",") if k.strip()],
+        leakage=args.leakage,
         budgets=budgets,
         device=args.device,
         **budget_keywords(args),

@@ -66,7 +66,7 @@ def audit_captures(
     budgets: Iterable[int] | None = None,
     device: str | None = None,
     title: str | None = None,
-    leakage: Iterable[str] | None = None,
+    leakage: str | Iterable[str] | None = None,
     **budget: Any,
 ) -> AuditResult:
     """Audit every captured train exchange under ``captures`` and write the report under ``out``.
@@ -83,9 +83,10 @@ def audit_captures(
       recipe simulates.
     - the budget: ``iterations``, ``restarts``, ``max_seconds``, ``tv``, ``lr``, ... (``fedvit audit --help``);
       ``budgets`` one row per Adam-step budget; ``device`` "auto", "cpu" or "cuda".
-    - ``leakage``: the leakage types to measure, of "labels", "membership" and "images" (default: all); the others
-      are reported "not asked for". The label estimate still runs where a membership figure rests on its
-      simulation (the shadow updates and the power twin, neither of which runs where canaries are scored).
+    - ``leakage``: the leakage types to measure, of "labels", "membership" and "images", as names or one
+      comma-separated string as ``--leakage`` takes it (default: all); the others are reported "not asked for".
+      The label estimate still runs where a membership figure rests on its simulation (the shadow updates and the
+      power twin, neither of which runs where canaries are scored).
 
     Raises ``ValueError`` (or its subclasses: fedvit's ``AuditInputError``, ``SpecError``) saying what to change.
     """
@@ -98,9 +99,12 @@ def audit_captures(
         raise ValueError("decoys and membership_references must be >= 0")
     if sent not in ("auto", "gradient", "weights"):
         raise ValueError(f"sent must be auto, gradient or weights, got {sent!r}")
-    kinds = LEAKAGE_KINDS if leakage is None else tuple(k for k in LEAKAGE_KINDS if k in set(leakage))
-    if leakage is not None and (not kinds or set(leakage) - set(LEAKAGE_KINDS)):
-        raise ValueError(f"leakage must name some of {', '.join(LEAKAGE_KINDS)}, got {sorted(set(leakage))}")
+    kinds = LEAKAGE_KINDS
+    if leakage is not None:  # read once: an iterator is consumed, a string is the command line's comma list
+        asked = {k.strip() for k in leakage.split(",") if k.strip()} if isinstance(leakage, str) else set(leakage)
+        kinds = tuple(k for k in LEAKAGE_KINDS if k in asked)
+        if not kinds or asked - set(LEAKAGE_KINDS):
+            raise ValueError(f"leakage must name some of {', '.join(LEAKAGE_KINDS)}, got {sorted(asked)}")
     steps = sorted({int(b) for b in budgets}) if budgets is not None else None
     if steps is not None and (not steps or steps[0] < 1):
         raise ValueError(f"budgets must be Adam steps >= 1, got {budgets!r}")
