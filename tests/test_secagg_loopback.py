@@ -6,6 +6,7 @@ bound, and round 2 runs on the survivors."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -26,17 +27,16 @@ pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("secagg-loopback")
 ROOT = Path(__file__).resolve().parents[1]
 NODES, VICTIM = 5, 3
 SHARED_KEYS = 2  # setup and share keys: the victim holds shares of the others' secrets when it dies
+SENT_IN_ROUND_ONE = re.compile(r"\[RUN \d+, ROUND 1\]\n[^\n]*Sending: train message[^\n]*\n[^\n]*Sent successfully")
 
 
-def stages_seen(run_dir: Path, partition: int) -> int:
-    """How many round-1 SecAgg+ exchanges the clients' capture has recorded for ``partition``."""
-    seen = 0
-    for path in run_dir.glob("run-*/captures/round-0001/node-*.json"):
-        try:
-            seen += json.loads(path.read_text()).get("partition") == partition
-        except (json.JSONDecodeError, OSError):
-            continue  # being written
-    return seen
+def round_one_replies_sent(log: Path) -> int:
+    """How many round-1 train replies (SecAgg+ stages) a SuperNode has finished uploading: Flower logs "Sent
+    successfully" once the reply's last object reached the SuperLink. (The clients' capture is written before the
+    upload: killing on it once caught the victim mid-upload, and the server then waited for the lost reply's objects
+    until the SuperLink's push session expired.)"""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return len(SENT_IN_ROUND_ONE.findall(text))
 
 
 def test_a_secagg_run_survives_a_killed_supernode_and_equals_fedavg_of_the_survivors(tmp_path):
@@ -54,7 +54,8 @@ def test_a_secagg_run_survives_a_killed_supernode_and_equals_fedavg_of_the_survi
                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
         try:
             deadline = time.monotonic() + 400
-            while stages_seen(out / name, VICTIM) < SHARED_KEYS:
+            victim_log = deployment.log_of(f"supernode-{VICTIM + 1}")
+            while round_one_replies_sent(victim_log) < SHARED_KEYS:
                 assert run.poll() is None and time.monotonic() < deadline, "the victim never shared its keys"
                 time.sleep(0.2)
             deployment.kill(f"supernode-{VICTIM + 1}", signal.SIGKILL)

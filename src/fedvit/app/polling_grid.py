@@ -44,7 +44,8 @@ class PollingGrid:
         self.packed = packed  # False: Flower's own message layout (e.g. for a stock ClientApp)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
-        """Push ``messages``, then pull until every reply arrived or ``timeout`` s passed (None: no limit)."""
+        """Push ``messages``, then pull until every reply arrived or ``timeout`` s passed (None: no limit); the
+        last pull starts after the deadline, so every reply that arrived in time is returned."""
         messages = list(messages)
         packed: dict[int, RecordDict] = {}  # one packing per content: messages that share content keep sharing it
         for msg in messages:
@@ -56,15 +57,20 @@ class PollingGrid:
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while pending:
+            # Read the clock before pulling, not after: one pull can outlast the deadline (Flower retries a reply
+            # whose sender died mid-upload until the SuperLink's object-push session expires, 180 s in Flower
+            # 1.41), and the replies that reached the SuperLink meanwhile must still be pulled, not dropped.
+            late = deadline is not None and time.monotonic() >= deadline
             got = list(self._grid.pull_messages(pending))
             for reply in got:
                 if reply.has_content() and is_packed(reply.content):
                     reply.content = unpack(reply.content)
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
-            if not pending or (deadline is not None and time.monotonic() >= deadline):
+            if late:
                 break
-            time.sleep(self.interval)
+            if pending:
+                time.sleep(self.interval)
         return replies
 
     def __getattr__(self, name: str):
