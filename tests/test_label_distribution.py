@@ -634,6 +634,7 @@ def test_the_projection_and_gradient_chunks_shrink_to_fit_a_large_model(monkeypa
     loss = torch.nn.functional.cross_entropy(logits, torch.as_tensor(labels[6:7]))
     expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
     assert torch.allclose(chunks[1][1], expected, atol=1e-6)
+    assert torch.equal(membership.gradient_matrix(model, images, labels), torch.cat(chunks))  # written in place
 
 
 def test_the_gram_matrix_from_its_upper_blocks_is_exactly_g_times_its_transpose():

@@ -95,6 +95,25 @@ def per_sample_gradients(
     when given: a partial update's), in chunks [b, P] of up to :data:`BATCH` (a quarter of :data:`GRADIENT_BYTES`
     each; ``torch.func``: one vectorised backward pass per chunk; eval mode; ``model`` is switched to timm's
     explicit attention)."""
+    for _, parts in gradient_parts(model, images, labels, names):
+        yield torch.cat(parts, 1)
+
+
+def gradient_matrix(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, names: list[str] | None = None
+) -> torch.Tensor:
+    """:func:`per_sample_gradients` of all ``images`` as one [n, P] tensor, each chunk written into its rows (no
+    concatenated copies: the projection pool's is up to 1 GB)."""
+    rows = torch.empty(len(images), parameter_count(model, names))
+    for first, parts in gradient_parts(model, images, labels, names):
+        torch.cat(parts, 1, out=rows[first : first + len(parts[0])])
+    return rows
+
+
+def gradient_parts(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, names: list[str] | None
+) -> Iterator[tuple[int, list[torch.Tensor]]]:
+    """(first image, [b, size] per parameter) of each chunk of :func:`per_sample_gradients`."""
     for module in model.modules():  # timm's fused attention has no batching rule (vmap would loop over images)
         if hasattr(module, "fused_attn"):
             module.fused_attn = False
@@ -112,7 +131,7 @@ def per_sample_gradients(
         x = normalize(model, torch.as_tensor(images[first : first + chunk], dtype=torch.float32))
         y = torch.as_tensor(labels[first : first + chunk], dtype=torch.int64)
         grads = per_image(params, x, y)
-        yield torch.cat([grads[n].flatten(1) for n in params], 1)
+        yield first, [grads[n].flatten(1) for n in params]
 
 
 def parameter_count(model: torch.nn.Module, names: list[str] | None = None) -> int:
@@ -184,7 +203,7 @@ def residual_direction(
     model = model_with(obs, point).float().eval()
     names = trained_names(obs)
     chosen = evenly(pool.images, pool.labels, projection_pool(model, names))
-    g = torch.cat(list(per_sample_gradients(model, *chosen, names)))
+    g = gradient_matrix(model, *chosen, names)
     key = projection_key(model, chosen, names) if received else None
     inverse = _received_projection.get(key)  # a None key is never stored
     if inverse is None:
