@@ -14,6 +14,7 @@ from fedvit.audit.summary import client_of
 BAND_DRAWS = 200  # within-class shuffles behind the ROC's null band
 BAND = (0.025, 0.975)  # the band's quantiles over the shuffles
 MAX_LABEL_PANELS = 12  # label-count panels drawn (the rest: audit.json)
+SHORT_AXIS = (0.2, 0.5)  # the minor ticks labelled on a ROC axis shorter than a decade
 
 
 def tpr_at(roc: tuple[np.ndarray, np.ndarray], grid: np.ndarray) -> np.ndarray:
@@ -36,10 +37,15 @@ def null_band(roc: Roc, grid: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np
     return low, high
 
 
+def short_axis_label(value: float, _position: int) -> str:
+    """A minor tick's label on a ROC axis within one decade: only :data:`SHORT_AXIS`'s, in plain numbers."""
+    return f"{value:g}" if np.isclose(value, SHORT_AXIS).any() else ""
+
+
 def roc_figure(clients: dict[str, list[tuple[str, Roc]]]) -> Any:
     """Log–log ROC, one panel per client and one curve per update (short labels), drawn only above the FPR
     resolution (marked), over the null's band; the diagonal is chance."""
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     from fedvit.core.plots import plt
 
@@ -64,10 +70,13 @@ def roc_figure(clients: dict[str, list[tuple[str, Roc]]]) -> Any:
                 transform=ax.get_xaxis_transform())  # fmt: skip
         ax.set(xscale="log", yscale="log", xlim=(floor / 2, 1), ylim=(floor / 2, 1.05), xlabel="false positive rate",
                ylabel="true positive rate")  # fmt: skip
-        if floor / 2 < 0.1:  # decades only where there are two: minor labels collide on a log axis
-            for axis in (ax.xaxis, ax.yaxis):
+        for axis in (ax.xaxis, ax.yaxis):  # matplotlib labels every minor tick of a short log axis: they collide
+            if floor / 2 < 0.1:  # two decades or more: decades only
                 axis.set_minor_formatter(NullFormatter())
-        ax.tick_params(labelsize=7)
+            else:  # within one decade (a handful of non-members): 0.2, 0.5 and 1 in plain numbers
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                axis.set_minor_formatter(FuncFormatter(short_axis_label))
+        ax.tick_params(which="both", labelsize=7)
         ax.set_title(client, fontsize=8)
         ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
