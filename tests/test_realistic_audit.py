@@ -97,6 +97,32 @@ def assert_labels_and_membership_leak(report: dict, epochs: int, out: Path) -> N
     assert (out / "membership-roc.png").exists()
 
 
+# The longest test first: xdist hands out tests in collection order, and started last it ended the deployment suite
+# about 2 minutes after the other worker (xdist's scheduling replayed on one CI run's durations).
+ROUNDS_RUN = ('partition-sizes="150,180" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=1 '
+              'fraction-evaluate=0.0')
+MEDIUM = {PARTITIONS[0]: 150, PARTITIONS[1]: 180}
+
+
+def test_a_clients_rounds_combined_show_at_least_its_best_round(tmp_path):
+    """Two IID clients (150 and 180 photograph-like images) over 5 rounds of 1 local epoch, through the tap: each
+    client's membership over its 5 updates (each score's per-update ranks combined, against the same shuffles on
+    every update) has an AUC at least its best single update's, and the report and verdict carry it."""
+    captures = tapped(tmp_path / "rounds", "", ROUNDS_RUN, rounds=5)
+    report = audit(captures, tmp_path / "audit", sizes=MEDIUM, loader="medium", decoys="4-23")
+    assert len(report["updates"]) == 10 and len(report["clients"]) == 2, report["clients"]
+    for client in report["clients"]:
+        partition = int(client["client"].removeprefix("partition "))
+        own = [u for u in report["updates"] if u["partition"] == partition]
+        assert len(own) == 5 == len(client["updates"])
+        best = max(u["leakage"]["membership"]["auc"] for u in own)
+        combined = client["membership"]
+        print(f"{client['client']}: combined AUC {combined['auc']:.3f} ({combined['score']}), best update {best:.3f}")
+        assert combined["status"] == "measured" and combined["reference"].endswith("over 5 update(s)"), combined
+        assert combined["auc"] >= best, (combined, [u["leakage"]["membership"]["auc"] for u in own])
+    assert "membership over each client's updates beyond the null for" in report["verdict-detail"]
+
+
 def test_one_epoch_rounds_leak_their_label_distribution_and_a_swapped_mapping_shows_no_evidence(tmp_path):
     report = audit(tapped(tmp_path / "e1", "local-epochs=1"), tmp_path / "audit-e1")
     assert_labels_and_membership_leak(report, 1, tmp_path / "audit-e1")
@@ -175,27 +201,3 @@ def test_a_memorising_client_is_caught_at_least_as_well_as_the_plain_loss_attack
         assert member["clears"], member
     detail = report["verdict-detail"]
     assert detail.startswith("LEAKS") and "membership beyond the null in 2 of 2" in detail
-
-
-ROUNDS_RUN = ('partition-sizes="150,180" dirichlet-alpha=0 images="textures" batch-size=32 lr=0.01 local-epochs=1 '
-              'fraction-evaluate=0.0')
-MEDIUM = {PARTITIONS[0]: 150, PARTITIONS[1]: 180}
-
-
-def test_a_clients_rounds_combined_show_at_least_its_best_round(tmp_path):
-    """Two IID clients (150 and 180 photograph-like images) over 5 rounds of 1 local epoch, through the tap: each
-    client's membership over its 5 updates (each score's per-update ranks combined, against the same shuffles on
-    every update) has an AUC at least its best single update's, and the report and verdict carry it."""
-    captures = tapped(tmp_path / "rounds", "", ROUNDS_RUN, rounds=5)
-    report = audit(captures, tmp_path / "audit", sizes=MEDIUM, loader="medium", decoys="4-23")
-    assert len(report["updates"]) == 10 and len(report["clients"]) == 2, report["clients"]
-    for client in report["clients"]:
-        partition = int(client["client"].removeprefix("partition "))
-        own = [u for u in report["updates"] if u["partition"] == partition]
-        assert len(own) == 5 == len(client["updates"])
-        best = max(u["leakage"]["membership"]["auc"] for u in own)
-        combined = client["membership"]
-        print(f"{client['client']}: combined AUC {combined['auc']:.3f} ({combined['score']}), best update {best:.3f}")
-        assert combined["status"] == "measured" and combined["reference"].endswith("over 5 update(s)"), combined
-        assert combined["auc"] >= best, (combined, [u["leakage"]["membership"]["auc"] for u in own])
-    assert "membership over each client's updates beyond the null for" in report["verdict-detail"]
