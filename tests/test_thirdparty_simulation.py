@@ -19,7 +19,7 @@ import pytest
 from fedvit.app.flower_processes import executable, flower_env, private_superlink_env, stop_local_superlink
 
 # xdist: a running Ray cluster is joined by any local ray.init()
-pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("ray"), pytest.mark.long]
 APP = Path(__file__).parent / "thirdparty_app"
 sys.path.insert(0, str(APP))
 

@@ -21,7 +21,7 @@ import pytest
 
 from fedvit.app.flower_processes import private_superlink_env, superlink_pids
 
-pytestmark = pytest.mark.deployment
+pytestmark = [pytest.mark.deployment, pytest.mark.long]
 ROOT = Path(__file__).resolve().parents[1]
 THIRDPARTY = Path(__file__).parent / "thirdparty_app"
 FLOWER_GROUPS = {"1.41": "flwr-1-41", "1.42": "flwr-1-42"}  # pyproject's dependency groups, one per release
