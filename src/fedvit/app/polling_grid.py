@@ -35,8 +35,8 @@ def poll_interval() -> float:
 
 
 class PollingGrid:
-    """Wraps a Grid; only ``send_and_receive`` is re-implemented (same semantics, another poll interval, packed
-    ArrayRecords on the wire)."""
+    """Wraps a Grid; only ``send_and_receive`` is re-implemented (Flower's semantics, another poll interval, packed
+    ArrayRecords on the wire, and one pull that starts after the deadline)."""
 
     def __init__(self, grid: Grid, interval: float, packed: bool = True) -> None:
         self._grid = grid
