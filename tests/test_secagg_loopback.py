@@ -17,6 +17,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from fedvit.app.deployment.loopback import LoopbackDeployment
+from fedvit.app.deployment.topology import supernode_name
 from fedvit.app.flower_processes import executable
 from fedvit.clients import runner
 from fedvit.core.config import parse_config
@@ -54,11 +55,10 @@ def test_a_secagg_run_survives_a_killed_supernode_and_equals_fedavg_of_the_survi
                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
         try:
             deadline = time.monotonic() + 400
-            victim_log = deployment.log_of(f"supernode-{VICTIM + 1}")
-            while round_one_replies_sent(victim_log) < SHARED_KEYS:
+            while round_one_replies_sent(deployment.log_of(supernode_name(VICTIM))) < SHARED_KEYS:
                 assert run.poll() is None and time.monotonic() < deadline, "the victim never shared its keys"
                 time.sleep(0.2)
-            deployment.kill(f"supernode-{VICTIM + 1}", signal.SIGKILL)
+            deployment.kill(supernode_name(VICTIM), signal.SIGKILL)
             output, _ = run.communicate(timeout=600)
         finally:
             if run.poll() is None:
