@@ -12,6 +12,7 @@ from pathlib import Path
 
 import fedvit
 from fedvit.app import audit_cli
+from fedvit.app.app_files import staged_app
 from fedvit.app.deployment import cli as deployment_cli
 from fedvit.app.flower_processes import (
     flower_env,
@@ -29,10 +30,11 @@ RUN_STARTED = re.compile(r"Successfully started run (\d+)")
 REATTACH_S = 600.0  # how long `fedvit run` waits for a SuperLink that stopped answering mid-run
 
 
-def flwr_run_command(args: argparse.Namespace, override_file: Path) -> list[str]:
-    """The ``flwr run`` call for ``fedvit run``: every ``-c`` merged key by key into one ``override_file``."""
+def flwr_run_command(args: argparse.Namespace, override_file: Path, app: Path | None = None) -> list[str]:
+    """The ``flwr run`` call for ``fedvit run``: every ``-c`` merged key by key into one ``override_file``;
+    ``app``: the folder to bundle (default: the app's own)."""
     local = args.superlink is None or args.superlink == "local"
-    cmd = [flwr_executable(), "run", str(args.app), *([args.superlink] if args.superlink else []), "--stream"]
+    cmd = [flwr_executable(), "run", str(app or args.app), *([args.superlink] if args.superlink else []), "--stream"]
     overrides = merge_overrides(args.run_config)
     if overrides:
         cmd += ["--run-config", str(write_overrides(overrides, override_file))]
@@ -66,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
         if code:
             return code
     with tempfile.TemporaryDirectory(prefix="fedvit-run-") as tmp:
-        cmd = flwr_run_command(args, Path(tmp) / "run-config.toml")
+        staged = None
+        if app_dir.is_dir():  # flwr run would list every file under the folder, virtual environments included
+            staged = staged_app(app_dir, Path(tmp) / "app")
+            print(f"fedvit: the files of {app_dir} that its bundle (FAB) can hold, staged in {staged}", flush=True)
+        cmd = flwr_run_command(args, Path(tmp) / "run-config.toml", staged)
         print("$", " ".join(cmd), flush=True)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         run_id = None
