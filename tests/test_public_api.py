@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from importlib.metadata import version
 
 import fedvit
@@ -47,6 +48,11 @@ def test_the_capture_path_and_the_command_line_import_no_torch():
     assert loaded_after("import fedvit.capture.wire_tap, fedvit.capture.reader, fedvit.app.tap") == []
     assert loaded_after("from fedvit.app.cli import build_parser; build_parser()") == []
     assert loaded_after("from fedvit import audit_captures, AuditResult") == []  # torch loads when it runs
+    # `fedvit run`'s config check and staging, before flwr run (the run's own processes import torch)
+    root = str(Path(__file__).resolve().parents[1])
+    assert loaded_after(f"from pathlib import Path; from fedvit.app.run_config import check_config; "
+                        f"from fedvit.app.app_files import app_files; assert check_config(Path({root!r}), []) == 0; "
+                        f"app_files(Path({root!r}))") == []  # fmt: skip
     # the probe sees torch where it is imported
     assert "torch" in loaded_after("import fedvit.audit.pipeline")
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import fedvit
 from fedvit.app import audit_cli
-from fedvit.app.app_files import staged_app
 from fedvit.app.deployment import cli as deployment_cli
 from fedvit.app.flower_processes import (
     flower_env,
@@ -70,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="fedvit-run-") as tmp:
         staged = None
         if app_dir.is_dir():  # flwr run would list every file under the folder, virtual environments included
+            from fedvit.app.app_files import staged_app  # flwr's CLI modules: only for a run
+
             staged = staged_app(app_dir, Path(tmp) / "app")
             print(f"fedvit: the files of {app_dir} that its bundle (FAB) can hold, staged in {staged}", flush=True)
         cmd = flwr_run_command(args, Path(tmp) / "run-config.toml", staged)

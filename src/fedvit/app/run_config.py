@@ -98,8 +98,8 @@ def check_config(app_dir: Path, overrides: list[str], local_data: bool = True) -
     """
     try:
         config = parse_config(resolved_run_config(app_dir, overrides))
-        if local_data:
-            from fedvit.core.data import check_imagefolder  # torch: only when the data is checked
+        if local_data and config.data.imagefolder_path is not None:
+            from fedvit.core.data import check_imagefolder  # torch (seconds): only when there is a folder to check
 
             check_imagefolder(config.data)
     except ConfigError as err:
