@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from importlib.metadata import version
+from pathlib import Path
 
 import fedvit
 
