@@ -9,6 +9,7 @@ Marked ``deployment``: a wheel build, an environment and a simulation (~1-2 min)
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -108,15 +109,19 @@ def test_the_wheel_installs_beside_a_users_core_and_strategies_and_captures_and_
     assert tops == {"fedvit", wheel.name.split("-py3")[0] + ".dist-info"}, tops  # nothing outside the namespace
 
     bin_dir = fresh_environment(tmp_path, wheel, user_library(tmp_path / "userlib"))
+    # As on a user's machine, the environment's processes write bytecode: CI sets PYTHONDONTWRITEBYTECODE, and the
+    # fresh environment has no .pyc, so every process (Ray's workers, the audit) compiled torch's sources again.
+    user_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     where = run(bin_dir / "python", "-c", "import core, strategies, fedvit, flwr.common; "
                 "print(core.__file__, strategies.__file__, fedvit.__file__, fedvit.__version__, sep='\\n')",
-                cwd=tmp_path).stdout.split()  # fmt: skip
+                cwd=tmp_path, env=user_env).stdout.split()  # fmt: skip
     assert all("/venv/" in path for path in where[:3]) and "userlib" not in where[2], where
-    assert run(bin_dir / "fedvit", "--version").stdout.startswith(f"fedvit {where[3]} (Flower {version('flwr')})")
+    version_line = run(bin_dir / "fedvit", "--version", env=user_env).stdout
+    assert version_line.startswith(f"fedvit {where[3]} (Flower {version('flwr')})")
 
     app = user_app(tmp_path / "app")
     captures, home = tmp_path / "captures", tmp_path / "flwr-home"
-    env = private_superlink_env(home) | {
+    env = private_superlink_env(home, user_env) | {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_TELEMETRY_ENABLED": "0",
