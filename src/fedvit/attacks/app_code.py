@@ -79,6 +79,43 @@ class Transform:
 
 
 @dataclasses.dataclass(frozen=True)
+class CentralDp:
+    """Central DP as the app's server code sets it up: Flower's ``DifferentialPrivacy{Client,Server}Side{Fixed,
+    Adaptive}Clipping`` wrapper around its strategy (the server adds Gaussian noise of std σ·C/N to the aggregate of
+    N sampled clients' updates, each clipped to norm C: on the clients with ``fixedclipping_mod`` or
+    ``adaptiveclipping_mod``, else on the server), and the clipping mods on the clients."""
+
+    wrapper: str  # the wrapper's class name
+    source: str  # where it is built (``server_app.py:31``)
+    noise_multiplier: Value
+    clipping_norm: Value  # the fixed norm, or the adaptive wrappers' initial one
+    sampled_clients: Value
+    client_mods: tuple[str, ...] = ()  # clipping mods in a ClientApp's mods (``fixedclipping_mod (client_app.py:40)``)
+
+    @property
+    def clipped_on_clients(self) -> bool:
+        return "ClientSide" in self.wrapper
+
+    @property
+    def noise_std(self) -> float | None:
+        """σ·C/N, the std of the noise on each entry of the aggregate (None: a value not read)."""
+        values = (self.noise_multiplier.value, self.clipping_norm.value, self.sampled_clients.value)
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values) or not values[2]:
+            return None
+        return float(values[0]) * float(values[1]) / float(values[2])
+
+    def described(self) -> str:
+        where = "on the clients" + (f" ({', '.join(self.client_mods)})" if self.client_mods else "") if \
+            self.clipped_on_clients else "on the server"
+        std = self.noise_std
+        return (f"central DP: {self.wrapper} ({self.source}): each update clipped to norm C {where}, the server adds "
+                f"Gaussian noise of std σ·C/N to the aggregate (σ {self.noise_multiplier.described()}, C "
+                f"{self.clipping_norm.described()}, N {self.sampled_clients.described()}"
+                + (f": std {std:.3g} per entry" if std is not None else "") + "); the noise protects the aggregate "
+                "and the models the server broadcasts, not the updates: each travels clipped, not noised")
+
+
+@dataclasses.dataclass(frozen=True)
 class CodeRecipe:
     """What the app's training code says, each value with its source (None: the code has no such value)."""
 
@@ -91,6 +128,8 @@ class CodeRecipe:
     epochs: Value | None = None
     batch_size: Value | None = None
     trained: Value | None = None  # the module whose parameters the optimiser gets ("" the whole model)
+    loss: Value | None = None  # the training loss (LOSSES' names: "cross-entropy", "mse", …)
+    central_dp: CentralDp | None = None  # Flower's server-side DP wrapper around the strategy, if the app has one
     frozen: tuple[Value, ...] = ()  # submodules frozen with requires_grad_(False)
     transforms: tuple[Transform, ...] = ()
     notes: tuple[str, ...] = ()
@@ -201,11 +240,129 @@ class App:
     def function_named(self, name: str) -> list[tuple[Module, ast.FunctionDef]]:
         return [(m, m.functions[name]) for m in self.modules.values() if name in m.functions]
 
+    def callee(self, module: Module, call: ast.Call) -> tuple[str, list[ast.expr], list[ast.keyword]]:
+        """The name of the function ``call`` reaches, as Python resolves it (``train_fn`` under ``from pkg.task
+        import train as train_fn`` is ``train``; ``task.train``'s is ``train``; a ``functools.partial`` bound to a
+        local name is its function), and the positional and keyword arguments it gets (a partial's first)."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            bound = self.local_assignment(module, func)
+            if bound is None and func.id in module.constants:
+                bound = module.constants[func.id]
+            if isinstance(bound, ast.Call) and (partial := self.partial_of(module, bound)) is not None:
+                name, args, keywords = partial
+                return name, args + list(call.args), keywords + list(call.keywords)
+            origin = module.imports.get(func.id)
+            return (origin.rpartition(".")[2] if origin else func.id), list(call.args), list(call.keywords)
+        if (partial := self.partial_of(module, call)) is not None:  # partial(train, ...) itself
+            return partial
+        return _called_name(call), list(call.args), list(call.keywords)
+
+    def partial_of(self, module: Module, call: ast.Call) -> tuple[str, list[ast.expr], list[ast.keyword]] | None:
+        """``functools.partial(f, *args, **kw)``: (f's name as :meth:`callee` resolves it, args, kw); else None."""
+        if self.dotted(module, call.func).rpartition(".")[2] != "partial" or not call.args:
+            return None
+        target = call.args[0]
+        if isinstance(target, ast.Name):
+            origin = module.imports.get(target.id)
+            name = origin.rpartition(".")[2] if origin else target.id
+        elif isinstance(target, ast.Attribute):
+            name = target.attr
+        else:
+            return None
+        return name, list(call.args[1:]), list(call.keywords)
+
+    def argument_sites(self, module: Module, function: ast.FunctionDef, index: int, param: str
+                       ) -> list[tuple[Module, ast.expr, Module, ast.Call]]:  # fmt: skip
+        """Where the app calls ``function`` (directly, under an alias, through a partial), the expression each call
+        passes for its parameter ``param`` (position ``index``) or its default: (the module that holds the
+        expression, the expression, the calling module, the call)."""
+        sites = []
+        offset = 1 if function.args.args and function.args.args[0].arg in ("self", "cls") else 0
+        for caller in self.modules.values():
+            for call in ast.walk(caller.tree):
+                if not isinstance(call, ast.Call):
+                    continue
+                name, args, keywords = self.callee(caller, call)
+                if name != function.name or self.partial_of(caller, call) is not None:
+                    continue  # a partial's own construction is read where its result is called
+                arg = next((k.value for k in keywords if k.arg == param), None)
+                if arg is None and 0 <= index - offset < len(args):
+                    arg = args[index - offset]
+                if arg is not None:
+                    sites.append((caller, arg, caller, call))
+                    continue
+                defaults = function.args.defaults
+                first_default = len(function.args.args) - len(defaults)
+                if index >= first_default:
+                    sites.append((module, defaults[index - first_default], caller, call))
+        return sites
+
+    def constructor(self, module: Module, expr: ast.expr, hops: int = 0) -> tuple[Module, ast.Call] | list[str]:
+        """The call that builds the object ``expr`` names (an optimiser, a DataLoader), followed through local
+        assignments, module constants and the arguments of the function's callers; else why not (a list of
+        reasons)."""
+        if isinstance(expr, ast.Call):
+            return module, expr
+        if isinstance(expr, ast.Name) and hops <= MAX_HOPS:
+            if (assigned := self.local_assignment(module, expr)) is not None:
+                return self.constructor(module, assigned, hops + 1)
+            function = self.enclosing_function(module, expr)
+            params = [a.arg for a in function.args.args] if function is not None else []
+            if function is not None and expr.id in params:
+                sites = self.argument_sites(module, function, params.index(expr.id), expr.id)
+                found = [self.constructor(m, e, hops + 1) for m, e, _, _ in sites]
+                built = [f for f in found if isinstance(f, tuple)]
+                if built and len({ast.unparse(c) for _, c in built}) == 1:
+                    return built[0]
+                if len(built) > 1:
+                    return [f"`{expr.id}` is built differently at the calls of {function.name}"]
+                return [f"`{expr.id}` is a parameter of {function.name}, built nowhere the code could read"]
+            if expr.id in module.constants:
+                return self.constructor(module, module.constants[expr.id], hops + 1)
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+            assigned = self.attribute_assignment(module, expr)
+            if assigned is not None and hops <= MAX_HOPS:
+                return self.constructor(*assigned, hops + 1)
+        return [f"`{ast.unparse(expr)}` is not built where the code could read it"]
+
+    def attribute_assignment(self, module: Module, attribute: ast.Attribute) -> tuple[Module, ast.expr] | None:
+        """``self.x = …`` in the class that uses ``self.x`` (its first such assignment), with its module."""
+        node: ast.AST = attribute
+        while node in module.parents and not isinstance(node, ast.ClassDef):
+            node = module.parents[node]
+        if not isinstance(node, ast.ClassDef):
+            return None
+        for assign in ast.walk(node):
+            if isinstance(assign, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and t.attr == attribute.attr and isinstance(t.value, ast.Name)
+                    and t.value.id == "self" for t in assign.targets):  # fmt: skip
+                return module, assign.value
+        return None
+
     def train_handlers(self) -> list[tuple[Module, ast.FunctionDef]]:
-        """The functions decorated ``@<app>.train(...)`` (Flower's Message API), else the clients' ``fit``."""
+        """The functions decorated ``@<app>.train(...)`` (Flower's Message API), else the legacy API's: the
+        ``client_fn`` handed to ``ClientApp(client_fn=…)`` (where the client's data and model are built) and the
+        clients' ``fit``; with either, a LightningModule's ``training_step`` and ``configure_optimizers``, which
+        Lightning calls on the app's behalf."""
         found = [(m, f) for m in self.modules.values() for f in ast.walk(m.tree) if isinstance(f, ast.FunctionDef)
                  and any(_decorator_name(d) == "train" for d in f.decorator_list)]  # fmt: skip
-        return found or [(m, f) for m in self.modules.values() for n, f in m.functions.items() if n == "fit"]
+        if not found:
+            factories = {ast.unparse(k.value) for m in self.modules.values() for call in ast.walk(m.tree)
+                         if isinstance(call, ast.Call) and _called_name(call) == "ClientApp"
+                         for k in call.keywords if k.arg == "client_fn"}  # fmt: skip
+            found = [(m, f) for m in self.modules.values() for n, f in m.functions.items()
+                     if n == "fit" or n in factories]  # fmt: skip
+            if not any(f.name == "fit" for _, f in found):
+                return []
+        return found + self.lightning_hooks()
+
+    def lightning_hooks(self) -> list[tuple[Module, ast.FunctionDef]]:
+        """``training_step`` and ``configure_optimizers`` of the app's LightningModules."""
+        return [(m, f) for m in self.modules.values() for c in ast.walk(m.tree) if isinstance(c, ast.ClassDef)
+                and any(ast.unparse(b).rpartition(".")[2] == "LightningModule" for b in c.bases)
+                for f in c.body if isinstance(f, ast.FunctionDef)
+                and f.name in ("training_step", "configure_optimizers")]  # fmt: skip
 
     def reachable(self, handlers: list[tuple[Module, ast.FunctionDef]]) -> list[tuple[Module, ast.AST]]:
         """The training ``handlers`` and every function and module constant they reach by name (calls,
@@ -217,8 +374,10 @@ class App:
             if id(node) in seen:
                 continue
             seen[id(node)] = (module, node)
-            for name in {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
-                    n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}:  # fmt: skip
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            names |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            names |= {module.imports[n].rpartition(".")[2] for n in names if n in module.imports}  # aliases
+            for name in names:
                 todo += self.function_named(name)
                 for other in self.modules.values():
                     if name in other.constants and (other is module or name in module.imports):
@@ -303,13 +462,20 @@ class App:
         function = self.enclosing_function(module, name)
         if function is None:
             return None
-        found = None
+        found, value = None, None
         for node in ast.walk(function):
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id == name.id and node.lineno < getattr(name, "lineno", 10**9)):  # fmt: skip
-                if found is None or node.lineno > found.lineno:
-                    found = node
-        return None if found is None else found.value
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and node.lineno < getattr(name, "lineno", 10**9)):  # fmt: skip
+                continue
+            target, assigned = node.targets[0], node.value
+            if isinstance(target, ast.Tuple) and isinstance(assigned, ast.Tuple) and len(target.elts) == len(
+                    assigned.elts):  # ``lr, epochs = config["lr"], config["local_epochs"]``: element by element
+                pairs = zip(target.elts, assigned.elts, strict=True)
+                assigned = next((v for t, v in pairs if isinstance(t, ast.Name) and t.id == name.id), None)
+                target = name if assigned is not None else target
+            if isinstance(target, ast.Name) and target.id == name.id and (found is None or node.lineno > found.lineno):
+                found, value = node, assigned
+        return value
 
     def resolve_name(self, module: Module, name: ast.Name, records: dict[str, dict], hops: int) -> tuple[Any, str]:
         if (assigned := self.local_assignment(module, name)) is not None:
@@ -335,24 +501,9 @@ class App:
         if hops >= MAX_HOPS:
             raise Unread(f"`{param}` passes through more than {MAX_HOPS} calls")
         found: dict[Any, str] = {}
-        for caller in self.modules.values():
-            for call in ast.walk(caller.tree):
-                if not (isinstance(call, ast.Call) and _called_name(call) == function.name):
-                    continue
-                offset = 1 if function.args.args and function.args.args[0].arg == "self" else 0
-                arg = next((k.value for k in call.keywords if k.arg == param), None)
-                if arg is None and index - offset < len(call.args) and index - offset >= 0:
-                    arg = call.args[index - offset]
-                if arg is None:
-                    defaults = function.args.defaults
-                    first_default = len(function.args.args) - len(defaults)
-                    if index < first_default:
-                        continue
-                    arg, caller_module = defaults[index - first_default], module
-                else:
-                    caller_module = caller
-                value, how = self.resolve(caller_module, arg, records, hops + 1)
-                found.setdefault(value, f"{param} ← {self.line(caller, call)}" + (f" {how}" if how else ""))
+        for holder, arg, caller, call in self.argument_sites(module, function, index, param):
+            value, how = self.resolve(holder, arg, records, hops + 1)
+            found.setdefault(value, f"{param} ← {self.line(caller, call)}" + (f" {how}" if how else ""))
         if not found:
             raise Unread(f"`{param}` is a parameter of {function.name}, called nowhere in the app")
         if len(found) > 1:
@@ -391,6 +542,22 @@ def _walk(nodes: list[tuple[Module, ast.AST]]) -> Iterator[tuple[Module, ast.AST
 # ---------------------------------------------------------------------------- the recipe
 
 
+def read_value(app: App, module: Module, node: ast.AST, expr: ast.expr | None, records: dict[str, dict],
+               default: Any = None, whose: str = "torch's") -> Value:  # fmt: skip
+    """``expr`` (an argument at ``node``) resolved against ``records``: its value with its source, or unread with
+    why; ``default`` (``whose`` default) where the code gives no ``expr``."""
+    where = app.line(module, node)
+    if expr is None:
+        return Value(default, where, f"{whose} default" if default is not None else "not given")
+    try:
+        found, how = app.resolve(module, expr, records)
+    except Unread as err:
+        return Value(None, where, str(err))
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as err:  # code that would fail, or loop
+        return Value(None, where, f"`{ast.unparse(expr)}` is not read statically ({type(err).__name__})")
+    return Value(found, where, how)
+
+
 def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
     """The recipe the app's training code states, resolved against one exchange's records (``records``: "run
     config" and "ConfigRecord" values)."""
@@ -401,29 +568,23 @@ def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
         return CodeRecipe(app.where, notes=tuple(notes))
     reached = app.reachable(handlers)
 
-    def value(module: Module, node: ast.AST, expr: ast.expr | None, default: Any = None, what: str = "") -> Value:
-        where = app.line(module, node)
-        if expr is None:
-            return Value(default, where, f"{what}torch's default" if default is not None else "")
-        try:
-            found, how = app.resolve(module, expr, records)
-        except Unread as err:
-            return Value(None, where, str(err))
-        except (ArithmeticError, TypeError, ValueError, RecursionError) as err:  # code that would fail, or loop
-            return Value(None, where, f"`{ast.unparse(expr)}` is not read statically ({type(err).__name__})")
-        return Value(found, where, how)
+    def value(module: Module, node: ast.AST, expr: ast.expr | None, default: Any = None) -> Value:
+        return read_value(app, module, node, expr, records, default)
 
     fields: dict[str, Any] = {}
     steps = [(m, n) for m, n in _walk(reached) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr == "step" and not n.args and isinstance(n.func.value, ast.Name)]  # fmt: skip
-    built = []
+             and n.func.attr == "step" and not n.args and isinstance(n.func.value, ast.Name | ast.Attribute)
+             and not _scheduler(n.func.value)]  # fmt: skip
+    built = []  # (module, the step() call or returned optimiser, its constructor or why it is not read)
     for module, call in steps:
-        assigned = app.local_assignment(module, call.func.value)
-        if assigned is None and call.func.value.id in module.constants:
-            assigned = module.constants[call.func.value.id]
-        built.append((module, call, assigned))
-    optimisers = [(m, a) for m, _, a in built if isinstance(a, ast.Call)
-                  and app.dotted(m, a.func).rpartition(".")[2] in OPTIMISERS]  # fmt: skip
+        built.append((module, call, app.constructor(module, call.func.value)))
+    for module, hook in app.lightning_hooks():  # Lightning steps the optimiser configure_optimizers returns
+        if hook.name == "configure_optimizers":
+            for node in ast.walk(hook):
+                if isinstance(node, ast.Return) and node.value is not None:
+                    built.append((module, node, app.constructor(module, _first_returned(node.value))))
+    optimisers = [found for _, _, found in built if isinstance(found, tuple)
+                  and app.dotted(found[0], found[1].func).rpartition(".")[2] in OPTIMISERS]  # fmt: skip
     if optimisers:
         module, call = optimisers[0]
         name = OPTIMISERS[app.dotted(module, call.func).rpartition(".")[2]]
@@ -445,11 +606,14 @@ def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
                 fields[key] = value(module, call, kw.get(key), defaults.get(key))
         fields["trained"] = trained_part(app, module, kw.get("params"))
     elif built:
-        module, call, assigned = built[0]
-        shown = ast.unparse(assigned) if assigned is not None else call.func.value.id
-        fields["optimiser"] = Value(None, app.line(module, assigned or call),
-                                    f"`{shown}` builds the optimiser in a way not read statically (e.g. its class "
-                                    "is an argument)")  # fmt: skip
+        module, call, found = built[0]
+        if isinstance(found, tuple):
+            where, why = found[1], f"`{ast.unparse(found[1])}` builds the optimiser in a way not read statically " \
+                "(e.g. its class is an argument)"
+            module = found[0]
+        else:
+            where, why = call, "; ".join(found)
+        fields["optimiser"] = Value(None, app.line(module, where), why)
     else:
         notes.append("no optimiser.step() in the code the training handler reaches")
     # the loops around the optimiser's step: the batch loop, and the epoch loop around it
@@ -470,10 +634,16 @@ def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
                 fields["epochs"] = Value(None, app.line(module, epoch_loop), f"`{ast.unparse(epoch_loop.iter)}`")
         if batch_loop is not None and len(_range_args(batch_loop.iter)) == 3:
             fields["batch_size"] = value(module, batch_loop, _range_args(batch_loop.iter)[2])
+    trainers = [(m, n) for m, n in _walk(reached) if isinstance(n, ast.Call) and _called_name(n) == "Trainer"
+                and any(k.arg == "max_epochs" for k in n.keywords)]  # fmt: skip
+    if "epochs" not in fields and trainers:  # Lightning's Trainer(max_epochs=…) runs the epoch loop
+        module, call = trainers[0]
+        fields["epochs"] = value(module, call, next(k.value for k in call.keywords if k.arg == "max_epochs"))
     loaders = [(m, n) for m, n in _walk(reached) if isinstance(n, ast.Call) and _called_name(n) == "DataLoader"]
+    training = [(m, n) for m, n in loaders if _training_loader(m, n)]
     if "batch_size" not in fields and loaders:
         sizes = {}
-        for module, call in loaders:
+        for module, call in training or loaders:
             kw = {k.arg: k.value for k in call.keywords}
             expr = kw.get("batch_size", call.args[1] if len(call.args) > 1 else None)
             found = value(module, call, expr, 1)
@@ -484,8 +654,99 @@ def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
                    for module, call in _walk(reached) if isinstance(call, ast.Call) and _called_name(call) ==
                    "requires_grad_" and call.args and isinstance(call.args[0], ast.Constant)
                    and call.args[0].value is False)  # fmt: skip
+    fields["loss"] = training_loss(app, reached)
+    fields["central_dp"] = central_dp(app, records)
     return CodeRecipe(app.where, frozen=frozen, transforms=tuple(random_transforms(app, reached)), notes=tuple(notes),
                       **fields)  # fmt: skip
+
+
+LOSSES = {  # torch's loss functions and modules -> the loss the recipe names
+    **dict.fromkeys(("cross_entropy", "CrossEntropyLoss"), "cross-entropy"),
+    **dict.fromkeys(("nll_loss", "NLLLoss"), "nll"),
+    **dict.fromkeys(("mse_loss", "MSELoss"), "mse"),
+    **dict.fromkeys(("l1_loss", "L1Loss", "smooth_l1_loss", "SmoothL1Loss", "huber_loss", "HuberLoss"), "l1"),
+    **dict.fromkeys(("binary_cross_entropy", "binary_cross_entropy_with_logits", "BCELoss", "BCEWithLogitsLoss"),
+                    "binary cross-entropy"),
+}
+CLASSIFIER_LOSSES = ("cross-entropy", "nll")  # a loss over class labels: what the audit's simulations train with
+
+
+def training_loss(app: App, reached: list[tuple[Module, ast.AST]]) -> Value | None:
+    """The loss the training code computes (its first, by name: ``F.cross_entropy``, ``nn.MSELoss()``, …); None
+    where the code names no torch loss."""
+    found: dict[str, Value] = {}
+    for module, node in _walk(reached):
+        if isinstance(node, ast.Call) and (name := LOSSES.get(_called_name(node))) is not None:
+            found.setdefault(name, Value(name, app.line(module, node), f"`{ast.unparse(node.func)}`"))
+    if len(found) > 1 and not set(found) <= set(CLASSIFIER_LOSSES):
+        first = next(iter(found.values()))
+        return Value(None, first.source, "several losses in the training code: " + ", ".join(
+            f"{v.value} ({v.source})" for v in found.values()))  # fmt: skip
+    return next(iter(found.values()), None)
+
+
+CENTRAL_DP = {  # Flower's server-side DP wrappers -> their positional parameters after the strategy
+    "DifferentialPrivacyClientSideFixedClipping": ("noise_multiplier", "clipping_norm", "num_sampled_clients"),
+    "DifferentialPrivacyServerSideFixedClipping": ("noise_multiplier", "clipping_norm", "num_sampled_clients"),
+    "DifferentialPrivacyClientSideAdaptiveClipping": ("noise_multiplier", "num_sampled_clients",
+                                                      "initial_clipping_norm"),
+    "DifferentialPrivacyServerSideAdaptiveClipping": ("noise_multiplier", "num_sampled_clients",
+                                                      "initial_clipping_norm"),
+}  # fmt: skip
+CLIPPING_MODS = ("fixedclipping_mod", "adaptiveclipping_mod")
+
+
+def central_dp(app: App, records: dict[str, dict]) -> CentralDp | None:
+    """The server-side DP wrapper the app builds anywhere in its code (its first), its σ, C and N resolved against
+    the run config, and the clipping mods its ClientApps list; None where it builds none."""
+    for module in app.modules.values():
+        for call in ast.walk(module.tree):
+            if not (isinstance(call, ast.Call) and (name := _called_name(call)) in CENTRAL_DP):
+                continue
+            given = dict(zip(CENTRAL_DP[name], call.args[1:], strict=False)) | {k.arg: k.value for k in call.keywords}
+            norm_key, norm_default = ("clipping_norm", None) if "clipping_norm" in CENTRAL_DP[name] else (
+                "initial_clipping_norm", 0.1)  # fmt: skip
+            noise, norm, sampled = (read_value(app, module, call, given.get(key), records, default, "Flower's")
+                                    for key, default in (("noise_multiplier", None), (norm_key, norm_default),
+                                                         ("num_sampled_clients", None)))  # fmt: skip
+            mods = tuple(f"{m} ({app.line(other, node)})" for other in app.modules.values()
+                         for node in ast.walk(other.tree) if isinstance(node, ast.Call)
+                         and _called_name(node) == "ClientApp" for k in node.keywords if k.arg == "mods"
+                         for m in CLIPPING_MODS if m in ast.unparse(k.value))  # fmt: skip
+            return CentralDp(name, app.line(module, call), noise, norm, sampled, mods)
+    return None
+
+
+def not_a_classifier(loss: Value) -> str:
+    """What applies to a model the code trains with ``loss`` (not over class labels), in one line."""
+    return (f"the app's training code computes a {loss.value} loss ({loss.source}), not a cross-entropy over class "
+            "labels: not a classifier. Label counts do not apply to it; membership and images would need the "
+            "audit to simulate that loss, which it does not: nothing of this app is measured")
+
+
+def _scheduler(expr: ast.expr) -> bool:
+    """A learning-rate scheduler's or a scaler's ``step()`` (``scheduler.step()``), not the optimiser's."""
+    name = expr.attr if isinstance(expr, ast.Attribute) else expr.id if isinstance(expr, ast.Name) else ""
+    return any(word in name.lower() for word in ("sched", "scaler", "lr_"))
+
+
+def _first_returned(expr: ast.expr) -> ast.expr:
+    """``return optimizer`` / ``return [optimizer], [scheduler]`` / ``return {"optimizer": optimizer, …}``."""
+    while isinstance(expr, ast.Tuple | ast.List) and expr.elts:
+        expr = expr.elts[0]
+    if isinstance(expr, ast.Dict):
+        return next((v for k, v in zip(expr.keys, expr.values, strict=True)
+                     if isinstance(k, ast.Constant) and k.value == "optimizer"), expr)  # fmt: skip
+    return expr
+
+
+def _training_loader(module: Module, call: ast.Call) -> bool:
+    """A DataLoader the client trains on: shuffled, or bound to a name that says "train"."""
+    shuffled = any(k.arg == "shuffle" and isinstance(k.value, ast.Constant) and k.value.value is True
+                   for k in call.keywords)  # fmt: skip
+    parent = module.parents.get(call)
+    named = isinstance(parent, ast.Assign) and any("train" in ast.unparse(t).lower() for t in parent.targets)
+    return shuffled or named
 
 
 def _range_args(expr: ast.expr) -> list[ast.expr]:
@@ -501,6 +762,21 @@ def _module_path(expr: ast.expr) -> str:
     return ".".join(reversed(parts))
 
 
+def _root_name(expr: ast.expr) -> str:
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return expr.id if isinstance(expr, ast.Name) else ""
+
+
+def _in_module_class(module: Module, node: ast.AST) -> bool:
+    """Whether ``node`` lies in a class that is a torch or Lightning module (its ``self`` is the model)."""
+    while node in module.parents:
+        node = module.parents[node]
+        if isinstance(node, ast.ClassDef):
+            return any("Module" in ast.unparse(b) for b in node.bases)
+    return False
+
+
 def trained_part(app: App, module: Module, params: ast.expr | None) -> Value | None:
     """The module whose parameters the optimiser is handed: ``model.heads.parameters()`` → "heads", the whole
     model → "" (None: not a ``….parameters()`` call)."""
@@ -508,7 +784,10 @@ def trained_part(app: App, module: Module, params: ast.expr | None) -> Value | N
         return None
     if isinstance(params, ast.Call) and _called_name(params) == "parameters" and isinstance(
             params.func, ast.Attribute):  # fmt: skip
-        part = _module_path(params.func.value)
+        owner = params.func.value
+        part = _module_path(owner)
+        if _root_name(owner) == "self" and not _in_module_class(module, params):  # a client's ``self.model``
+            part = part.partition(".")[2]
         return Value(part or "the whole model", app.line(module, params), f"`{ast.unparse(params)}`")
     return Value(None, app.line(module, params), f"the optimiser gets `{ast.unparse(params)}`")
 

@@ -416,6 +416,8 @@ def read_recipe(
             f"norm {update_clip:g} (ConfigRecord: Flower's client-side clipping; the server adds its noise after "
             "aggregation, so this update travels clipped, not noised: no DP against an eavesdropper on the link)"
         )
+    if code is not None and code.central_dp is not None:
+        sources["central DP"] = code.central_dp.described()
     update_noise = None
     if claim is not None and claim.update_noise is not None:  # LocalDpMod: clipped and noised before it left
         update_clip, update_noise = claim.update_clip, claim.update_noise

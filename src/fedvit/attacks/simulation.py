@@ -19,6 +19,7 @@ from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.local_sgd import ADAMW_WEIGHT_DECAY, DpSgd, local_sgd
 from fedvit.attacks.observation import Observation, input_shape, received_model, recipe, trained_names
 from fedvit.attacks.recipe import SIMULATED_OPTIMISERS
+from fedvit.capture.reader import AuditInputError
 from fedvit.core.model import normalize
 
 
@@ -71,6 +72,8 @@ def simulate(
     generator = torch.Generator().manual_seed(seed)
     views = torch.Generator().manual_seed(seed + 1)  # the declared augmentation's draws (a fresh view per visit)
     model = received_model(obs).float().train()
+    shape = input_shape(obs)
+    arrange = channels_last if takes_channels_last(model, shape) else contiguous
     features: list[torch.Tensor] = []
     recording = [True]  # off while DP-SGD's per-image gradients run (vmapped tensors must not leave the transform)
     hook = head_module(model, obs.head_bias).register_forward_hook(
@@ -78,7 +81,6 @@ def simulate(
     classes = len(counts)
     labels = np.repeat(np.arange(classes), counts)
     by_class = {k: np.flatnonzero(aux.labels == k) for k in range(classes)}
-    shape = input_shape(obs)
     drawn, pool = np.full(len(labels), -1, dtype=np.int64), []
     for j, k in enumerate(labels):  # one draw per image, in label order (a class aux lacks: noise)
         if len(by_class[k]):
@@ -113,7 +115,7 @@ def simulate(
         features.clear()
         x = images[batch] if client.augment is None else augmented(images[batch], client.augment, views)
         inputs[:] = [x, targets[batch]]
-        logits = torch.func.functional_call(model, current, (normalize(model, channels_last(x)),))
+        logits = torch.func.functional_call(model, current, (normalize(model, arrange(x)),))
         scale = weights[step] / len(batch)
         probs = torch.softmax(logits.detach().double(), 1).numpy()
         h = features[-1].double().flatten(1).numpy()
@@ -191,9 +193,73 @@ def simulate(
 
 def channels_last(images: torch.Tensor) -> torch.Tensor:
     """Images [B, C, H, W] laid out channels-last in memory, the same values: PyTorch's CPU convolution and pooling
-    kernels run Flower's quickstart CNN 9% sooner per step on it, fedvit's tiny ViT and ResNet-18 as fast
-    (benchmarks/simulation_step.py). Results differ from the default layout by float rounding only."""
+    kernels run fedvit's test CNN 9% sooner per step on it, fedvit's tiny ViT and ResNet-18 as fast
+    (benchmarks/simulation_step.py). Results differ from the default layout by float rounding only; a model that
+    refuses the layout (Flower's quickstart CNN reshapes with ``x.view``) gets :func:`contiguous`
+    (:func:`takes_channels_last`)."""
     return images.contiguous(memory_format=torch.channels_last) if images.dim() == 4 else images
+
+
+def contiguous(images: torch.Tensor) -> torch.Tensor:
+    """Images in PyTorch's default layout (what every model accepts)."""
+    return images.contiguous()
+
+
+_LAYOUT_CHECKS: dict[tuple[type, tuple[int, ...]], bool] = {}
+
+
+def takes_channels_last(model: torch.nn.Module, shape: tuple[int, ...]) -> bool:
+    """Whether ``model`` gives on channels-last images (:func:`channels_last`) what it gives on the default layout,
+    checked once per model class and input shape on two seeded images in eval mode: ``x.view(-1, 400)`` after the
+    convolutions (Flower's quickstart CNN) raises on the permuted memory, and a model that reads its input's memory
+    order would silently differ; either way the simulation falls back to the default layout, whose figures are the
+    ones the layout only speeds up. A model that fails on the default layout too raises :class:`ModelInputError`."""
+    key = (type(model), tuple(shape))
+    if key not in _LAYOUT_CHECKS:
+        x = torch.rand((2, *shape), generator=torch.Generator().manual_seed(0))
+        training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                plain = fed_to_model(model, contiguous(x), "contiguous")
+                try:
+                    fast = logits_of(model(normalize(model, channels_last(x))))
+                    same = fast.shape == plain.shape and bool(torch.allclose(fast, plain, rtol=1e-4, atol=1e-5))
+                except RuntimeError:  # e.g. "view size is not compatible with input tensor's size and stride"
+                    same = False
+        finally:
+            model.train(training)
+        _LAYOUT_CHECKS[key] = same
+    return _LAYOUT_CHECKS[key]
+
+
+class ModelInputError(AuditInputError):
+    """The user's model failed on the images the audit fed it (the message names the model, the input's shape,
+    layout and dtype, and what the audit expected)."""
+
+
+def fed_to_model(model: torch.nn.Module, images: torch.Tensor, layout: str) -> torch.Tensor:
+    """``model``'s logits on ``images`` (pixels in [0, 1], normalised here), or one :class:`ModelInputError` line
+    where the model raises or returns no [B, classes] logits."""
+    fed = f"{list(images.shape)} {str(images.dtype).removeprefix('torch.')} images, {layout} in memory"
+    name = f"{type(model).__module__}.{type(model).__qualname__}"
+    try:
+        out = logits_of(model(normalize(model, images)))
+    except Exception as err:  # any failure inside the user's code: one line, not its traceback
+        raise ModelInputError(
+            f"the model {name} failed on {fed} (the audit's --input, normalised with its --mean/--std), expecting "
+            f"logits [{len(images)}, classes]: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        ) from err
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != len(images):
+        shown = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelInputError(f"the model {name} returned {shown} for {fed}, not logits [{len(images)}, classes]: "
+                              "the audit simulates a classifier trained with cross-entropy over labels")  # fmt: skip
+    return out
+
+
+def logits_of(output: object) -> torch.Tensor:
+    """A model's logits: the tensor itself, or a Hugging Face output's ``.logits``."""
+    return getattr(output, "logits", output)  # type: ignore[return-value]
 
 
 def clipped_update(start: dict[str, torch.Tensor], end: dict[str, torch.Tensor], bound: float
@@ -219,6 +285,10 @@ def head_weight(bias: str) -> str:
 # the CNN and the ViT head: `uv run python -m benchmarks.recipe_fit` (docs/results/data/recipe-fit.csv).
 SCALE_MARGIN = 2.0
 COSINE_SPREAD, COSINE_FLOOR = 3.0, 0.02
+# the lowest cosine bound the fit may use: two simulations of one recipe that agree less than this allows leave the
+# direction unresolved, and the fit then says so and fails rather than accept any direction (a bound at or below 0
+# would let an update pointing away from the simulation, or at random, fit)
+LOWEST_COSINE_BOUND = 0.2
 FLATNESS_MARGIN = 0.12
 OTHER_DRAW = 7919  # seed offset of the second simulation (another draw of auxiliary images and shuffle)
 
@@ -245,10 +315,17 @@ class RecipeFit:
             return -1.0
         return 1 - COSINE_SPREAD * (1 - self.own_cosine) - COSINE_FLOOR
 
+    @property
+    def direction_unresolved(self) -> bool:
+        """Two simulations of the recipe differ so much that the cosine bound falls below
+        :data:`LOWEST_COSINE_BOUND`: the direction cannot tell a fitting recipe from any other."""
+        return not math.isnan(self.own_cosine) and self.cosine_bound < LOWEST_COSINE_BOUND
+
     def margins(self) -> list[float]:
-        """Each measure's distance from the update in units of its margin: norm, direction, flatness (≤ 1: within)."""
+        """Each measure's distance from the update in units of its margin: norm, direction, flatness (≤ 1: within);
+        an unresolved direction is NaN (never within)."""
         return [abs(math.log(max(self.scale, 1e-12))) / math.log(SCALE_MARGIN),
-                (1 - self.cosine) / max(1 - self.cosine_bound, 1e-12),
+                math.nan if self.direction_unresolved else (1 - self.cosine) / max(1 - self.cosine_bound, 1e-12),
                 abs(self.flatness[0] - self.flatness[1]) / FLATNESS_MARGIN]  # fmt: skip
 
     @property
@@ -268,7 +345,9 @@ class RecipeFit:
 
     def described(self) -> str:
         verdict = "fits" if self.fits else "does not fit"
-        direction = (f"cosine {self.cosine:.3f} (two simulations of it: {self.own_cosine:.3f}; fits from "
+        direction = (f"cosine {self.cosine:.3f}, unresolved: two simulations of it agree only to "
+                     f"{self.own_cosine:.3f}, a bound below {LOWEST_COSINE_BOUND:g}" if self.direction_unresolved else
+                     f"cosine {self.cosine:.3f} (two simulations of it: {self.own_cosine:.3f}; fits from "
                      f"{self.cosine_bound:.3f})" if not math.isnan(self.own_cosine) else
                      f"cosine {self.cosine:.2f} (not checked: it rests on the counts, which rest on SGD's relation)")
         return (f"{self.recipe} {verdict} the update at the estimated class counts: simulated/observed update norm "

@@ -22,7 +22,17 @@ from typing import Any, NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from fedvit.attacks.app_code import App, AppCodeError, CodeRecipe, load_app, read_code
+from fedvit.attacks.app_code import (
+    CLASSIFIER_LOSSES,
+    App,
+    AppCodeError,
+    CentralDp,
+    CodeRecipe,
+    central_dp,
+    load_app,
+    not_a_classifier,
+    read_code,
+)
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES
 from fedvit.attacks.membership_stats import Roc
@@ -30,6 +40,7 @@ from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, dense_update, recipe
 from fedvit.attacks.recipe import ClientRecipe, map_part, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
+from fedvit.attacks.simulation import ModelInputError, contiguous, fed_to_model
 from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
@@ -67,6 +78,28 @@ def unrecorded(client: ClientRecipe) -> list[str]:
     return [a for a in UNRECORDED if not (a.startswith("optimiser") and client.optimiser is not None)
             and not (a.startswith("weight decay") and (client.optimiser == "adamw" or client.source_of("weight decay")))
             and not (a.startswith("no data augmentation") and client.augment is not None)]  # fmt: skip
+
+
+def probe_model(model: Any, spec: ModelSpec, code: CodeRecipe | None) -> None:
+    """One forward pass of two images of the spec's input through the user's model before any figure rests on it:
+    a model that fails on them or returns no logits stops the audit with one line (:class:`ModelInputError`), with
+    what the app's training code says its loss is where that explains it (a reconstruction loss: not a
+    classifier)."""
+    import torch
+
+    x = torch.rand((2, *spec.input_shape), generator=torch.Generator().manual_seed(0))
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            fed_to_model(model, contiguous(x), "contiguous")
+    except ModelInputError as err:
+        loss = code.loss if code is not None else None
+        if loss is not None and loss.read and loss.value not in CLASSIFIER_LOSSES:
+            raise ModelInputError(f"{err}; {not_a_classifier(loss)}") from err.__cause__
+        raise
+    finally:
+        model.train(training)
 
 
 @dataclasses.dataclass
@@ -212,6 +245,7 @@ class Reader:
             )
         if self._skeleton is None:
             self._skeleton = spec.build(num_classes=int(list(ex.received.values())[-1].shape[0]))
+            probe_model(self._skeleton, spec, self.code(ex)[0])
         base = self._skeleton
         names = [n for n, _ in base.named_parameters()]
         received, part = map_part(ex.received, base, f"{ex.label} (received)")
@@ -520,7 +554,8 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     exchanges, skipped = load_exchanges(captures)
     hidden = unreadable_links(captures)
     notes = [f"skipped {s}" for s in skipped]
-    secure = secure_aggregation(exchanges, notes)  # SecAgg+'s stages out, the aggregates in
+    central = app_central_dp(exchanges, options)
+    secure = secure_aggregation(exchanges, notes, central)  # SecAgg+'s stages out, the aggregates in
     exchanges = secure.exchanges
     if hidden:
         notes.append(
@@ -553,11 +588,27 @@ class Secured(NamedTuple):
     masked: list[tuple[Any, int | None]]  # (node, the partition its node config recorded)
 
 
-def secure_aggregation(exchanges: list[Exchange], notes: list[str]) -> Secured:
+def app_central_dp(exchanges: list[Exchange], options: AuditOptions) -> CentralDp | None:
+    """The central DP the app's server code sets up (:func:`fedvit.attacks.app_code.central_dp`), read from
+    ``--app`` or the first capture that names its app's code, against that capture's run config."""
+    for ex in exchanges:
+        path = options.app or ex.app_code
+        if path is None:
+            continue
+        try:
+            app = load_app(Path(path))
+        except (AppCodeError, OSError):
+            continue
+        return central_dp(app, {"run config": ex.run_config})
+    return None
+
+
+def secure_aggregation(exchanges: list[Exchange], notes: list[str], central: CentralDp | None = None) -> Secured:
     """Split SecAgg+'s rounds off (:mod:`fedvit.audit.secagg`): each node's masked vector is never attacked; each
-    round's aggregate, rebuilt (or taken from the next broadcast), is audited as the server's view."""
+    round's aggregate, rebuilt (or taken from the next broadcast), is audited as the server's view; its gap to the
+    next broadcast is set beside ``central``'s noise where the app's code adds it."""
     rounds, rest = secagg_rounds(exchanges)
-    entries, aggregates = describe_rounds(rounds)
+    entries, aggregates = describe_rounds(rounds, central.noise_std if central is not None else None)
     for found in rounds:
         aggregate = aggregates.get((found.run_id, found.round))
         if aggregate is None:

@@ -12,6 +12,7 @@ import numpy as np
 from fedvit.attacks.observation import Observation, Reconstruction
 from fedvit.audit.frontier import fmt, reid_cell
 from fedvit.audit.metrics import as_batch, match_batch
+from fedvit.audit.secagg import gap_text
 from fedvit.audit.summary import ClientFinding, summary_table
 
 TOP_LEVEL_KEYS = (
@@ -59,13 +60,12 @@ def secure_lines(secure: dict[str, Any] | None) -> list[str]:
     lines = ["## Secure aggregation", "", f"{secure['protocol']}. What each observer holds: {secure['observers']}. "
              f"{secure['tls']}.", ""]  # fmt: skip
     for r in secure["rounds"]:
-        check = r.get("next-broadcast-max-difference")
         lines.append(
             f"- **{r['round']}**: {len(r['sampled'])} node(s) sampled, {len(r['survived'])} sent a masked vector"
             + (f" ({len(r['dropped'])} dropped: {', '.join(map(str, r['dropped']))})" if r["dropped"] else "")
             + f"; threshold {r['settings'].get('threshold')} of {r['settings'].get('share_num')} shares; the "
             f"aggregate: {r['aggregate']}"
-            + ("" if check is None else f"; it equals the next round's broadcast to {check:.1e}")
+            + gap_text(r)
             + (f" (not rebuilt: {r['not-rebuilt']})" if "not-rebuilt" in r else "")
         )
     return lines + [""]

@@ -195,10 +195,12 @@ def close(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
                 zip(a, b, strict=True) if x.size), default=0.0)  # fmt: skip
 
 
-def describe_rounds(rounds: list[SecAggRound]) -> tuple[list[dict[str, Any]], dict[tuple[Any, int], list[np.ndarray]]]:
+def describe_rounds(rounds: list[SecAggRound], noise_std: float | None = None
+                    ) -> tuple[list[dict[str, Any]], dict[tuple[Any, int], list[np.ndarray]]]:  # fmt: skip
     """Per SecAgg+ round, what the report says of it (nodes sampled and surviving, the protocol's settings, whether
-    and how the aggregate was obtained, its agreement with the next broadcast), and the aggregates obtained: rebuilt
-    from the captures, else taken from the next round's broadcast (FedAvg)."""
+    and how the aggregate was obtained, its gap to the next broadcast against ``noise_std``, the std per entry of
+    the app's central-DP noise where its code sets one), and the aggregates obtained: rebuilt from the captures,
+    else taken from the next round's broadcast (FedAvg)."""
     entries, aggregates = [], {}
     by_key = {(r.run_id, r.round): r for r in rounds}
     for found in rounds:
@@ -217,6 +219,7 @@ def describe_rounds(rounds: list[SecAggRound]) -> tuple[list[dict[str, Any]], di
             entry["aggregate"] = "rebuilt from the masked vectors and the unmask stage's shares (Flower's primitives)"
             if after is not None:
                 entry["next-broadcast-max-difference"] = close(rebuilt, after)
+                entry |= gap_to_broadcast(rebuilt, after, noise_std)
             aggregates[(found.run_id, found.round)] = rebuilt
         except NotRebuilt as err:
             entry["not-rebuilt"] = str(err)
@@ -227,6 +230,41 @@ def describe_rounds(rounds: list[SecAggRound]) -> tuple[list[dict[str, Any]], di
                 entry["aggregate"] = "not obtained: " + str(err)
         entries.append(entry)
     return entries, aggregates
+
+
+EQUAL_RELATIVE = 1e-3  # an RMS gap below this share of the aggregate's RMS: SecAgg+'s quantisation, "equal"
+
+
+def gap_to_broadcast(rebuilt: list[np.ndarray], after: list[np.ndarray], noise_std: float | None) -> dict[str, Any]:
+    """The rebuilt aggregate against the next round's broadcast: the RMS of their difference per entry, the
+    aggregate's own RMS, and the std the app's central DP would add (``noise_std``, None: no central DP in the
+    code); empty where the shapes differ."""
+    if len(rebuilt) != len(after) or any(a.shape != b.shape for a, b in zip(rebuilt, after, strict=True)):
+        return {}
+    diff = np.concatenate([(np.asarray(b, np.float64) - np.asarray(a, np.float64)).ravel()
+                           for a, b in zip(rebuilt, after, strict=True)])  # fmt: skip
+    scale = np.concatenate([np.asarray(a, np.float64).ravel() for a in rebuilt])
+    return {"next-broadcast-rms-difference": float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0,
+            "aggregate-rms": float(np.sqrt(np.mean(scale**2))) if scale.size else 0.0,
+            "central-dp-std": noise_std}  # fmt: skip
+
+
+def gap_text(entry: dict[str, Any]) -> str:
+    """How the report states a rebuilt aggregate's gap to the next broadcast: equal (SecAgg+'s quantisation), the
+    server's central-DP noise beside its expected size, or a change the server made that the audit cannot name."""
+    rms, scale, std = (entry.get(k) for k in ("next-broadcast-rms-difference", "aggregate-rms", "central-dp-std"))
+    largest = entry.get("next-broadcast-max-difference")
+    if rms is None:
+        return "" if largest is None else f"; it equals the next round's broadcast to {largest:.1e}"
+    if std is not None:
+        return (f"; the next round's broadcast differs from it by {rms:.3g} RMS per entry (max {largest:.2g}): the "
+                f"server's central-DP noise, of expected std σ·C/N = {std:.3g} ({rms / std:.2f}× that)"
+                if std > 0 else f"; the next round's broadcast differs from it by {rms:.3g} RMS per entry")
+    if rms <= EQUAL_RELATIVE * max(scale, 1e-30):
+        return f"; it equals the next round's broadcast to {largest:.1e} (RMS {rms:.1e}: SecAgg+'s quantisation)"
+    return (f"; the next round's broadcast differs from it by {rms:.3g} RMS per entry ({rms / max(scale, 1e-30):.1%} "
+            "of its RMS): the server changed the aggregate before sending it on (noise, a server optimiser), and "
+            "the app's code read names no central DP")
 
 
 def aggregate_exchange(found: SecAggRound, aggregate: list[np.ndarray]) -> Exchange:

@@ -142,6 +142,11 @@ def dp_finding(updates: list[dict[str, Any]]) -> Finding:
     claims = [p for u in updates if (p := u["leakage"]["membership"].get("privacy") or {}).get("claimed-epsilon")
               is not None]  # fmt: skip
     if not claims:
+        central = next((text for u in updates for key, text in u.get("recipe-sources", []) if key == "central DP"),
+                       None)  # fmt: skip
+        if central is not None:  # the noise is the server's, on the aggregate: no update carries it to be tested
+            return Finding(NOT_MEASURED, why="central DP in the app's code: the server noises the aggregate, and "
+                           "each update travels clipped only (no ε of an update to test)")  # fmt: skip
         return Finding(NOT_MEASURED, why="no DP claim on record")
     worst = max(claims, key=lambda p: p["empirical-epsilon"])
     broken = [p for p in claims if not p["consistent"]]

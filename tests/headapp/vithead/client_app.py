@@ -1,5 +1,6 @@
 """vithead: the ClientApp (Flower's Message API); only the head travels."""
 
+import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -20,8 +21,9 @@ def train_fn(msg: Message, context: Context) -> Message:
     model.heads.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     images, labels = local_data(context)
     seed = int(context.run_config["seed"]) * 100 + int(msg.content["config"]["server-round"])
-    loss = train(model, images, labels, int(context.run_config["local-epochs"]), float(context.run_config["lr"]),
-                 int(context.run_config["batch-size"]), seed)
+    optimizer = torch.optim.Adam(model.heads.parameters(), lr=float(context.run_config["lr"]))
+    loss = train(model, images, labels, optimizer, epochs=int(context.run_config["local-epochs"]),
+                 batch_size=int(context.run_config["batch-size"]), seed=seed)
     metrics = MetricRecord({"train_loss": loss, "num-examples": len(labels)})
     content = RecordDict({"arrays": ArrayRecord(model.heads.state_dict()), "metrics": metrics})
     return Message(content=content, reply_to=msg)

@@ -1,7 +1,8 @@
 """vithead: the model (a ViT whose head is trained on a frozen backbone), the offline data, the training loop.
 
-Shaped like Flower's ViT example: only ``model.heads`` is federated, the optimiser is Adam, training images are
-randomly cropped and flipped. The backbone's weights come from a fixed seed, standing in for a pretrained download.
+Shaped like Flower's ViT example: only ``model.heads`` is federated, the optimiser is Adam (built in the ClientApp
+and handed to the loop), training images are randomly cropped and flipped. The backbone's weights come from a fixed
+seed, standing in for a pretrained download.
 """
 
 from collections import OrderedDict
@@ -71,11 +72,11 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
 AUGMENT = v2.Compose([v2.RandomResizedCrop(32, scale=(0.5, 1.0), antialias=True), v2.RandomHorizontalFlip()])
 
 
-def train(model: ViTClassifier, images: torch.Tensor, labels: torch.Tensor, epochs: int, lr: float,
-          batch_size: int, seed: int) -> float:
-    """Adam on the head, every training image randomly cropped and flipped; returns the mean training loss."""
+def train(model: ViTClassifier, images: torch.Tensor, labels: torch.Tensor, optimizer: torch.optim.Optimizer,
+          epochs: int, batch_size: int, seed: int) -> float:
+    """The optimiser the ClientApp built, every training image randomly cropped and flipped; returns the mean
+    training loss."""
     torch.manual_seed(seed)
-    optimizer = torch.optim.Adam(model.heads.parameters(), lr=lr)
     model.train()
     losses = []
     for _ in range(epochs):

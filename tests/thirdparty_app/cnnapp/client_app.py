@@ -4,7 +4,9 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
 
-from cnnapp.task import Net, load_data, partition_size, test, train
+from cnnapp.task import Net, load_data, partition_size
+from cnnapp.task import test as test_fn
+from cnnapp.task import train as train_fn
 
 app = ClientApp()
 
@@ -26,13 +28,13 @@ def local_dp(msg: Message, context: Context, call_next) -> Message:
 
 
 @app.train(mods=[local_dp])
-def train_fn(msg: Message, context: Context) -> Message:
+def train(msg: Message, context: Context) -> Message:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     images, labels = local_data(context)
     config = msg.content["config"]
     seed = int(context.run_config["seed"]) * 100 + int(config["server-round"])
-    loss = train(model, images, labels, int(config["local-epochs"]), float(config["lr"]),
+    loss = train_fn(model, images, labels, int(config["local-epochs"]), float(config["lr"]),
                  int(context.run_config["batch-size"]), seed)
     content = RecordDict(
         {
@@ -44,10 +46,10 @@ def train_fn(msg: Message, context: Context) -> Message:
 
 
 @app.evaluate()
-def evaluate_fn(msg: Message, context: Context) -> Message:
+def evaluate(msg: Message, context: Context) -> Message:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     images, labels = local_data(context)
-    loss, accuracy = test(model, images, labels)
+    loss, accuracy = test_fn(model, images, labels)
     metrics = MetricRecord({"eval_loss": loss, "eval_acc": accuracy, "num-examples": len(labels)})
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

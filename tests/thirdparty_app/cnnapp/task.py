@@ -25,7 +25,7 @@ class Net(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(F.relu(self.conv1(x)))
         x = self.pool(F.relu(self.conv2(x)))
-        x = x.flatten(1)
+        x = x.view(-1, 16 * 5 * 5)  # as Flower's quickstart writes it: needs contiguous memory
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         return self.fc3(x)

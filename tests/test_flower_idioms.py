@@ -1,0 +1,278 @@
+"""The audit on apps written in the idioms of Flower's own PyTorch examples (tests/flower_idioms, each app our own
+code in an example's shape): the quickstart's aliased loop and ``x.view`` CNN, the legacy ``client_fn`` with a
+``NumPyClient``, a LightningModule autoencoder, central DP under SecAgg+ as fl-dp-sa sets it up. Each recipe value
+is read from the code alone, with its source line; a model the audit cannot simulate is one line, not a
+traceback."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedvit.attacks import simulation
+from fedvit.attacks.app_code import App, app_sources, central_dp, load_app, read_code
+from fedvit.attacks.holdings import Auxiliary
+from fedvit.attacks.model_spec import ModelSpec
+from fedvit.attacks.observation import Observation
+from fedvit.attacks.recipe import ClientRecipe, read_recipe
+from fedvit.attacks.simulation import (
+    LOWEST_COSINE_BOUND,
+    ModelInputError,
+    RecipeFit,
+    fed_to_model,
+    simulate,
+    takes_channels_last,
+)
+from fedvit.audit.pipeline import probe_model
+from fedvit.audit.secagg import gap_text, gap_to_broadcast
+from fedvit.audit.summary import dp_finding
+from fedvit.capture.reader import Exchange
+
+IDIOMS = Path(__file__).parent / "flower_idioms"
+QUICKSTART, LEGACY, LIGHTNING = IDIOMS / "quickstart", IDIOMS / "legacy", IDIOMS / "lightning"
+sys.path.insert(0, str(QUICKSTART))
+sys.path.insert(0, str(LEGACY))
+
+from legacyapp.task import Net as GreyNet  # noqa: E402
+from qsapp.task import Net  # noqa: E402
+
+
+def line_of(app: Path, file: str, text: str) -> str:
+    """``file:N`` of the first line of ``app``'s ``file`` that holds ``text``."""
+    path = next(app.rglob(file))
+    number = next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+    return f"{file}:{number}"
+
+
+# ---------------------------------------------------------------------------- the code, read as Python resolves it
+
+
+def test_the_quickstarts_aliased_loop_gives_sgd_its_momentum_and_the_records_lr_and_epochs():
+    """``from qsapp.task import train as train_fn`` called with the run config's epochs and the ConfigRecord's lr."""
+    records = {"run config": {"batch-size": 16, "local-epochs": 2}, "ConfigRecord": {"lr": 0.01}}
+    code = read_code(load_app(QUICKSTART), records)
+    sgd, call = line_of(QUICKSTART, "task.py", "torch.optim.SGD("), line_of(QUICKSTART, "client_app.py", "train_fn(")
+    assert (code.optimiser.value, code.optimiser.source) == ("sgd", sgd)
+    assert code.momentum.value == 0.9 and code.momentum.source == sgd
+    assert code.lr.value == 0.01 and code.lr.how == f"lr ← {call} ConfigRecord 'lr'"
+    assert code.epochs.value == 2 and code.epochs.how == f"epochs ← {call} run config 'local-epochs'"
+    assert code.batch_size.value == 16 and "run config 'batch-size'" in code.batch_size.how
+    assert code.batch_size.source == line_of(QUICKSTART, "task.py", "trainloader = DataLoader(")
+    assert code.loss.value == "cross-entropy" and code.trained.value == "the whole model"
+
+
+def test_the_legacy_clients_fit_and_client_fn_give_the_optimiser_it_builds_and_the_loaders_batch_size():
+    """``client_fn`` → ``load_data`` → ``DataLoader(batch_size=32, shuffle=True)``; the SGD built in ``fit`` from
+    the server's fit config and handed to the loop."""
+    records = {"run config": {}, "ConfigRecord": {"lr": 0.05, "momentum": 0.9, "local_epochs": 3}}
+    code = read_code(load_app(LEGACY), records)
+    sgd = line_of(LEGACY, "client_app.py", "torch.optim.SGD(")
+    assert (code.optimiser.value, code.optimiser.source) == ("sgd", sgd)
+    assert code.lr.value == 0.05 and code.lr.how == "ConfigRecord 'lr'"
+    assert code.momentum.value == 0.9 and code.momentum.how == "ConfigRecord 'momentum'"
+    assert code.epochs.value == 3 and "ConfigRecord 'local_epochs'" in code.epochs.how
+    assert code.batch_size.value == 32  # the shuffled training loader's, not the test loader's
+    assert code.batch_size.source == line_of(LEGACY, "task.py", "trainloader = DataLoader(")
+    assert code.trained.value == "the whole model"  # ``self.model.parameters()`` of a NumPyClient
+    client = read_recipe(exchange(records["ConfigRecord"], {"num-examples": 40}), "weights", {}, code)
+    assert client.batch == 32 and client.epochs == 3 and client.steps == 6
+    assert "whole local dataset" not in client.described()
+
+
+def test_a_lightning_autoencoder_is_read_and_said_not_to_be_a_classifier_in_one_line():
+    code = read_code(load_app(LIGHTNING), {"run config": {"max-epochs": 2}})
+    adam = line_of(LIGHTNING, "task.py", "torch.optim.Adam(")
+    assert (code.optimiser.value, code.optimiser.source, code.lr.value) == ("adam", adam, 0.001)
+    assert code.epochs.value == 2 and code.epochs.how == "run config 'max-epochs'"
+    assert code.batch_size.value == 32
+    assert (code.loss.value, code.loss.source) == ("mse", line_of(LIGHTNING, "task.py", "F.mse_loss("))
+    model = AutoEncoderStandIn()  # the module's own forward (Lightning is not installed here): flat input only
+    with pytest.raises(ModelInputError) as raised:
+        probe_model(model, ModelSpec("aeapp.task:LitAutoEncoder", (1, 28, 28), (0.5,), (0.5,)), code)
+    message = str(raised.value)
+    assert "\n" not in message and "[2, 1, 28, 28] float32 images, contiguous in memory" in message
+    assert "AutoEncoderStandIn" in message and "mse loss (task.py:" in message and "not a classifier" in message
+    assert "Label counts do not apply" in message
+
+
+class AutoEncoderStandIn(nn.Module):
+    """The LightningModule's ``forward`` (the encoder on flattened pixels), without Lightning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(28 * 28, 64), nn.ReLU(), nn.Linear(64, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+def test_partials_module_imports_keywords_and_tuple_assignments_are_followed(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "task.py").write_text(textwrap.dedent("""
+        import torch
+
+        def fit(model, loader, optimiser, epochs):
+            for _ in range(epochs):
+                for x, y in loader:
+                    optimiser.zero_grad()
+                    optimiser.step()
+
+        def make_loader(data, size):
+            return torch.utils.data.DataLoader(data, batch_size=size, shuffle=True)
+    """))
+    (package / "client_app.py").write_text(textwrap.dedent("""
+        import functools
+        from torch import optim
+        from flwr.clientapp import ClientApp
+        from . import task
+
+        app = ClientApp()
+
+        @app.train()
+        def train(msg, context):
+            lr, size = msg.content["config"]["lr"], context.run_config["batch"]
+            run = functools.partial(task.fit, epochs=context.run_config["epochs"])
+            opt = optim.AdamW(msg.model.parameters(), lr, weight_decay=0.05)
+            run(msg.model, task.make_loader(msg.data, size=size), optimiser=opt)
+    """))
+    code = read_code(App(*app_sources(tmp_path)), {"run config": {"batch": 8, "epochs": 4},
+                                                   "ConfigRecord": {"lr": 3e-4}})  # fmt: skip
+    assert code.optimiser.value == "adamw" and code.optimiser.source == "client_app.py:13"
+    assert code.lr.value == 3e-4 and code.weight_decay.value == 0.05
+    assert code.epochs.value == 4 and "run config 'epochs'" in code.epochs.how
+    assert code.batch_size.value == 8 and "size ← client_app.py:14" in code.batch_size.how
+
+
+# ---------------------------------------------------------------------------- central DP under SecAgg+
+
+
+def test_central_dp_is_read_from_the_server_with_its_sources_and_said_of_every_update():
+    config = {"noise-multiplier": 0.5, "clipping-norm": 4.0, "num-sampled-clients": 3}
+    app = load_app(LEGACY)
+    found = central_dp(app, {"run config": config})
+    built = line_of(LEGACY, "dpsa_server_app.py", "DifferentialPrivacyClientSideFixedClipping(")
+    assert (found.wrapper, found.source) == ("DifferentialPrivacyClientSideFixedClipping", built)
+    assert found.noise_multiplier.value == 0.5 and found.noise_multiplier.how == "run config 'noise-multiplier'"
+    assert found.clipping_norm.value == 4.0 and found.sampled_clients.value == 3
+    assert math.isclose(found.noise_std, 0.5 * 4.0 / 3)
+    assert found.client_mods == (f"fixedclipping_mod ({line_of(LEGACY, 'dpsa_client_app.py', 'ClientApp(')})",)
+    assert central_dp(load_app(QUICKSTART), {}) is None
+    code = read_code(app, {"run config": config, "ConfigRecord": {"lr": 0.05, "momentum": 0.9, "local_epochs": 1}})
+    client = read_recipe(exchange({"clipping_norm": 4.0}, {"num-examples": 40}, config), "weights", {}, code)
+    sources = dict(client.sources)
+    assert sources["central DP"].startswith(f"central DP: DifferentialPrivacyClientSideFixedClipping ({built})")
+    assert "std 0.667 per entry" in sources["central DP"] and client.update_clip == 4.0
+    update = {"recipe-sources": list(client.sources), "leakage": {"membership": {}}}
+    assert "central DP in the app's code" in dp_finding([update]).why
+    assert dp_finding([{"recipe-sources": [], "leakage": {"membership": {}}}]).why == "no DP claim on record"
+
+
+def test_an_aggregates_gap_to_the_next_broadcast_is_said_as_the_noise_it_is():
+    rng = np.random.default_rng(0)
+    rebuilt = [rng.standard_normal((40, 30)), rng.standard_normal(30)]
+    noised = [a + 0.2 * rng.standard_normal(a.shape) for a in rebuilt]
+    entry = {"next-broadcast-max-difference": 0.9} | gap_to_broadcast(rebuilt, noised, 0.2)
+    text = gap_text(entry)
+    assert "central-DP noise, of expected std σ·C/N = 0.2" in text and "equals" not in text
+    assert 0.9 < entry["next-broadcast-rms-difference"] / 0.2 < 1.1
+    unexplained = gap_text({"next-broadcast-max-difference": 0.9} | gap_to_broadcast(rebuilt, noised, None))
+    assert "the server changed the aggregate" in unexplained and "equals" not in unexplained
+    quantised = [a + 1e-6 for a in rebuilt]
+    assert "equals the next round's broadcast" in gap_text(
+        {"next-broadcast-max-difference": 1e-6} | gap_to_broadcast(rebuilt, quantised, None))
+
+
+# ---------------------------------------------------------------------------- the user's model, fed as it accepts
+
+
+def view_observation() -> tuple[Observation, Auxiliary]:
+    """A FedAvg update of the quickstart's CNN (``x.view`` after the convolutions), 12 images in batches of 4."""
+    torch.manual_seed(0)
+    spec = ModelSpec("qsapp.task:Net", app_dir=str(QUICKSTART))
+    model = spec.build()
+    state = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
+    client = ClientRecipe(12, 4, 1, 0.05, 0.9, 0.0, 0, False, optimiser="sgd")
+    obs = Observation(state, state, 10, spec=spec, skeleton=model, client=client, head_bias="fc3.bias")
+    rng = np.random.default_rng(1)
+    aux = Auxiliary(rng.random((30, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 30), "generated")
+    return obs, aux
+
+
+def test_a_view_model_is_simulated_in_the_default_layout_with_the_same_figures():
+    obs, aux = view_observation()
+    counts = np.array([2, 1, 1, 2, 1, 1, 1, 1, 1, 1])
+    assert not takes_channels_last(Net(), (3, 32, 32))
+    found = simulate(obs, aux, counts, 0.9, 3, keep_weights=True)
+    # the fallback is the default layout exactly: the same simulation with the layout pinned to it
+    with mock.patch.object(simulation, "takes_channels_last", lambda model, shape: False):
+        plain = simulate(obs, aux, counts, 0.9, 3, keep_weights=True)
+    np.testing.assert_array_equal(found.system, plain.system)
+    for name, value in found.weights.items():
+        np.testing.assert_array_equal(value, plain.weights[name], err_msg=name)
+    # without the check (channels-last forced on) the user's model raises: the check is what keeps it running
+    with mock.patch.object(simulation, "takes_channels_last", lambda model, shape: True), pytest.raises(
+            RuntimeError, match="view size is not compatible"):  # fmt: skip
+        simulate(obs, aux, counts, 0.9, 3)
+
+
+def test_a_model_that_reads_memory_order_silently_is_also_given_the_default_layout():
+    class ReadsMemory(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3 * 8 * 8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # strides as written, not the logical order
+            return self.fc(torch.as_strided(x, (x.shape[0], 3 * 8 * 8), (3 * 8 * 8, 1)))
+
+    class Flattens(ReadsMemory):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x.flatten(1))
+
+    assert not takes_channels_last(ReadsMemory(), (3, 8, 8))
+    assert takes_channels_last(Flattens(), (3, 8, 8))  # a layout-agnostic model keeps the faster path
+
+
+def test_a_model_that_fails_on_the_audits_input_is_one_line_naming_what_was_fed():
+    model = ModelSpec("legacyapp.task:Net", (1, 28, 28), (0.5,), (0.5,), app_dir=str(LEGACY)).build()
+    assert isinstance(model, GreyNet)
+    with pytest.raises(ModelInputError) as raised:
+        fed_to_model(model, torch.rand(2, 3, 32, 32), "contiguous")
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("the model legacyapp.task.Net failed on [2, 3, 32, 32] float32")
+    assert "expecting logits [2, classes]" in message and "RuntimeError" in message
+    assert fed_to_model(model, torch.rand(2, 1, 28, 28), "contiguous").shape == (2, 10)
+    identity = nn.Identity()
+    identity.pretrained_cfg = {"mean": (0.5,), "std": (0.5,)}  # as ModelSpec.build attaches them
+    with pytest.raises(ModelInputError, match=r"returned \[2, 1, 28, 28\] for .*, not logits"):
+        fed_to_model(identity, torch.rand(2, 1, 28, 28), "contiguous")
+
+
+# ---------------------------------------------------------------------------- a fit bound that can fail
+
+
+@pytest.mark.parametrize("own", [0.999, 0.9, 0.6, 0.2, -0.5])
+def test_every_cosine_bound_can_fail(own):
+    """However much two simulations of a recipe differ, some update fails the direction check; where they differ
+    so much that the bound would fall below LOWEST_COSINE_BOUND, the direction is unresolved and nothing fits."""
+    fitting = RecipeFit("SGD β 0.9", 1.0, 0.999, (0.3, 0.3), own)
+    opposite = RecipeFit("SGD β 0.9", 1.0, -0.999, (0.3, 0.3), own)
+    assert not opposite.fits
+    if fitting.direction_unresolved:
+        assert fitting.cosine_bound < LOWEST_COSINE_BOUND and not fitting.fits and "unresolved" in (
+            fitting.described())  # fmt: skip
+    else:
+        assert fitting.cosine_bound >= LOWEST_COSINE_BOUND and fitting.fits
+
+
+def exchange(config: dict, metrics: dict, run_config: dict | None = None) -> Exchange:
+    """A captured exchange that carries only records (the recipe's sources)."""
+    return Exchange(Path("x"), 1, 1, 5, None, None, {}, {}, config, metrics, run_config or {})
