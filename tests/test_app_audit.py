@@ -221,6 +221,27 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
     assert json.loads((tmp_path / "out" / "audit.json").read_text())["updates"][0]["update"].startswith("run 5")
 
 
+def without_timings(value):
+    """``value`` (audit.json's content) without the seconds each stage took: the one field a rerun may change."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k != "seconds" and not k.endswith("-seconds")}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+def test_two_audits_of_one_capture_give_identical_figures(tmp_path):
+    """The audit is seeded throughout: the label search, the shadows, the power twin, the nulls and the inversions
+    give the same audit.json twice (the timings aside); the update simulated over two steps, so the searches run."""
+    capture_exchange(tmp_path / "cap", 15, 3, 1, batch=2)
+    data = UserData(DATA.source, {"15": 3}, DATA.decoy_partitions, DATA.app_dir)
+    for out in ("first", "second"):
+        audit_app_captures(tmp_path / "cap", tmp_path / out, SPEC, BUDGET, data=data, references=3)
+    first, second = (json.loads((tmp_path / out / "audit.json").read_text()) for out in ("first", "second"))
+    assert first["updates"][0]["steps"] == 2 and first["updates"][0]["recipe-fit"] is not None
+    assert without_timings(first) == without_timings(second)
+
+
 def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     """--membership-references: the label estimate's simulation makes the shadows, on half the non-members, and every
     score of the family is taken on the other half; each update states its power (a simulated update like it with
@@ -382,10 +403,21 @@ def test_sent_kind_tells_weights_from_gradients():
 
 
 def test_a_tls_only_capture_says_the_wire_shows_nothing(tmp_path):
+    """The threat model is the wire tap's on TLS (metadata only, what the server side would need), and the links are
+    counted as tap.json counts them: those still open when the tap stopped never reach connections.jsonl."""
     (tmp_path / "cap").mkdir()
     (tmp_path / "cap" / "connections.jsonl").write_text(json.dumps({"protocol": "tls", "readable": False}) + "\n")
     report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
     assert report["verdict"] == NOTHING_ON_THE_WIRE and report["rows"] == [] and report["updates"] == []
+    assert report["threat-model"].startswith("passive eavesdropper on the wire, every link TLS: connection metadata")
+    assert "CapturingStrategy" in report["threat-model"] and "parameter-aware" not in report["threat-model"]
+    assert "(1 TLS or HTTP/2 link(s) in tap.json)" in report["threat-model"]
+    assert report["model"] == "— (no update was readable: nothing attacked)"
+    summary = {"connections": {"http": 0, "tls": 4, "http2": 0}}
+    (tmp_path / "cap" / "tap.json").write_text(json.dumps(summary))
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
+    assert "(4 TLS or HTTP/2 link(s) in tap.json)" in report["threat-model"]
+    assert any(note.startswith("4 link(s) were TLS or HTTP/2") for note in report["notes"])
     with pytest.raises(AuditInputError, match="no captured train exchanges"):
         audit_app_captures(tmp_path / "out", tmp_path / "out2", SPEC, BUDGET)
 

@@ -7,6 +7,7 @@ traceback."""
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -155,9 +156,19 @@ def test_partials_module_imports_keywords_and_tuple_assignments_are_followed(tmp
 # ---------------------------------------------------------------------------- central DP under SecAgg+
 
 
-def test_central_dp_is_read_from_the_server_with_its_sources_and_said_of_every_update():
+def fl_dp_sa_app(folder: Path) -> Path:
+    """The legacy app with fl-dp-sa's components (central DP and SecAgg+) in its pyproject.toml."""
+    shutil.copytree(LEGACY, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    pyproject = folder / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("legacyapp.server_app:app", "legacyapp.dpsa_server_app:app")
+                         .replace("legacyapp.client_app:app", "legacyapp.dpsa_client_app:app"))  # fmt: skip
+    return folder
+
+
+def test_central_dp_is_read_from_the_server_with_its_sources_and_said_of_every_update(tmp_path):
     config = {"noise-multiplier": 0.5, "clipping-norm": 4.0, "num-sampled-clients": 3}
-    app = load_app(LEGACY)
+    assert central_dp(load_app(LEGACY), {"run config": config}) is None  # its ServerApp component adds no noise
+    app = load_app(fl_dp_sa_app(tmp_path / "app"))
     found = central_dp(app, {"run config": config})
     built = line_of(LEGACY, "dpsa_server_app.py", "DifferentialPrivacyClientSideFixedClipping(")
     assert (found.wrapper, found.source) == ("DifferentialPrivacyClientSideFixedClipping", built)
@@ -276,3 +287,109 @@ def test_every_cosine_bound_can_fail(own):
 def exchange(config: dict, metrics: dict, run_config: dict | None = None) -> Exchange:
     """A captured exchange that carries only records (the recipe's sources)."""
     return Exchange(Path("x"), 1, 1, 5, None, None, {}, {}, config, metrics, run_config or {})
+
+
+def test_a_head_kept_in_the_clients_state_and_crops_with_padding_are_named():
+    """advanced-pytorch's shape: the head restored from ``context.state`` before training, ``RandomCrop`` with
+    padding: both are said in the recipe, and a recipe that does not fit says the state it could not restore."""
+    stateful = IDIOMS / "stateful"
+    records = {"run config": {"batch-size": 32, "local-epochs": 1}, "ConfigRecord": {"lr": 0.1}}
+    code = read_code(load_app(stateful), records)
+    restored = line_of(stateful, "client_app.py", "net.fc2.load_state_dict(")
+    assert (code.kept_state.value, code.kept_state.source) == ("net.fc2", restored)
+    assert code.optimiser.value == "adam" and code.lr.value == 0.1 and code.batch_size.value == 32
+    assert [t.name for t in code.transforms] == ["RandomCrop", "RandomHorizontalFlip"]
+    client = read_recipe(exchange(records["ConfigRecord"], {"num-examples": 64}), "weights", {}, code)
+    sources = dict(client.sources)
+    assert sources["client state"].startswith(f"net.fc2 restored from the client's context.state (app code: "
+                                              f"{restored})")  # fmt: skip
+    assert "RandomCrop(28, padding=4)" in sources["augmentation"] and "do not model" in sources["augmentation"]
+    assert read_code(load_app(QUICKSTART), {}).kept_state is None
+
+
+# ---------------------------------------------------------------------------- the apps' own ClientApps, audited
+
+
+def qs_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The quickstart-shaped app's partition as the audit's loader returns it: pixels in [0, 1], labels."""
+    from qsapp.task import Pictures
+
+    found = Pictures(partition_id)
+    return found.pixels.transpose(0, 3, 1, 2).astype(np.float32) / 255, found.labels
+
+
+def legacy_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    from legacyapp.task import Digits
+
+    found = Digits(partition_id)
+    return found.pixels[:, None].astype(np.float32) / 255, found.labels
+
+
+def train_through_capture(app, content, node: int, partition: int, run_config: dict, out: Path) -> None:
+    """One train message to ``app`` (the app's own ClientApp object), answered in this process through
+    ``capture_mod``, as ``ClientApp(mods=[capture_mod])`` would record it."""
+    from flwr.app import Context, Message, RecordDict
+
+    from fedvit.capture.writer import capture_mod
+
+    torch.manual_seed(node)
+    message = Message(content, dst_node_id=node, message_type="train")
+    message.metadata.__dict__.update(_message_id=f"m{node}", _run_id=9, _group_id="1")
+    context = Context(run_id=9, node_id=node, node_config={"partition-id": partition, "num-partitions": 2},
+                      state=RecordDict(), run_config=run_config | {"fedvit-capture-dir": str(out)})  # fmt: skip
+    reply = capture_mod(message, context, app)
+    assert not reply.has_error(), reply.error
+
+
+@pytest.mark.parametrize("shape", ["quickstart", "legacy"])
+def test_the_apps_own_clientapps_are_captured_and_audited_with_the_recipe_from_their_code(tmp_path, shape):
+    """The quickstart-shaped app (Message API, ``x.view``, ``{"img", "label"}`` batches) and the legacy one
+    (``client_fn`` + NumPyClient, grey ``{"image", "label"}`` batches, the batch size only in its DataLoader): each
+    ClientApp trains for real, capture_mod records it, and the audit reads the recipe from the code alone and gives
+    label counts without a traceback."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from fedvit.audit.pipeline import AuditOptions, run_audit
+    from fedvit.audit.user_data import UserData
+    from fedvit.core.budget import AuditConfig
+
+    if shape == "quickstart":
+        from qsapp.client_app import app
+
+        folder, factory, loader, input_shape = QUICKSTART, "qsapp.task:Net", "qs_partition", (3, 32, 32)
+        run_config, examples, batch = {"batch-size": 16, "local-epochs": 1}, 24, 16
+
+        def content(model: nn.Module) -> RecordDict:
+            return RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord({"lr": 0.05})})
+    else:
+        from flwr.common import FitIns, ndarrays_to_parameters
+        from flwr.compat.common.recorddict_compat import fitins_to_recorddict
+        from legacyapp.client_app import app
+
+        folder, factory, loader, input_shape = LEGACY, "legacyapp.task:Net", "legacy_partition", (1, 28, 28)
+        run_config, examples, batch = {}, 40, 32
+
+        def content(model: nn.Module) -> RecordDict:
+            weights = [v.numpy() for v in model.state_dict().values()]
+            config = {"lr": 0.05, "momentum": 0.9, "local_epochs": 1}
+            return fitins_to_recorddict(FitIns(ndarrays_to_parameters(weights), config), keep_input=True)
+
+    spec = ModelSpec(factory, input_shape, (0.5,) * input_shape[0], (0.5,) * input_shape[0], app_dir=str(folder))
+    for node, partition in ((21, 0), (22, 1)):
+        torch.manual_seed(0)
+        train_through_capture(app, content(spec.build()), node, partition, run_config, tmp_path / "cap")
+    data = UserData(f"tests.test_flower_idioms:{loader}", {"21": 0, "22": 1}, (2, 3, 4, 5), str(folder))
+    options = AuditOptions(spec=spec, budget=AuditConfig(iterations=5, restarts=1, max_seconds=20), data=data,
+                           app=folder)  # fmt: skip
+    report = run_audit(tmp_path / "cap", tmp_path / "out", options)
+    assert len(report["updates"]) == 2
+    for update in report["updates"]:
+        sources = dict(update["recipe-sources"])
+        assert sources["optimiser"].startswith("sgd (app code: ") and update["batch"] == batch
+        assert update["examples"] == examples and update["steps"] == math.ceil(examples / batch)
+        assert sources["batch-size"].startswith(f"{batch} (app code: task.py:")
+        assert sources["momentum"].startswith("0.9 (app code: ") and sources["lr"].startswith("0.05 (app code: ")
+        assert not [a for a in update["assumptions"] if a.startswith(("batch-size", "epochs", "lr", "momentum"))]
+        labels = update["leakage"]["labels"]
+        assert labels["status"] == "measured", labels
+        assert labels["error"] <= labels["null-error"], labels  # the counts beat the prior on every client

@@ -213,6 +213,10 @@ def test_over_tls_the_tap_relays_but_records_nothing_readable(tmp_path):
     assert audit.returncode == 0, audit.stderr
     assert "the wire shows nothing; the server still sees every update" in (out / "audit.md").read_text()
     assert "no app bundle to read the client's recipe from: give --app" in (out / "audit.md").read_text()
+    counted = json.loads((captures / "tap.json").read_text())["connections"]["tls"]
+    report = json.loads((out / "audit.json").read_text())
+    assert counted >= len(links) and f"({counted} TLS or HTTP/2 link(s) in tap.json)" in report["threat-model"]
+    assert report["threat-model"].startswith("passive eavesdropper on the wire, every link TLS")
 
 
 def test_the_tap_stops_cleanly_and_says_what_it_saw(tmp_path):

@@ -23,6 +23,7 @@ import ast
 import dataclasses
 import hashlib
 import io
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,20 @@ RANDOM_TRANSFORMS = ("RandomResizedCrop", "RandomCrop", "RandomHorizontalFlip", 
                      "RandomRotation", "RandomAffine", "RandAugment", "TrivialAugmentWide", "AutoAugment",
                      "AugMix", "RandomErasing", "RandomGrayscale", "GaussianBlur", "RandomPerspective")  # fmt: skip
 MAX_HOPS = 4  # parameters followed to their callers at most this deep
+
+
+PYPROJECT = "pyproject.toml"  # the app's Flower config: [tool.flwr.app.components] names its ServerApp and ClientApp
+
+
+def components(pyproject: str | None) -> dict[str, str]:
+    """``[tool.flwr.app.components]`` of an app's pyproject.toml ({} where there is none or it does not parse)."""
+    if not pyproject:
+        return {}
+    try:
+        found = tomllib.loads(pyproject).get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
+    except tomllib.TOMLDecodeError:
+        return {}
+    return {k: str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 class AppCodeError(ValueError):
@@ -130,6 +145,7 @@ class CodeRecipe:
     trained: Value | None = None  # the module whose parameters the optimiser gets ("" the whole model)
     loss: Value | None = None  # the training loss (LOSSES' names: "cross-entropy", "mse", …)
     central_dp: CentralDp | None = None  # Flower's server-side DP wrapper around the strategy, if the app has one
+    kept_state: Value | None = None  # weights the client restores from its ``context.state`` (a head kept locally)
     frozen: tuple[Value, ...] = ()  # submodules frozen with requires_grad_(False)
     transforms: tuple[Transform, ...] = ()
     notes: tuple[str, ...] = ()
@@ -151,7 +167,8 @@ def app_sources(app: Path) -> tuple[dict[str, str], str]:
         data = app.read_bytes()
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as bundle:
-                sources = {n: bundle.read(n).decode("utf-8", "replace") for n in bundle.namelist() if n.endswith(".py")}
+                sources = {n: bundle.read(n).decode("utf-8", "replace") for n in bundle.namelist()
+                           if n.endswith(".py") or n == PYPROJECT}  # fmt: skip
         except zipfile.BadZipFile as err:
             raise AppCodeError(f"{app}: not a FAB (a zip archive) nor a folder") from err
         where = f"the app bundle {app.name} (sha256 {hashlib.sha256(data).hexdigest()[:12]})"
@@ -162,10 +179,12 @@ def app_sources(app: Path) -> tuple[dict[str, str], str]:
             for p in sorted(app.rglob("*.py"))
             if not skip & set(p.relative_to(app).parts[:-1])
         }
+        if (app / PYPROJECT).is_file():
+            sources[PYPROJECT] = (app / PYPROJECT).read_text(errors="replace")
         where = f"the app folder {app}"
     else:
         raise AppCodeError(f"--app {app}: no such folder or FAB")
-    if not sources:
+    if not set(sources) - {PYPROJECT}:
         raise AppCodeError(f"{where} holds no Python files")
     return sources, where
 
@@ -212,8 +231,17 @@ class App:
 
     def __init__(self, sources: dict[str, str], where: str) -> None:
         self.where = where
-        self.modules = {p: m for p, t in sources.items() if (m := parse_module(p, t)) is not None}
-        self.unparsed = sorted(set(sources) - set(self.modules))
+        python = {p: t for p, t in sources.items() if p != PYPROJECT}
+        self.modules = {p: m for p, t in python.items() if (m := parse_module(p, t)) is not None}
+        self.unparsed = sorted(set(python) - set(self.modules))
+        self.components = components(sources.get(PYPROJECT))
+
+    def component_modules(self, kind: str) -> list[Module]:
+        """The modules of the app's ``serverapp`` or ``clientapp`` component as its pyproject.toml names it
+        (``pkg.server_app:app``), else every module (no pyproject.toml, or a component it does not name)."""
+        named = self.components.get(kind, "").partition(":")[0]
+        found = [m for m in self.modules.values() if named and _module_name(m.path) == named]
+        return found or list(self.modules.values())
 
     # -- where things are
     def line(self, module: Module, node: ast.AST) -> str:
@@ -565,7 +593,7 @@ def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
     handlers = app.train_handlers()
     if not handlers:
         notes.append("no @app.train() handler and no fit method found: nothing was read")
-        return CodeRecipe(app.where, notes=tuple(notes))
+        return CodeRecipe(app.where, notes=tuple(notes), central_dp=central_dp(app, records))
     reached = app.reachable(handlers)
 
     def value(module: Module, node: ast.AST, expr: ast.expr | None, default: Any = None) -> Value:
@@ -655,6 +683,7 @@ def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
                    "requires_grad_" and call.args and isinstance(call.args[0], ast.Constant)
                    and call.args[0].value is False)  # fmt: skip
     fields["loss"] = training_loss(app, reached)
+    fields["kept_state"] = kept_state(app, reached)
     fields["central_dp"] = central_dp(app, records)
     return CodeRecipe(app.where, frozen=frozen, transforms=tuple(random_transforms(app, reached)), notes=tuple(notes),
                       **fields)  # fmt: skip
@@ -698,8 +727,9 @@ CLIPPING_MODS = ("fixedclipping_mod", "adaptiveclipping_mod")
 
 def central_dp(app: App, records: dict[str, dict]) -> CentralDp | None:
     """The server-side DP wrapper the app builds anywhere in its code (its first), its σ, C and N resolved against
-    the run config, and the clipping mods its ClientApps list; None where it builds none."""
-    for module in app.modules.values():
+    the run config, and the clipping mods its ClientApps list; None where it builds none. Only the ServerApp
+    component pyproject.toml names is read, where it names one (an app folder may hold several server apps)."""
+    for module in app.component_modules("serverapp"):
         for call in ast.walk(module.tree):
             if not (isinstance(call, ast.Call) and (name := _called_name(call)) in CENTRAL_DP):
                 continue
@@ -709,12 +739,35 @@ def central_dp(app: App, records: dict[str, dict]) -> CentralDp | None:
             noise, norm, sampled = (read_value(app, module, call, given.get(key), records, default, "Flower's")
                                     for key, default in (("noise_multiplier", None), (norm_key, norm_default),
                                                          ("num_sampled_clients", None)))  # fmt: skip
-            mods = tuple(f"{m} ({app.line(other, node)})" for other in app.modules.values()
+            mods = tuple(f"{m} ({app.line(other, node)})" for other in app.component_modules("clientapp")
                          for node in ast.walk(other.tree) if isinstance(node, ast.Call)
                          and _called_name(node) == "ClientApp" for k in node.keywords if k.arg == "mods"
                          for m in CLIPPING_MODS if m in ast.unparse(k.value))  # fmt: skip
             return CentralDp(name, app.line(module, call), noise, norm, sampled, mods)
     return None
+
+
+def kept_state(app: App, reached: list[tuple[Module, ast.AST]]) -> Value | None:
+    """Weights the training code loads from the client's own ``context.state`` (advanced-pytorch keeps its head
+    there between rounds): from its second round such a client does not start from the weights it received. None:
+    the code loads nothing from its state."""
+    for module, node in _walk(reached):
+        if isinstance(node, ast.Call) and _called_name(node) == "load_state_dict" and any(
+                ".state" in ast.unparse(a) or _state_bound(app, module, a) for a in node.args):  # fmt: skip
+            return Value(ast.unparse(node.func.value), app.line(module, node),
+                         f"`{ast.unparse(node)}`: weights restored from the client's context.state")  # fmt: skip
+    return None
+
+
+def _state_bound(app: App, module: Module, expr: ast.expr) -> bool:
+    """Whether ``expr`` names a local value read from a ``context.state`` record."""
+    name = expr.func.value if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) else expr
+    while isinstance(name, ast.Attribute | ast.Subscript):
+        name = name.value
+    if not isinstance(name, ast.Name):
+        return False
+    assigned = app.local_assignment(module, name)
+    return assigned is not None and ".state" in ast.unparse(assigned)
 
 
 def not_a_classifier(loss: Value) -> str:

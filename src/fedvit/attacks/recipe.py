@@ -418,6 +418,11 @@ def read_recipe(
         )
     if code is not None and code.central_dp is not None:
         sources["central DP"] = code.central_dp.described()
+    if code is not None and code.kept_state is not None:
+        sources["client state"] = (f"{code.kept_state.value} restored from the client's context.state (app code: "
+                                   f"{code.kept_state.source}): from its second round the client trains from its own "
+                                   f"{code.kept_state.value}, not the one it received, and the simulations start "
+                                   "from the received weights")  # fmt: skip
     update_noise = None
     if claim is not None and claim.update_noise is not None:  # LocalDpMod: clipped and noised before it left
         update_clip, update_noise = claim.update_clip, claim.update_noise

@@ -28,8 +28,17 @@ THREAT_MODELS = {
 CLIENT_LINK = "eavesdropper on the client's link: both directions of its train exchanges"
 
 
-def threat_model(observers: list[str | None], assumed: bool) -> str:
-    """The threat model the captures stand for, and how much of the recipe it knows."""
+TLS_ONLY = ("passive eavesdropper on the wire, every link TLS: connection metadata only (peers, times, bytes), no "
+            "message and no app bundle; the server, which ends the TLS, still sees every update: to audit its view, "
+            "capture it with CapturingStrategy around the strategy (from fedvit import CapturingStrategy) or "
+            "capture_mod on the ClientApp, and give --app DIR|FAB for the recipe")  # fmt: skip
+
+
+def threat_model(observers: list[str | None], assumed: bool, tls_links: int = 0) -> str:
+    """The threat model the captures stand for, and how much of the recipe it knows (``tls_links``: connections a
+    wire tap could not read; with no readable exchange at all, that is the whole threat model)."""
+    if not observers and tls_links:
+        return f"{TLS_ONLY} ({tls_links} TLS or HTTP/2 link(s) in tap.json)"
     seen = "; ".join(dict.fromkeys(THREAT_MODELS.get(o or "", CLIENT_LINK) for o in observers)) or CLIENT_LINK
     knows = (
         "parameter-aware: reads the recipe from the app's code, the records and the update, assumes the rest (listed "
@@ -41,11 +50,23 @@ def threat_model(observers: list[str | None], assumed: bool) -> str:
 
 
 def label_evidence(counts: np.ndarray | None, why: str, accuracy: float | None, prior: float | None,
-                   unverified_error: str | None) -> dict[str, Any]:  # fmt: skip
+                   unverified_error: str | None, rests_on: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Label counts against the prior. ``accuracy``/``prior``: label accuracy of the counts and of the prior
-    against the truth (None without it); ``unverified_error``: the method's benchmarked error, stated instead."""
+    against the truth (None without it); ``unverified_error``: the method's benchmarked error, stated instead;
+    ``rests_on``: what the counts' relation assumes that is not the client's verified recipe (another optimiser
+    than SGD, an assumed batch size or epoch count): the counts are then never judged, only estimated, and their
+    error against the truth is stated beside, not weighed."""
     if counts is None:
         return {"status": NOT_MEASURED, "why": why}
+    if rests_on is not None:
+        found = {"status": UNVERIFIED, "why": f"the counts rest on {rests_on}"}
+        if accuracy is not None and prior is not None:
+            found |= {"error": 1.0 - accuracy, "null-error": 1.0 - prior}
+            found["benchmarked-error"] = (f"{found['why']}; against the truth they misplace {1 - accuracy:.1%} of "
+                                          f"the images (the prior {1 - prior:.1%}), not judged")  # fmt: skip
+        else:
+            found["benchmarked-error"] = found["why"]
+        return found
     if accuracy is None or prior is None:
         return {"status": UNVERIFIED, "why": "no ground truth recorded and no --data",
                 "benchmarked-error": unverified_error or "exact for one step (the head-bias formula)"}  # fmt: skip

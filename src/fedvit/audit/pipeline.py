@@ -419,10 +419,11 @@ def attack_exchange(
 
 def audit_exchanges(
     exchanges: list[Exchange], out: Path, options: AuditOptions, notes: list[str] | None = None,
-    secure: Secured | None = None,
+    secure: Secured | None = None, tls_links: int = 0,
 ) -> tuple[dict[str, Any], list[Audited]]:  # fmt: skip
     """Attack and score every exchange; write ``audit.json``, ``audit.md``, ``grid.png`` and the frontier under
-    ``out``. Returns the report and, per exchange, what was attacked."""
+    ``out``. Returns the report and, per exchange, what was attacked (``tls_links``: links a wire tap could not
+    read)."""
     out.mkdir(parents=True, exist_ok=True)
     reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
     rows, updates, attacked, grid_ranks, budgets, observers = [], [], [], [], {}, []
@@ -467,8 +468,8 @@ def audit_exchanges(
     findings = client_findings(updates, clients, masked)
     report = {
         "title": options.title or "fedvit audit",
-        "model": "; ".join(models) or "—",
-        "threat-model": threat_model(observers, any(u["assumptions"] for u in updates)),
+        "model": "; ".join(models) or "— (no update was readable: nothing attacked)",
+        "threat-model": threat_model(observers, any(u["assumptions"] for u in updates), tls_links),
         "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds)),
         "findings": [dataclasses.asdict(f) for f in findings],
         "verdict-detail": verdict(updates, NOTHING_ON_THE_WIRE, clients),
@@ -575,7 +576,8 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     title = options.title or f"fedvit audit of {captures}"
     if options.spec is not None and exchanges and all(is_fedvit(ex) for ex in exchanges):
         raise AuditInputError("--model: these are captures of fedvit's own app, whose run config names its model")
-    report, _ = audit_exchanges(exchanges, Path(out), dataclasses.replace(options, title=title), notes, secure)
+    report, _ = audit_exchanges(exchanges, Path(out), dataclasses.replace(options, title=title), notes, secure,
+                                hidden)  # fmt: skip
     return report
 
 

@@ -287,7 +287,7 @@ def label_counts(obs: Observation, held: Held) -> Finding:
     if found.fit is not None:
         held.found.recipe_fit = found.fit
         held.found.fit_unchecked = unfittable(obs)
-    if (misfit := recipe_misfit(held)) is not None:
+    if (misfit := recipe_misfit(held, obs)) is not None:
         note = f"withheld: {misfit}; the counts rest on simulating it ({found.note})"
         finding = _label_finding(obs, held, None, note, started)
     else:
@@ -296,6 +296,20 @@ def label_counts(obs: Observation, held: Held) -> Finding:
         finding = _label_finding(obs, held, found.counts, found.note, started)
     finding.recipe = inferred
     return finding
+
+
+def counts_rest_on(obs: Observation) -> str | None:
+    """What the label counts of ``obs`` assume that is not the client's recipe as read and checked (None:
+    nothing): another optimiser than SGD or an update clipped or noised (:func:`not_plain_sgd`), or, for new
+    weights, a batch size or epoch count no record and no code states."""
+    if (why := not_plain_sgd(obs)) is not None:
+        return why
+    client = recipe(obs)
+    if client.sends_gradient:
+        return None
+    assumed = [f"{key} {client.source_of(key)}" for key in ("batch-size", "epochs")
+               if "assumed" in client.source_of(key)]  # fmt: skip
+    return f"assumed values no record or code states: {'; '.join(assumed)}" if assumed else None
 
 
 def unfittable(obs: Observation) -> str | None:
@@ -309,13 +323,14 @@ def unfittable(obs: Observation) -> str | None:
     return None
 
 
-def recipe_misfit(held: Held) -> str | None:
+def recipe_misfit(held: Held, obs: Observation) -> str | None:
     """Why the figures that simulate the client's recipe are withheld: its simulation does not reproduce the update
     (None: it does, or nothing was simulated, or the check is off)."""
     fit = held.found.recipe_fit
     if fit is None or fit.fits or not held.fit_check or held.found.fit_unchecked:
         return None
-    return f"recipe does not fit: {fit.described()}"
+    state = recipe(obs).source_of("client state")  # a state the simulations cannot restore: why it may not fit
+    return f"recipe does not fit: {fit.described()}" + (f"; {state}" if state else "")
 
 
 def _label_finding(
@@ -329,7 +344,8 @@ def _label_finding(
     prior = aux.prior(obs.num_classes) if aux is not None else np.full(obs.num_classes, 1 / obs.num_classes)
     null = None if accuracy is None else prior_accuracy(prior, truth)
     several = recipe(obs).several_steps
-    evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if several else None)
+    evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if several else None,
+                              counts_rest_on(obs))  # fmt: skip
     if counts is not None:  # what the report's label picture draws: the prior's shares and the true counts
         evidence["prior-shares"] = [round(float(s), 6) for s in prior]
         if truth is not None:
@@ -362,7 +378,7 @@ def shadows_apply(obs: Observation, held: Held) -> str | None:
     """Why shadow updates cannot be trained for ``obs`` (None: they can)."""
     if held.references <= 0:
         return "no shadow updates asked for (--membership-references 0)"
-    if (why := other_optimiser(obs) or recipe_misfit(held)) is not None:
+    if (why := other_optimiser(obs) or recipe_misfit(held, obs)) is not None:
         return why
     if not counts_simulated(held):
         return ("shadow updates need a multi-step update whose label counts were estimated on images that are not "
@@ -454,7 +470,7 @@ def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held)
 
 def power_applies(obs: Observation, held: Held) -> str | None:
     """Why the power simulation cannot run for ``obs`` (None: it can)."""
-    if (why := other_optimiser(obs) or recipe_misfit(held)) is not None:
+    if (why := other_optimiser(obs) or recipe_misfit(held, obs)) is not None:
         return why
     if not counts_simulated(held):
         return ("needs the update's class counts estimated by simulating its local training on labelled images that "

@@ -4,6 +4,7 @@ server's own view (``captures/server``) is read only when pointed at it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -210,9 +211,17 @@ def _app_code(run: Path, run_info: dict[str, Any], manifest: dict[str, Any]) -> 
 
 
 def unreadable_links(path: Path) -> int:
-    """Connections a wire tap relayed without reading them (TLS or HTTP/2), from its ``connections.jsonl``."""
+    """Connections a wire tap relayed without reading them (TLS or HTTP/2): as its ``tap.json`` counts them (every
+    connection, those still open when it stopped too), else the entries of its ``connections.jsonl`` (written as
+    each connection closes)."""
     count = 0
     for log_file in path.rglob("connections.jsonl"):
+        summary = log_file.parent / "tap.json"
+        if summary.is_file():
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                links = json.loads(summary.read_text()).get("connections", {})
+                count += int(links.get("tls", 0)) + int(links.get("http2", 0))
+                continue
         for line in log_file.read_text().splitlines():
             if line.strip() and not json.loads(line).get("readable", True):
                 count += 1
