@@ -102,6 +102,13 @@ def test_a_lightning_autoencoder_is_read_and_said_not_to_be_a_classifier_in_one_
     assert "\n" not in message and "[2, 1, 28, 28] float32 images, contiguous in memory" in message
     assert "AutoEncoderStandIn" in message and "mse loss (task.py:" in message and "not a classifier" in message
     assert "Label counts do not apply" in message
+    # a forward that does give [B, K] is no classifier either when the code trains it on a reconstruction loss
+    flat = AutoEncoderStandIn()
+    flat.encoder.insert(0, nn.Flatten())
+    flat.pretrained_cfg = {"mean": (0.5,), "std": (0.5,)}  # as ModelSpec.build attaches them
+    with pytest.raises(ModelInputError, match=r"^aeapp.task:LitAutoEncoder: the app's training code computes a mse"):
+        probe_model(flat, ModelSpec("aeapp.task:LitAutoEncoder", (1, 28, 28), (0.5,), (0.5,)), code)
+    probe_model(flat, ModelSpec("aeapp.task:LitAutoEncoder", (1, 28, 28), (0.5,), (0.5,)), None)  # nothing read
 
 
 class AutoEncoderStandIn(nn.Module):
@@ -393,3 +400,48 @@ def test_the_apps_own_clientapps_are_captured_and_audited_with_the_recipe_from_t
         labels = update["leakage"]["labels"]
         assert labels["status"] == "measured", labels
         assert labels["error"] <= labels["null-error"], labels  # the counts beat the prior on every client
+
+
+def test_the_fl_dp_sa_shaped_app_is_audited_with_its_central_dp_and_noise_said(tmp_path):
+    """fl-dp-sa's combination run in this process: the clients clip (``fixedclipping_mod``) and mask
+    (``secaggplus_mod``), the server unmasks the sum and ``DifferentialPrivacyClientSideFixedClipping`` adds its
+    noise. The report names σ, C and N with their source and states the aggregate's gap to the next broadcast as
+    that noise, measured beside its expected std σ·C/N."""
+    from flwr.app import Context, RecordDict
+    from flwr.client.mod import fixedclipping_mod, secaggplus_mod
+    from flwr.clientapp import ClientApp
+    from legacyapp import dpsa_server_app
+    from legacyapp.client_app import client_fn
+
+    from fedvit.audit.pipeline import AuditOptions, run_audit
+    from fedvit.audit.report import markdown
+    from fedvit.capture.writer import capture_mod
+    from fedvit.core.budget import AuditConfig
+    from tests.secagg_harness import InProcessGrid
+
+    folder = fl_dp_sa_app(tmp_path / "app")
+    run_config = {"num-server-rounds": 2, "noise-multiplier": 0.1, "clipping-norm": 1.0, "num-sampled-clients": 3}
+    app = ClientApp(client_fn=client_fn, mods=[capture_mod, secaggplus_mod, fixedclipping_mod])
+    grid = InProcessGrid(app, 3, tmp_path / "cap", 32)
+    for context in grid.contexts.values():
+        context.node_config["num-partitions"] = 3
+        context.run_config.update(run_config)
+    torch.manual_seed(0)
+    dpsa_server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                       run_config=run_config))  # fmt: skip
+    spec = ModelSpec("legacyapp.task:Net", (1, 28, 28), (0.5,), (0.5,), app_dir=str(LEGACY))
+    options = AuditOptions(spec=spec, budget=AuditConfig(iterations=5, restarts=1, max_seconds=20), app=folder)
+    report = run_audit(tmp_path / "cap", tmp_path / "out", options)
+    first = report["secure-aggregation"]["rounds"][0]
+    assert first["aggregate"].startswith("rebuilt") and math.isclose(first["central-dp-std"], 0.1 * 1.0 / 3)
+    assert 0.8 < first["next-broadcast-rms-difference"] / first["central-dp-std"] < 1.2, first  # the noise, measured
+    text = markdown(report)
+    assert "the server's central-DP noise, of expected std σ·C/N = 0.0333" in text and "equals" not in text
+    built = line_of(folder, "dpsa_server_app.py", "DifferentialPrivacyClientSideFixedClipping(")
+    aggregate = report["updates"][0]
+    central = dict(aggregate["recipe-sources"])["central DP"]
+    assert central.startswith(f"central DP: DifferentialPrivacyClientSideFixedClipping ({built})")
+    assert "σ 0.1 (" in central and "run config 'noise-multiplier'" in central and "C 1 (" in central
+    assert "clipping" in dict(aggregate["recipe-sources"])["update clipping"]
+    dp_cell = next(f for f in report["findings"] if f["client"] == "the aggregate (SecAgg+)")["dp_claim"]
+    assert "central DP in the app's code" in dp_cell["why"], dp_cell

@@ -88,18 +88,21 @@ def probe_model(model: Any, spec: ModelSpec, code: CodeRecipe | None) -> None:
     import torch
 
     x = torch.rand((2, *spec.input_shape), generator=torch.Generator().manual_seed(0))
+    loss = code.loss if code is not None else None
+    other_loss = loss is not None and loss.read and loss.value not in CLASSIFIER_LOSSES
     training = model.training
     model.eval()
     try:
         with torch.no_grad():
             fed_to_model(model, contiguous(x), "contiguous")
     except ModelInputError as err:
-        loss = code.loss if code is not None else None
-        if loss is not None and loss.read and loss.value not in CLASSIFIER_LOSSES:
+        if other_loss:
             raise ModelInputError(f"{err}; {not_a_classifier(loss)}") from err.__cause__
         raise
     finally:
         model.train(training)
+    if other_loss:  # the forward gives [B, K], but the code trains it on another loss: K are no classes
+        raise ModelInputError(f"{spec.factory}: {not_a_classifier(loss)}")
 
 
 @dataclasses.dataclass
