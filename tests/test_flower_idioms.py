@@ -7,8 +7,6 @@ traceback."""
 from __future__ import annotations
 
 import math
-import shutil
-import sys
 import textwrap
 from pathlib import Path
 from unittest import mock
@@ -36,14 +34,17 @@ from fedvit.audit.pipeline import probe_model
 from fedvit.audit.secagg import gap_text, gap_to_broadcast
 from fedvit.audit.summary import dp_finding
 from fedvit.capture.reader import Exchange
-
-IDIOMS = Path(__file__).parent / "flower_idioms"
-QUICKSTART, LEGACY, LIGHTNING = IDIOMS / "quickstart", IDIOMS / "legacy", IDIOMS / "lightning"
-sys.path.insert(0, str(QUICKSTART))
-sys.path.insert(0, str(LEGACY))
-
-from legacyapp.task import Net as GreyNet  # noqa: E402
-from qsapp.task import Net  # noqa: E402
+from tests.idiom_harness import (
+    LEGACY,
+    LIGHTNING,
+    QUICKSTART,
+    SHAPES,
+    STATEFUL,
+    audit,
+    fl_dp_sa_app,
+    run_app,
+    run_fl_dp_sa,
+)
 
 
 def line_of(app: Path, file: str, text: str) -> str:
@@ -163,15 +164,6 @@ def test_partials_module_imports_keywords_and_tuple_assignments_are_followed(tmp
 # ---------------------------------------------------------------------------- central DP under SecAgg+
 
 
-def fl_dp_sa_app(folder: Path) -> Path:
-    """The legacy app with fl-dp-sa's components (central DP and SecAgg+) in its pyproject.toml."""
-    shutil.copytree(LEGACY, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    pyproject = folder / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace("legacyapp.server_app:app", "legacyapp.dpsa_server_app:app")
-                         .replace("legacyapp.client_app:app", "legacyapp.dpsa_client_app:app"))  # fmt: skip
-    return folder
-
-
 def test_central_dp_is_read_from_the_server_with_its_sources_and_said_of_every_update(tmp_path):
     config = {"noise-multiplier": 0.5, "clipping-norm": 4.0, "num-sampled-clients": 3}
     assert central_dp(load_app(LEGACY), {"run config": config}) is None  # its ServerApp component adds no noise
@@ -226,6 +218,8 @@ def view_observation() -> tuple[Observation, Auxiliary]:
 
 
 def test_a_view_model_is_simulated_in_the_default_layout_with_the_same_figures():
+    from qsapp.task import Net  # on sys.path through tests.idiom_harness
+
     obs, aux = view_observation()
     counts = np.array([2, 1, 1, 2, 1, 1, 1, 1, 1, 1])
     assert not takes_channels_last(Net(), (3, 32, 32))
@@ -260,6 +254,7 @@ def test_a_model_that_reads_memory_order_silently_is_also_given_the_default_layo
 
 
 def test_a_model_that_fails_on_the_audits_input_is_one_line_naming_what_was_fed():
+    from legacyapp.task import Net as GreyNet
     model = ModelSpec("legacyapp.task:Net", (1, 28, 28), (0.5,), (0.5,), app_dir=str(LEGACY)).build()
     assert isinstance(model, GreyNet)
     with pytest.raises(ModelInputError) as raised:
@@ -299,12 +294,12 @@ def exchange(config: dict, metrics: dict, run_config: dict | None = None) -> Exc
 def test_a_head_kept_in_the_clients_state_and_crops_with_padding_are_named():
     """advanced-pytorch's shape: the head restored from ``context.state`` before training, ``RandomCrop`` with
     padding: both are said in the recipe, and a recipe that does not fit says the state it could not restore."""
-    stateful = IDIOMS / "stateful"
+    stateful = STATEFUL
     records = {"run config": {"batch-size": 32, "local-epochs": 1}, "ConfigRecord": {"lr": 0.1}}
     code = read_code(load_app(stateful), records)
     restored = line_of(stateful, "client_app.py", "net.fc2.load_state_dict(")
     assert (code.kept_state.value, code.kept_state.source) == ("net.fc2", restored)
-    assert code.optimiser.value == "adam" and code.lr.value == 0.1 and code.batch_size.value == 32
+    assert code.optimiser.value == "sgd" and code.lr.value == 0.1 and code.batch_size.value == 32
     assert [t.name for t in code.transforms] == ["RandomCrop", "RandomHorizontalFlip"]
     client = read_recipe(exchange(records["ConfigRecord"], {"num-examples": 64}), "weights", {}, code)
     sources = dict(client.sources)
@@ -317,89 +312,46 @@ def test_a_head_kept_in_the_clients_state_and_crops_with_padding_are_named():
 # ---------------------------------------------------------------------------- the apps' own ClientApps, audited
 
 
-def qs_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """The quickstart-shaped app's partition as the audit's loader returns it: pixels in [0, 1], labels."""
-    from qsapp.task import Pictures
-
-    found = Pictures(partition_id)
-    return found.pixels.transpose(0, 3, 1, 2).astype(np.float32) / 255, found.labels
-
-
-def legacy_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
-    from legacyapp.task import Digits
-
-    found = Digits(partition_id)
-    return found.pixels[:, None].astype(np.float32) / 255, found.labels
-
-
-def train_through_capture(app, content, node: int, partition: int, run_config: dict, out: Path) -> None:
-    """One train message to ``app`` (the app's own ClientApp object), answered in this process through
-    ``capture_mod``, as ``ClientApp(mods=[capture_mod])`` would record it."""
-    from flwr.app import Context, Message, RecordDict
-
-    from fedvit.capture.writer import capture_mod
-
-    torch.manual_seed(node)
-    message = Message(content, dst_node_id=node, message_type="train")
-    message.metadata.__dict__.update(_message_id=f"m{node}", _run_id=9, _group_id="1")
-    context = Context(run_id=9, node_id=node, node_config={"partition-id": partition, "num-partitions": 2},
-                      state=RecordDict(), run_config=run_config | {"fedvit-capture-dir": str(out)})  # fmt: skip
-    reply = capture_mod(message, context, app)
-    assert not reply.has_error(), reply.error
-
-
-@pytest.mark.parametrize("shape", ["quickstart", "legacy"])
-def test_the_apps_own_clientapps_are_captured_and_audited_with_the_recipe_from_their_code(tmp_path, shape):
+@pytest.mark.parametrize("name", ["quickstart", "legacy"])
+def test_the_apps_own_clientapps_are_captured_and_audited_with_the_recipe_from_their_code(tmp_path, name):
     """The quickstart-shaped app (Message API, ``x.view``, ``{"img", "label"}`` batches) and the legacy one
     (``client_fn`` + NumPyClient, grey ``{"image", "label"}`` batches, the batch size only in its DataLoader): each
     ClientApp trains for real, capture_mod records it, and the audit reads the recipe from the code alone and gives
-    label counts without a traceback."""
-    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
-
-    from fedvit.audit.pipeline import AuditOptions, run_audit
-    from fedvit.audit.user_data import UserData
-    from fedvit.core.budget import AuditConfig
-
-    if shape == "quickstart":
-        from qsapp.client_app import app
-
-        folder, factory, loader, input_shape = QUICKSTART, "qsapp.task:Net", "qs_partition", (3, 32, 32)
-        run_config, examples, batch = {"batch-size": 16, "local-epochs": 1}, 24, 16
-
-        def content(model: nn.Module) -> RecordDict:
-            return RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord({"lr": 0.05})})
-    else:
-        from flwr.common import FitIns, ndarrays_to_parameters
-        from flwr.compat.common.recorddict_compat import fitins_to_recorddict
-        from legacyapp.client_app import app
-
-        folder, factory, loader, input_shape = LEGACY, "legacyapp.task:Net", "legacy_partition", (1, 28, 28)
-        run_config, examples, batch = {}, 40, 32
-
-        def content(model: nn.Module) -> RecordDict:
-            weights = [v.numpy() for v in model.state_dict().values()]
-            config = {"lr": 0.05, "momentum": 0.9, "local_epochs": 1}
-            return fitins_to_recorddict(FitIns(ndarrays_to_parameters(weights), config), keep_input=True)
-
-    spec = ModelSpec(factory, input_shape, (0.5,) * input_shape[0], (0.5,) * input_shape[0], app_dir=str(folder))
-    for node, partition in ((21, 0), (22, 1)):
-        torch.manual_seed(0)
-        train_through_capture(app, content(spec.build()), node, partition, run_config, tmp_path / "cap")
-    data = UserData(f"tests.test_flower_idioms:{loader}", {"21": 0, "22": 1}, (2, 3, 4, 5), str(folder))
-    options = AuditOptions(spec=spec, budget=AuditConfig(iterations=5, restarts=1, max_seconds=20), data=data,
-                           app=folder)  # fmt: skip
-    report = run_audit(tmp_path / "cap", tmp_path / "out", options)
+    label counts, judged, without a traceback."""
+    shape = SHAPES[name]
+    run_app(shape, tmp_path / "cap")
+    report = audit(shape, tmp_path / "cap", tmp_path / "out")
     assert len(report["updates"]) == 2
     for update in report["updates"]:
         sources = dict(update["recipe-sources"])
-        assert sources["optimiser"].startswith("sgd (app code: ") and update["batch"] == batch
-        assert update["examples"] == examples and update["steps"] == math.ceil(examples / batch)
-        assert sources["batch-size"].startswith(f"{batch} (app code: task.py:")
+        assert sources["optimiser"].startswith("sgd (app code: ") and update["batch"] == shape.batch
+        assert update["examples"] == shape.examples and update["steps"] == math.ceil(shape.examples / shape.batch)
+        assert sources["batch-size"].startswith(f"{shape.batch} (app code: task.py:")
         assert sources["momentum"].startswith("0.9 (app code: ") and sources["lr"].startswith("0.05 (app code: ")
         assert not [a for a in update["assumptions"] if a.startswith(("batch-size", "epochs", "lr", "momentum"))]
         labels = update["leakage"]["labels"]
         assert labels["status"] == "measured", labels
         assert labels["error"] <= labels["null-error"], labels  # the counts beat the prior on every client
+    assert "central DP" not in dict(report["updates"][0]["recipe-sources"])  # its own ServerApp adds no noise
+
+
+def test_a_client_that_keeps_its_head_is_audited_and_its_second_round_says_so(tmp_path):
+    """advanced-pytorch's shape over two rounds: from round 2 each client trains from the head in its
+    ``context.state``, not the one it received; every update's recipe says so, and where a recipe does not fit,
+    the withheld figure names that state."""
+    shape = SHAPES["stateful"]
+    run_app(shape, tmp_path / "cap", rounds=2)
+    report = audit(shape, tmp_path / "cap", tmp_path / "out")
+    assert len(report["updates"]) == 4
+    restored = line_of(STATEFUL, "client_app.py", "net.fc2.load_state_dict(")
+    for update in report["updates"]:
+        sources = dict(update["recipe-sources"])
+        assert sources["client state"].startswith(f"net.fc2 restored from the client's context.state (app code: "
+                                                  f"{restored})")  # fmt: skip
+        assert "RandomCrop(28, padding=4)" in sources["augmentation"]
+        labels = update["leakage"]["labels"]
+        if labels["status"] == "not measured" and "does not fit" in labels.get("why", ""):
+            assert "net.fc2 restored from the client's context.state" in labels["why"], labels
 
 
 def test_the_fl_dp_sa_shaped_app_is_audited_with_its_central_dp_and_noise_said(tmp_path):
@@ -407,28 +359,13 @@ def test_the_fl_dp_sa_shaped_app_is_audited_with_its_central_dp_and_noise_said(t
     (``secaggplus_mod``), the server unmasks the sum and ``DifferentialPrivacyClientSideFixedClipping`` adds its
     noise. The report names σ, C and N with their source and states the aggregate's gap to the next broadcast as
     that noise, measured beside its expected std σ·C/N."""
-    from flwr.app import Context, RecordDict
-    from flwr.client.mod import fixedclipping_mod, secaggplus_mod
-    from flwr.clientapp import ClientApp
-    from legacyapp import dpsa_server_app
-    from legacyapp.client_app import client_fn
-
     from fedvit.audit.pipeline import AuditOptions, run_audit
     from fedvit.audit.report import markdown
-    from fedvit.capture.writer import capture_mod
     from fedvit.core.budget import AuditConfig
-    from tests.secagg_harness import InProcessGrid
 
     folder = fl_dp_sa_app(tmp_path / "app")
     run_config = {"num-server-rounds": 2, "noise-multiplier": 0.1, "clipping-norm": 1.0, "num-sampled-clients": 3}
-    app = ClientApp(client_fn=client_fn, mods=[capture_mod, secaggplus_mod, fixedclipping_mod])
-    grid = InProcessGrid(app, 3, tmp_path / "cap", 32)
-    for context in grid.contexts.values():
-        context.node_config["num-partitions"] = 3
-        context.run_config.update(run_config)
-    torch.manual_seed(0)
-    dpsa_server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                                       run_config=run_config))  # fmt: skip
+    run_fl_dp_sa(tmp_path / "cap", run_config)
     spec = ModelSpec("legacyapp.task:Net", (1, 28, 28), (0.5,), (0.5,), app_dir=str(LEGACY))
     options = AuditOptions(spec=spec, budget=AuditConfig(iterations=5, restarts=1, max_seconds=20), app=folder)
     report = run_audit(tmp_path / "cap", tmp_path / "out", options)

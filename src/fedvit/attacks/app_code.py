@@ -197,6 +197,7 @@ class Module:
     functions: dict[str, ast.FunctionDef]
     imports: dict[str, str]  # local name -> dotted origin ("torch.optim.Adam", "cnnapp.task.train")
     parents: dict[ast.AST, ast.AST]
+    classes: dict[str, ast.ClassDef]  # top-level classes by name (a Dataset reached by name brings its methods)
 
 
 def parse_module(path: str, text: str) -> Module | None:
@@ -204,7 +205,7 @@ def parse_module(path: str, text: str) -> Module | None:
         tree = ast.parse(text)
     except SyntaxError:
         return None
-    constants, functions, imports = {}, {}, {}
+    constants, functions, imports, classes = {}, {}, {}, {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             constants[node.targets[0].id] = node.value
@@ -214,6 +215,7 @@ def parse_module(path: str, text: str) -> Module | None:
             functions[node.name] = node
         elif isinstance(node, ast.ClassDef):  # methods by name (NumPyClient.fit and the helpers it calls)
             functions.update({f.name: f for f in node.body if isinstance(f, ast.FunctionDef)})
+            classes[node.name] = node
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:  # `import torch.optim` binds `torch`; `import torch.optim as optim` the module
@@ -223,7 +225,7 @@ def parse_module(path: str, text: str) -> Module | None:
             for alias in node.names:
                 imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
-    return Module(path, tree, constants, functions, imports, parents)
+    return Module(path, tree, constants, functions, imports, parents, classes)
 
 
 class App:
@@ -407,6 +409,7 @@ class App:
             names |= {module.imports[n].rpartition(".")[2] for n in names if n in module.imports}  # aliases
             for name in names:
                 todo += self.function_named(name)
+                todo += [(m, m.classes[name]) for m in self.modules.values() if name in m.classes]  # a Dataset
                 for other in self.modules.values():
                     if name in other.constants and (other is module or name in module.imports):
                         todo.append((other, other.constants[name]))

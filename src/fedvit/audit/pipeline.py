@@ -398,6 +398,7 @@ def attack_exchange(
             "cosine": fit.cosine,
             "own-cosine": fit.own_cosine,
             "cosine-bound": fit.cosine_bound,
+            "direction-unresolved": fit.direction_unresolved,  # the bound below LOWEST_COSINE_BOUND: never fits
             "flatness": list(fit.flatness),
             "fits": fit.fits,
             "checked": held.fit_check and not held.found.fit_unchecked,

@@ -18,7 +18,7 @@ def train(msg: Message, context: Context):
     if HEAD in context.state:
         state_dict = context.state[HEAD].to_torch_state_dict()
         net.fc2.load_state_dict(state_dict, strict=True)
-    trainloader = load_data(context.node_config["partition"], context.run_config["batch-size"])
+    trainloader = load_data(context.node_config["partition-id"], context.run_config["batch-size"])
     train_fn(net, trainloader, context.run_config["local-epochs"], msg.content["config"]["lr"], torch.device("cpu"))
     context.state[HEAD] = ArrayRecord(net.fc2.state_dict())
     metrics = MetricRecord({"num-examples": len(trainloader.dataset)})
