@@ -305,7 +305,10 @@ def test_a_head_kept_in_the_clients_state_and_crops_with_padding_are_named():
     sources = dict(client.sources)
     assert sources["client state"].startswith(f"net.fc2 restored from the client's context.state (app code: "
                                               f"{restored})")  # fmt: skip
-    assert "RandomCrop(28, padding=4)" in sources["augmentation"] and "do not model" in sources["augmentation"]
+    crop = line_of(stateful, "task.py", "TRAIN_TRANSFORMS = ")
+    assert sources["augmentation"] == (f"random crop with padding 4 + horizontal flip (app code: RandomCrop(28, "
+                                       f"padding=4) {crop}, RandomHorizontalFlip() {crop})")  # fmt: skip
+    assert client.augment.padding == 4 and client.augment.flip and client.augment.crop_scale is None
     assert read_code(load_app(QUICKSTART), {}).kept_state is None
 
 
@@ -382,3 +385,9 @@ def test_the_fl_dp_sa_shaped_app_is_audited_with_its_central_dp_and_noise_said(t
     assert "clipping" in dict(aggregate["recipe-sources"])["update clipping"]
     dp_cell = next(f for f in report["findings"] if f["client"] == "the aggregate (SecAgg+)")["dp_claim"]
     assert "central DP in the app's code" in dp_cell["why"], dp_cell
+
+
+def test_weights_set_from_the_received_parameters_are_no_kept_state():
+    """The legacy client's ``set_weights`` builds its state dict from ``net.state_dict()`` and the received
+    parameters: that is not the client's own state."""
+    assert read_code(load_app(LEGACY), {}).kept_state is None

@@ -91,6 +91,7 @@ class Transform:
     arguments: str
     source: str
     crop_scale: float | None = None  # RandomResizedCrop's smallest area share (torchvision's default 0.08)
+    padding: int | None = None  # RandomCrop's padding, where it is one number of pixels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -756,7 +757,7 @@ def kept_state(app: App, reached: list[tuple[Module, ast.AST]]) -> Value | None:
     the code loads nothing from its state."""
     for module, node in _walk(reached):
         if isinstance(node, ast.Call) and _called_name(node) == "load_state_dict" and any(
-                ".state" in ast.unparse(a) or _state_bound(app, module, a) for a in node.args):  # fmt: skip
+                _reads_state(a) or _state_bound(app, module, a) for a in node.args):  # fmt: skip
             return Value(ast.unparse(node.func.value), app.line(module, node),
                          f"`{ast.unparse(node)}`: weights restored from the client's context.state")  # fmt: skip
     return None
@@ -770,7 +771,12 @@ def _state_bound(app: App, module: Module, expr: ast.expr) -> bool:
     if not isinstance(name, ast.Name):
         return False
     assigned = app.local_assignment(module, name)
-    return assigned is not None and ".state" in ast.unparse(assigned)
+    return assigned is not None and _reads_state(assigned)
+
+
+def _reads_state(expr: ast.expr) -> bool:
+    """Whether ``expr`` reads an attribute named ``state`` (``context.state[…]``; ``net.state_dict()`` does not)."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "state" for n in ast.walk(expr))
 
 
 def not_a_classifier(loss: Value) -> str:
@@ -863,8 +869,17 @@ def random_transforms(app: App, reached: list[tuple[Module, ast.AST]]) -> list[T
                 scale = 0.08 if expr is None else float(app.resolve(module, expr, {})[0][0])
             except (Unread, TypeError, IndexError):
                 scale = None
+        padding = None
+        if name == "RandomCrop":
+            kw = {k.arg: k.value for k in node.keywords}
+            expr = kw.get("padding", node.args[1] if len(node.args) > 1 else None)
+            try:
+                value = None if expr is None else app.resolve(module, expr, {})[0]
+                padding = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+            except Unread:
+                padding = None
         arguments = ", ".join([ast.unparse(a) for a in node.args] + [ast.unparse(k) for k in node.keywords])
-        found.setdefault(name + arguments, Transform(name, arguments, app.line(module, node), scale))
+        found.setdefault(name + arguments, Transform(name, arguments, app.line(module, node), scale, padding))
     return list(found.values())
 
 

@@ -6,7 +6,9 @@ view of every image at every visit, and the loss scores average each candidate's
 (the augmentation-aware loss attack: Choquette-Choo et al., "Label-Only Membership Inference Attacks", ICML 2021,
 arXiv 2007.14321, score members by their loss over augmented copies). The shadow alignment scores the images as
 they are. Names: ``crop`` (torchvision's RandomResizedCrop back to the input size, scale 0.08–1 and aspect
-3/4–4/3: its defaults), ``crop:S`` (scale S–1), ``flip`` (horizontal, probability ½), joined by ``+``.
+3/4–4/3: its defaults), ``crop:S`` (scale S–1), ``pad:P`` (torchvision's RandomCrop at the input size with
+``padding=P``: the image zero-padded by P pixels on every side, then a random window of the input's size: a shift of
+up to P pixels either way), ``flip`` (horizontal, probability ½), joined by ``+``.
 """
 
 from __future__ import annotations
@@ -25,15 +27,18 @@ class AugmentationError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
-    """Random resized crops (``crop_scale``: the smallest area share; None: no crop) and horizontal flips."""
+    """Random resized crops (``crop_scale``: the smallest area share; None: no crop), random crops of the input's
+    size from the image zero-padded by ``padding`` pixels (None: none) and horizontal flips."""
 
     crop_scale: float | None = None
     flip: bool = False
+    padding: int | None = None
 
     def describe(self) -> str:
         parts = ([f"random resized crop (scale {self.crop_scale:g}–1)"] if self.crop_scale is not None else []) + (
+            [f"random crop with padding {self.padding}"] if self.padding is not None else []) + (
             ["horizontal flip"] if self.flip else []
-        )
+        )  # fmt: skip
         return " + ".join(parts)
 
 
@@ -42,11 +47,15 @@ def parse(text: str) -> Augmentation | None:
     text = text.strip().lower()
     if text in ("", "none", "no", "false"):
         return None
-    crop, flip = None, False
+    crop, flip, padding = None, False, None
     for part in text.split("+"):
         name, _, value = part.strip().partition(":")
         if name == "flip" and not value:
             flip = True
+        elif name == "pad":
+            if not value.isdigit() or int(value) < 1:
+                raise AugmentationError(f"augment {text!r}: pad needs a positive number of pixels, got {value!r}")
+            padding = int(value)
         elif name == "crop":
             try:
                 crop = float(value) if value else 0.08
@@ -55,8 +64,9 @@ def parse(text: str) -> Augmentation | None:
             if not 0 < crop <= 1:
                 raise AugmentationError(f"augment {text!r}: crop's scale must be in (0, 1], got {value!r}")
         else:
-            raise AugmentationError(f"augment {text!r}: {part!r} is not modelled (crop, crop:S, flip, joined by +)")
-    return Augmentation(crop, flip)
+            raise AugmentationError(f"augment {text!r}: {part!r} is not modelled (crop, crop:S, pad:P, flip, joined by "
+                                    "+)")  # fmt: skip
+    return Augmentation(crop, flip, padding)
 
 
 def augmented(images: torch.Tensor, augmentation: Augmentation, generator: torch.Generator) -> torch.Tensor:
@@ -68,6 +78,9 @@ def augmented(images: torch.Tensor, augmentation: Augmentation, generator: torch
         if augmentation.crop_scale is not None:
             top, left, h, w = crop_box(height, width, augmentation.crop_scale, generator)
             image = v2.functional.resized_crop(image, top, left, h, w, [height, width], antialias=True)
+        if (pad := augmentation.padding) is not None:  # RandomCrop(size, padding=pad): zeros, then a window
+            top, left = (int(torch.randint(0, 2 * pad + 1, (1,), generator=generator)) for _ in range(2))
+            image = torch.nn.functional.pad(image, (pad, pad, pad, pad))[:, top : top + height, left : left + width]
         if augmentation.flip and torch.rand((), generator=generator) < 0.5:
             image = image.flip(-1)
         out.append(image)

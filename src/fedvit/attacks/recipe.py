@@ -322,10 +322,12 @@ def code_augmentation(code: CodeRecipe) -> tuple[Augmentation | None, str] | Non
         return None
     crops = [t for t in code.transforms if t.name == "RandomResizedCrop"]
     flips = [t for t in code.transforms if t.name == "RandomHorizontalFlip"]
-    other = [t for t in code.transforms if t not in crops + flips]
+    padded = [t for t in code.transforms if t.name == "RandomCrop" and t.padding is not None]  # shifts
+    other = [t for t in code.transforms if t not in crops + flips + padded]
     scale = crops[0].crop_scale if crops else None
-    augmentation = Augmentation(scale, bool(flips)) if scale is not None or flips else None
-    where = ", ".join(f"{t.name}({t.arguments}) {t.source}" for t in crops + flips)
+    padding = padded[0].padding if padded else None
+    augmentation = Augmentation(scale, bool(flips), padding) if (scale, padding) != (None, None) or flips else None
+    where = ", ".join(f"{t.name}({t.arguments}) {t.source}" for t in crops + padded + flips)
     text = f"{augmentation.describe()} (app code: {where})" if augmentation else "none simulated"
     if crops and scale is None:
         text += f"; the crop's scale at {crops[0].source} is not read statically: crops not simulated"
