@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from fedvit.app.deployment.connection import add_connection
-from fedvit.app.deployment.credentials import write_credentials
+from fedvit.app.deployment.credentials import register_command, write_credentials
 from fedvit.app.deployment.loopback import wait_for_port
+from fedvit.app.deployment.topology import supernode_name
 from fedvit.app.flower_processes import executable, flower_env, free_ports
 
 # xdist: the module's deployment is started once
@@ -32,7 +33,8 @@ sys.path.insert(0, str(APP))
 
 class Federation:
     """SuperLink and two SuperNodes (subprocess isolation), the SuperNodes dialling ``dial`` (the tap or the
-    SuperLink itself); TLS when ``tls``. Every process in its own session, ended by :meth:`stop`."""
+    SuperLink itself); TLS and SuperNode authentication when ``tls``. Every process in its own session, ended by
+    :meth:`stop`."""
 
     def __init__(self, workdir: Path, tls: bool = False, app: Path = APP, partitions: tuple[int, ...] = PARTITIONS,
                  num_partitions: int = 4) -> None:  # fmt: skip
@@ -60,10 +62,11 @@ class Federation:
         if not self.tls:
             return ["--insecure"]
         cred = self.credentials
-        if role == "superlink":
+        if role == "superlink":  # TLS and SuperNode authentication, as Flower's supernode-authentication example
             return ["--ssl-ca-certfile", str(cred / "ca.crt"), "--ssl-certfile", str(cred / "superlink.crt"),
-                    "--ssl-keyfile", str(cred / "superlink.key")]  # fmt: skip
-        return ["--root-certificates", str(cred / "ca.crt")]
+                    "--ssl-keyfile", str(cred / "superlink.key"), "--enable-supernode-auth"]  # fmt: skip
+        return ["--root-certificates", str(cred / "ca.crt"), "--auth-supernode-private-key",
+                str(cred / f"{supernode_name(int(role.rpartition('-')[2]))}.auth")]  # fmt: skip
 
     def start_superlink(self) -> None:
         link = self.spawn("superlink", ["flower-superlink", *self.security("superlink"), "--host", "127.0.0.1",
@@ -72,10 +75,17 @@ class Federation:
         wait_for_port(self.link_port, link, self.workdir / "logs" / "superlink.log")
 
     def start_supernodes(self, dial: int) -> None:
+        if self.tls:  # each SuperNode's public key registered with the SuperLink before it connects
+            home = self.workdir / "homes" / "cli"
+            add_connection(home, "thirdparty", f"127.0.0.1:{self.link_port}", self.credentials / "ca.crt")
+            for i in range(len(self.partitions)):
+                done = subprocess.run(register_command(executable("flwr"), self.credentials, i, "thirdparty"),
+                                      env=self.env("cli"), capture_output=True, text=True, timeout=120)  # fmt: skip
+                assert done.returncode == 0, done.stdout + done.stderr
         for i, (partition, port) in enumerate(zip(self.partitions, self.node_ports, strict=True)):
             node_config = f"partition-id={partition} num-partitions={self.num_partitions}"
-            argv = ["flower-supernode", *self.security("supernode"), "--superlink", f"127.0.0.1:{dial}", "--port",
-                    str(port), "--node-config", node_config]  # fmt: skip
+            argv = ["flower-supernode", *self.security(f"supernode-{i}"), "--superlink", f"127.0.0.1:{dial}",
+                    "--port", str(port), "--node-config", node_config]  # fmt: skip
             node = self.spawn(f"supernode-{i}", argv)
             wait_for_port(port, node, self.workdir / "logs" / f"supernode-{i}.log")
 
