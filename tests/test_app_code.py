@@ -61,7 +61,13 @@ def test_the_quickstart_shaped_apps_momentum_is_a_module_constant_and_its_lr_the
     assert code.batch_size.value == 4 and code.trained.value == "the whole model" and not code.transforms
     # the values follow the records of the exchange they are resolved against
     other = read_code(load_app(CNNAPP), {"run config": run_config(CNNAPP), "ConfigRecord": {"lr": 0.5}})
-    assert other.lr.value == 0.5 and not other.epochs.read and "does not hold" in other.epochs.how
+    assert other.lr.value == 0.5
+    # a key the captured ConfigRecord lacks: the server's train_config states it, from the run config
+    sets = line_of(CNNAPP, "server_app.py", "train_config=ConfigRecord(")
+    assert other.epochs.value == run_config(CNNAPP)["local-epochs"]
+    assert other.epochs.how.endswith(f"ConfigRecord 'local-epochs' as train_config ({sets}) sets it")
+    bare = read_code(load_app(CNNAPP), {"ConfigRecord": {"lr": 0.5}})  # nor the run config: unread, said why
+    assert not bare.epochs.read and "does not hold" in bare.epochs.how
 
 
 def test_a_fab_is_read_as_its_folder_is():

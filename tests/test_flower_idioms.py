@@ -78,8 +78,9 @@ def test_the_legacy_clients_fit_and_client_fn_give_the_optimiser_it_builds_and_t
     code = read_code(load_app(LEGACY), records)
     sgd = line_of(LEGACY, "client_app.py", "torch.optim.SGD(")
     assert (code.optimiser.value, code.optimiser.source) == ("sgd", sgd)
-    assert code.lr.value == 0.05 and code.lr.how == "ConfigRecord 'lr'"
-    assert code.momentum.value == 0.9 and code.momentum.how == "ConfigRecord 'momentum'"
+    fit_config = f"on_fit_config ({line_of(LEGACY, 'server_app.py', 'return {')})"
+    assert code.lr.value == 0.05 and code.lr.how == f"ConfigRecord 'lr', set by {fit_config}"
+    assert code.momentum.value == 0.9 and code.momentum.how == f"ConfigRecord 'momentum', set by {fit_config}"
     assert code.epochs.value == 3 and "ConfigRecord 'local_epochs'" in code.epochs.how
     assert code.batch_size.value == 32  # the shuffled training loader's, not the test loader's
     assert code.batch_size.source == line_of(LEGACY, "task.py", "trainloader = DataLoader(")
@@ -391,3 +392,42 @@ def test_weights_set_from_the_received_parameters_are_no_kept_state():
     """The legacy client's ``set_weights`` builds its state dict from ``net.state_dict()`` and the received
     parameters: that is not the client's own state."""
     assert read_code(load_app(LEGACY), {}).kept_state is None
+
+
+def failing_loader(partition_id: int):
+    raise KeyError(f"no partition {partition_id} in this split")
+
+
+def tiny_loader(partition_id: int):
+    """Images of the wrong size for the quickstart CNN (28 px grey)."""
+    return np.zeros((4, 1, 28, 28), np.float32), np.zeros(4, np.int64)
+
+
+@pytest.mark.parametrize(("loader", "message"), [
+    ("failing_loader", r"--data tests.test_flower_idioms:failing_loader\(0\) raised KeyError: 'no partition 0"),
+    ("tiny_loader", r"gives images \[1, 28, 28\] \(C, H, W\), the model takes \[3, 32, 32\] \(--input\)"),
+])  # fmt: skip
+def test_a_loader_that_fails_or_does_not_fit_the_model_is_one_line(tmp_path, loader, message):
+    from fedvit.audit.pipeline import AuditOptions, run_audit
+    from fedvit.audit.user_data import UserData
+    from fedvit.capture.reader import AuditInputError
+    from fedvit.core.budget import AuditConfig
+
+    shape = SHAPES["quickstart"]
+    run_app(shape, tmp_path / "cap", partitions=(0,))
+    data = UserData(f"tests.test_flower_idioms:{loader}", {"21": 0}, (), str(QUICKSTART))
+    options = AuditOptions(spec=shape.spec(), budget=AuditConfig(iterations=1, restarts=1), data=data, app=QUICKSTART)
+    with pytest.raises(AuditInputError, match=message) as raised:
+        run_audit(tmp_path / "cap", tmp_path / "out", options)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_legacy_servers_fit_config_names_where_the_clients_lr_is_set():
+    """``on_fit_config_fn`` is read with its line: beside the captured ConfigRecord's value, and in its place
+    where the capture lacks it (a code-only read)."""
+    set_at = line_of(LEGACY, "server_app.py", 'return {"lr": 0.05')
+    captured = read_code(load_app(LEGACY), {"ConfigRecord": {"lr": 0.05, "momentum": 0.9, "local_epochs": 2}})
+    assert captured.lr.how == f"ConfigRecord 'lr', set by on_fit_config ({set_at})"
+    code_only = read_code(load_app(LEGACY), {})
+    assert code_only.lr.value == 0.05 and code_only.lr.how == f"ConfigRecord 'lr' as on_fit_config ({set_at}) sets it"
+    assert code_only.epochs.value == 1 and code_only.momentum.value == 0.9

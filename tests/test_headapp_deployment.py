@@ -44,12 +44,13 @@ def line_of(file: str, text: str) -> str:
     return f"{file}:{next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)}"
 
 
-def app_copy(folder: Path, old: str, new: str) -> Path:
-    """The head app's code with ``old`` replaced by ``new`` in its task.py: code that is not what the clients ran."""
+def app_copy(folder: Path, old: str, new: str, file: str = "client_app.py") -> Path:
+    """The head app's code with ``old`` replaced by ``new`` in its ``file`` (the ClientApp builds the optimiser):
+    code that is not what the clients ran."""
     shutil.copytree(APP, folder, ignore=shutil.ignore_patterns(".venv", "__pycache__"))
-    task = folder / "vithead" / "task.py"
-    assert old in task.read_text()
-    task.write_text(task.read_text().replace(old, new))
+    source = folder / "vithead" / file
+    assert old in source.read_text()
+    source.write_text(source.read_text().replace(old, new))
     return folder
 
 
@@ -71,7 +72,10 @@ def test_a_head_fine_tuned_with_adam_and_crops_through_the_tap_is_audited_on_its
         assert row["recipe-fit"]["fits"] and row["recipe-fit"]["recipe"] == "Adam", row["recipe-fit"]
         assert row["frozen-features"].startswith("the whole model runs: the client trains on random views")
         labels = row["leakage"]["labels"]
-        assert labels["status"] == "measured" and labels["null-error"] is not None, labels
+        # under Adam the counts' relation (SGD's update) does not hold: estimated, their error beside, never judged
+        assert labels["status"] == "estimated (unverified)" and labels["null-error"] is not None, labels
+        assert labels["why"].startswith("the counts rest on SGD's update, which this one is not (the client's "
+                                        "optimiser is adam"), labels  # fmt: skip
         membership = row["leakage"]["membership"]
         assert membership["status"] == "measured" and membership["null"]["auc"] is not None, membership
         assert membership["power"]["status"] == "measured", membership["power"]
@@ -99,7 +103,7 @@ def test_a_head_fine_tuned_with_adam_and_crops_through_the_tap_is_audited_on_its
 
     # controls: code that is not what the clients ran
     for name, old, new in (("sgd", "torch.optim.Adam(", "torch.optim.SGD("),
-                           ("lr", "model.heads.parameters(), lr=lr)", "model.heads.parameters(), lr=lr / 10)")):
+                           ("lr", 'lr=float(context.run_config["lr"]))', 'lr=float(context.run_config["lr"]) / 10)')):
         wrong = app_copy(tmp_path / f"app-{name}", old, new)
         control = audit(first, tmp_path / f"control-{name}", False, "--app", str(wrong), updates=2)
         assert_withheld(control)

@@ -461,12 +461,45 @@ class App:
         if record is None:
             return None
         values = records.get(record, {})
+        sent = self.server_config(key, records) if record == "ConfigRecord" else None
         if key in values and values[key] not in ("", None):
-            return values[key], f"{record} {key!r}"
+            return values[key], f"{record} {key!r}" + (f", set by {sent[1]}" if sent is not None else "")
+        if sent is not None:  # the capture lacks it, the server's code states it
+            return sent[0], f"{record} {key!r} as {sent[1]} sets it"
         if default is not None:
             value, how = self.resolve(module, default, records, hops)
             return value, f"default of {record} {key!r}" + (f"; {how}" if how else "")
         raise Unread(f"{record} {key!r}, which the capture does not hold")
+
+    def server_config(self, key: str, records: dict[str, dict]) -> tuple[Any, str] | None:
+        """The value the server's code puts under ``key`` in the train messages' config, and where: a legacy
+        strategy's ``on_fit_config_fn`` (a function returning a dict literal) or the Message API's
+        ``strategy.start(train_config=ConfigRecord({...}))``; None where neither states it statically."""
+        for module in self.component_modules("serverapp"):
+            for call in ast.walk(module.tree):
+                if not isinstance(call, ast.Call):
+                    continue
+                for keyword in call.keywords:
+                    dicts: list[tuple[Module, ast.Dict, str]] = []
+                    if keyword.arg == "on_fit_config_fn" and isinstance(keyword.value, ast.Name):
+                        name = keyword.value.id  # the function of that name in this module, else the app's
+                        owners = [(module, module.functions[name])] if name in module.functions else (
+                            self.function_named(name))  # fmt: skip
+                        for owner, function in owners:
+                            dicts += [(owner, r.value, function.name) for r in ast.walk(function)
+                                      if isinstance(r, ast.Return) and isinstance(r.value, ast.Dict)]  # fmt: skip
+                    elif keyword.arg == "train_config" and isinstance(keyword.value, ast.Call) and keyword.value.args \
+                            and isinstance(keyword.value.args[0], ast.Dict):  # fmt: skip
+                        dicts.append((module, keyword.value.args[0], "train_config"))
+                    for owner, literal, name in dicts:
+                        for k, v in zip(literal.keys, literal.values, strict=True):
+                            if isinstance(k, ast.Constant) and k.value == key:
+                                try:
+                                    value, _ = self.resolve(owner, v, {"run config": records.get("run config", {})})
+                                except (Unread, ArithmeticError, TypeError, ValueError, RecursionError):
+                                    continue
+                                return value, f"{name} ({self.line(owner, k)})"
+        return None
 
     def record_of(self, module: Module, base: ast.expr, hops: int) -> str | None:
         """Which record ``base`` is: "run config", "node config", "ConfigRecord" (a train message's config), or

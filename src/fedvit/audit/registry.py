@@ -303,13 +303,13 @@ def counts_rest_on(obs: Observation) -> str | None:
     nothing): another optimiser than SGD or an update clipped or noised (:func:`not_plain_sgd`), or, for new
     weights, a batch size or epoch count no record and no code states."""
     if (why := not_plain_sgd(obs)) is not None:
-        return why
+        return f"SGD's update, which this one is not ({why})"
     client = recipe(obs)
     if client.sends_gradient:
         return None
     assumed = [f"{key} {client.source_of(key)}" for key in ("batch-size", "epochs")
                if "assumed" in client.source_of(key)]  # fmt: skip
-    return f"assumed values no record or code states: {'; '.join(assumed)}" if assumed else None
+    return f"values no record and no code states ({'; '.join(assumed)})" if assumed else None
 
 
 def unfittable(obs: Observation) -> str | None:

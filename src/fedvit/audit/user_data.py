@@ -62,7 +62,17 @@ class UserData:
             if self.named:
                 images, labels = self._named_partition(partition, self.num_partitions or recorded_partitions)
             else:
-                images, labels = import_callable(self.source, self.app_dir, "--data")(partition)
+                loader = import_callable(self.source, self.app_dir, "--data")
+                try:
+                    found = loader(partition)
+                except Exception as err:  # the user's loader failed: one line, not its traceback
+                    first = str(err).splitlines()[0] if str(err) else ""
+                    raise AuditInputError(f"--data {self.source}({partition}) raised {type(err).__name__}: {first} "
+                                          f"(the audit calls it with a partition id; {EXPECTED})") from err  # fmt: skip
+                if not isinstance(found, tuple | list) or len(found) != 2:
+                    raise AuditInputError(f"--data {self.source}({partition}) returned {type(found).__name__}; "
+                                          f"{EXPECTED}")  # fmt: skip
+                images, labels = found
             self._loaded[partition] = normalized(images, labels, f"--data {self.source}({partition})")
         return self._loaded[partition]
 
@@ -228,6 +238,10 @@ class Truths:
                 return None, None, None, False
             loaded = [data.load(p, ex.num_partitions) for p in sorted(own)]
             images, labels = np.concatenate([x for x, _ in loaded]), np.concatenate([y for _, y in loaded])
+            if images.shape[1:] != tuple(input_shape(obs)):  # the model would be fed what it was not built for
+                raise AuditInputError(
+                    f"--data {data.source} gives images {list(images.shape[1:])} (C, H, W), the model takes "
+                    f"{list(input_shape(obs))} (--input): resize in the loader, or give --input to match")
             gallery = gallery_for(data, own, images.shape[1:])
             exact = len(images) == recipe(obs).examples
             what = partitions_text(sorted(own))
