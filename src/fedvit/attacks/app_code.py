@@ -128,7 +128,9 @@ class CentralDp:
                 f"Gaussian noise of std σ·C/N to the aggregate (σ {self.noise_multiplier.described()}, C "
                 f"{self.clipping_norm.described()}, N {self.sampled_clients.described()}"
                 + (f": std {std:.3g} per entry" if std is not None else "") + "); the noise protects the aggregate "
-                "and the models the server broadcasts, not the updates: each travels clipped, not noised")
+                "and the models the server broadcasts, not the updates: each travels "
+                + ("clipped, not noised" if self.clipped_on_clients else "as trained (the server clips it on "
+                   "arrival), neither clipped nor noised"))  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
