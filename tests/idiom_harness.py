@@ -17,7 +17,7 @@ import torch
 
 IDIOMS = Path(__file__).parent / "flower_idioms"
 QUICKSTART, LEGACY, LIGHTNING, STATEFUL = (IDIOMS / n for n in ("quickstart", "legacy", "lightning", "stateful"))
-for folder in (QUICKSTART, LEGACY, STATEFUL):
+for folder in (QUICKSTART, LEGACY, STATEFUL, LIGHTNING):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
@@ -42,6 +42,13 @@ def stateful_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
 
     found = Garments(partition_id)
     return found.pixels[:, None].astype(np.float32) / 255, found.labels
+
+
+def ae_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    from aeapp.task import Digits
+
+    found = Digits(partition_id)
+    return found.pixels, np.zeros(len(found.pixels), np.int64)  # an autoencoder's data carry no labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +81,8 @@ SHAPES = {
                     (0.5,), (0.5,), "legacy_partition", {}, 40, 32),
     "stateful": Shape("stateful", "advanced-pytorch", STATEFUL, "advapp.task:Net", (1, 28, 28), (0.2860,),
                       (0.3530,), "stateful_partition", {"batch-size": 16, "local-epochs": 1}, 48, 16),
+    "lightning": Shape("lightning", "quickstart-pytorch-lightning", LIGHTNING, "aeapp.task:LitAutoEncoder",
+                       (1, 28, 28), (0.0,), (1.0,), "ae_partition", {"max-epochs": 1}, 40, 32),
 }  # fmt: skip
 LR = 0.05
 LEGACY_CONFIG = {"lr": LR, "momentum": 0.9, "local_epochs": 1}  # legacyapp's server's on_fit_config_fn
@@ -98,6 +107,8 @@ def client_app(shape: Shape) -> Callable:
         from qsapp.client_app import app
     elif shape.name == "legacy":
         from legacyapp.client_app import app
+    elif shape.name == "lightning":
+        from aeapp.client_app import app
     else:
         from advapp.client_app import app
     return app

@@ -992,7 +992,7 @@ def test_an_optimiser_on_record_is_simulated_or_said_everywhere_it_matters(tmp_p
     assert main([*base, "--recipe", "learning_rat=0.1"]) == 2
     assert "recipe (--recipe) learning_rat: not a recipe key (one of" in capsys.readouterr().err
     assert main([*base, "--recipe", "augment=rotate"]) == 2
-    assert "augment 'rotate': 'rotate' is not modelled (crop, crop:S, flip, joined by +) (override)" in (
+    assert "augment 'rotate': 'rotate' is not modelled (crop, crop:S, pad:P, flip, joined by +) (override)" in (
         capsys.readouterr().err)  # fmt: skip
 
 

@@ -431,3 +431,19 @@ def test_the_legacy_servers_fit_config_names_where_the_clients_lr_is_set():
     code_only = read_code(load_app(LEGACY), {})
     assert code_only.lr.value == 0.05 and code_only.lr.how == f"ConfigRecord 'lr' as on_fit_config ({set_at}) sets it"
     assert code_only.epochs.value == 1 and code_only.momentum.value == 0.9
+
+
+def test_the_lightning_autoencoder_trains_is_captured_and_the_audit_refuses_it_in_one_line(tmp_path, capsys):
+    """quickstart-pytorch-lightning's shape, run for real: Lightning's Trainer fits the module inside the ClientApp,
+    capture_mod records it; ``fedvit audit`` exits 2 with one line that says why nothing of it is measured."""
+    from fedvit.app.cli import main
+
+    shape = SHAPES["lightning"]
+    run_app(shape, tmp_path / "cap")
+    argv = ["audit", str(tmp_path / "cap"), "--out", str(tmp_path / "out"), "--model", shape.factory, "--app-dir",
+            str(LIGHTNING), "--app", str(LIGHTNING), "--input", "1,28,28", "--mean", "0", "--std", "1"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith("fedvit audit: the model aeapp.task.LitAutoEncoder failed")
+    assert f"mse loss ({line_of(LIGHTNING, 'task.py', 'F.mse_loss(')})" in error and "not a classifier" in error

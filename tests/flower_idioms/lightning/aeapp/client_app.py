@@ -13,8 +13,9 @@ app = ClientApp()
 def train(msg: Message, context: Context):
     model = LitAutoEncoder()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    trainloader = load_data(context.node_config["partition-id"], context.node_config["num-partitions"], None)
-    trainer = pl.Trainer(max_epochs=context.run_config["max-epochs"], enable_progress_bar=False)
+    trainloader = load_data(context.node_config["partition-id"], context.node_config["num-partitions"])
+    trainer = pl.Trainer(max_epochs=context.run_config["max-epochs"], enable_progress_bar=False, logger=False,
+                         enable_checkpointing=False, accelerator="cpu")
     trainer.fit(model, trainloader)
     metrics = MetricRecord({"num-examples": len(trainloader.dataset)})
     return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)

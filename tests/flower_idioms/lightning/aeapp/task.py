@@ -1,10 +1,11 @@
 """aeapp: the LightningModule (a reconstruction loss, no labels) and its loaders."""
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 
 class LitAutoEncoder(pl.LightningModule):
@@ -30,6 +31,20 @@ class LitAutoEncoder(pl.LightningModule):
         return loss
 
 
-def load_data(partition_id: int, num_partitions: int, dataset):
-    trainloader = DataLoader(dataset, batch_size=32, shuffle=True)
+class Digits(Dataset):
+    """Offline stand-in for an MNIST partition: {"image"} items of one grey channel, no labels used."""
+
+    def __init__(self, partition_id: int, size: int = 40):
+        rng = np.random.default_rng(3000 + partition_id)
+        self.pixels = rng.random((size, 1, 28, 28), dtype=np.float32)
+
+    def __len__(self):
+        return len(self.pixels)
+
+    def __getitem__(self, i):
+        return {"image": torch.from_numpy(self.pixels[i]), "label": 0}
+
+
+def load_data(partition_id: int, num_partitions: int):
+    trainloader = DataLoader(Digits(partition_id), batch_size=32, shuffle=True)
     return trainloader
