@@ -97,7 +97,7 @@ def test_a_lightning_autoencoder_is_read_and_said_not_to_be_a_classifier_in_one_
     assert code.epochs.value == 2 and code.epochs.how == "run config 'max-epochs'"
     assert code.batch_size.value == 32
     assert (code.loss.value, code.loss.source) == ("mse", line_of(LIGHTNING, "task.py", "F.mse_loss("))
-    model = AutoEncoderStandIn()  # the module's own forward (Lightning is not installed here): flat input only
+    model = AutoEncoderStandIn()  # the module's own forward (its LightningModule: below), flat input only
     with pytest.raises(ModelInputError) as raised:
         probe_model(model, ModelSpec("aeapp.task:LitAutoEncoder", (1, 28, 28), (0.5,), (0.5,)), code)
     message = str(raised.value)
