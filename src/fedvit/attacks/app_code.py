@@ -276,7 +276,8 @@ class App:
     def callee(self, module: Module, call: ast.Call) -> tuple[str, list[ast.expr], list[ast.keyword]]:
         """The name of the function ``call`` reaches, as Python resolves it (``train_fn`` under ``from pkg.task
         import train as train_fn`` is ``train``; ``task.train``'s is ``train``; a ``functools.partial`` bound to a
-        local name is its function), and the positional and keyword arguments it gets (a partial's first)."""
+        local name is its function; ``partial(train, …)`` itself is ``partial``), and the positional and keyword
+        arguments it gets (a partial's first)."""
         func = call.func
         if isinstance(func, ast.Name):
             bound = self.local_assignment(module, func)
@@ -285,10 +286,7 @@ class App:
             if isinstance(bound, ast.Call) and (partial := self.partial_of(module, bound)) is not None:
                 name, args, keywords = partial
                 return name, args + list(call.args), keywords + list(call.keywords)
-            origin = module.imports.get(func.id)
-            return (origin.rpartition(".")[2] if origin else func.id), list(call.args), list(call.keywords)
-        if (partial := self.partial_of(module, call)) is not None:  # partial(train, ...) itself
-            return partial
+            return _imported_name(module, func.id), list(call.args), list(call.keywords)
         return _called_name(call), list(call.args), list(call.keywords)
 
     def partial_of(self, module: Module, call: ast.Call) -> tuple[str, list[ast.expr], list[ast.keyword]] | None:
@@ -297,8 +295,7 @@ class App:
             return None
         target = call.args[0]
         if isinstance(target, ast.Name):
-            origin = module.imports.get(target.id)
-            name = origin.rpartition(".")[2] if origin else target.id
+            name = _imported_name(module, target.id)
         elif isinstance(target, ast.Attribute):
             name = target.attr
         else:
@@ -316,9 +313,9 @@ class App:
             for call in ast.walk(caller.tree):
                 if not isinstance(call, ast.Call):
                     continue
-                name, args, keywords = self.callee(caller, call)
-                if name != function.name or self.partial_of(caller, call) is not None:
-                    continue  # a partial's own construction is read where its result is called
+                name, args, keywords = self.callee(caller, call)  # a partial's own construction: "partial"
+                if name != function.name:
+                    continue
                 arg = next((k.value for k in keywords if k.arg == param), None)
                 if arg is None and 0 <= index - offset < len(args):
                     arg = args[index - offset]
@@ -409,7 +406,7 @@ class App:
             seen[id(node)] = (module, node)
             names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
             names |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-            names |= {module.imports[n].rpartition(".")[2] for n in names if n in module.imports}  # aliases
+            names |= {_imported_name(module, n) for n in names}  # aliases: ``train_fn`` reaches ``train``
             for name in names:
                 todo += self.function_named(name)
                 todo += [(m, m.classes[name]) for m in self.modules.values() if name in m.classes]  # a Dataset
@@ -711,8 +708,7 @@ def read_code(app: App, records: dict[str, dict]) -> CodeRecipe:
     if "batch_size" not in fields and loaders:
         sizes = {}
         for module, call in training or loaders:
-            kw = {k.arg: k.value for k in call.keywords}
-            expr = kw.get("batch_size", call.args[1] if len(call.args) > 1 else None)
+            expr = _argument(call, "batch_size", 1)
             found = value(module, call, expr, 1)
             sizes.setdefault(found.value, found)
         fields["batch_size"] = next(iter(sizes.values())) if len(sizes) == 1 else Value(
@@ -846,6 +842,18 @@ def _training_loader(module: Module, call: ast.Call) -> bool:
     return shuffled or named
 
 
+def _argument(call: ast.Call, name: str, position: int) -> ast.expr | None:
+    """The expression ``call`` passes for its parameter ``name``, by keyword or at ``position`` (None: neither)."""
+    keyword = next((k.value for k in call.keywords if k.arg == name), None)
+    return keyword if keyword is not None else call.args[position] if len(call.args) > position else None
+
+
+def _imported_name(module: Module, name: str) -> str:
+    """``name`` as its import binds it, without the module path (``train`` for ``train_fn`` under ``from pkg.task
+    import train as train_fn``); ``name`` itself where nothing imports it."""
+    return module.imports.get(name, name).rpartition(".")[2]
+
+
 def _range_args(expr: ast.expr) -> list[ast.expr]:
     return list(expr.args) if isinstance(expr, ast.Call) and _called_name(expr) == "range" else []
 
@@ -898,16 +906,14 @@ def random_transforms(app: App, reached: list[tuple[Module, ast.AST]]) -> list[T
         name = _called_name(node)
         scale = None
         if name == "RandomResizedCrop":
-            kw = {k.arg: k.value for k in node.keywords}
-            expr = kw.get("scale", node.args[1] if len(node.args) > 1 else None)
+            expr = _argument(node, "scale", 1)
             try:
                 scale = 0.08 if expr is None else float(app.resolve(module, expr, {})[0][0])
             except (Unread, TypeError, IndexError):
                 scale = None
         padding = None
         if name == "RandomCrop":
-            kw = {k.arg: k.value for k in node.keywords}
-            expr = kw.get("padding", node.args[1] if len(node.args) > 1 else None)
+            expr = _argument(node, "padding", 1)
             try:
                 value = None if expr is None else app.resolve(module, expr, {})[0]
                 padding = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
