@@ -216,21 +216,29 @@ def takes_channels_last(model: torch.nn.Module, shape: tuple[int, ...]) -> bool:
     ones the layout only speeds up. A model that fails on the default layout too raises :class:`ModelInputError`."""
     key = (type(model), tuple(shape))
     if key not in _LAYOUT_CHECKS:
-        x = torch.rand((2, *shape), generator=torch.Generator().manual_seed(0))
-        training = model.training
-        model.eval()
+        plain = trial_logits(model, shape)
         try:
-            with torch.no_grad():
-                plain = fed_to_model(model, contiguous(x), "contiguous")
-                try:
-                    fast = logits_of(model(normalize(model, channels_last(x))))
-                    same = fast.shape == plain.shape and bool(torch.allclose(fast, plain, rtol=1e-4, atol=1e-5))
-                except RuntimeError:  # e.g. "view size is not compatible with input tensor's size and stride"
-                    same = False
-        finally:
-            model.train(training)
+            fast = trial_logits(model, shape, "channels-last")
+            same = bool(torch.allclose(fast, plain, rtol=1e-4, atol=1e-5))
+        except ModelInputError:  # e.g. "view size is not compatible with input tensor's size and stride"
+            same = False
         _LAYOUT_CHECKS[key] = same
     return _LAYOUT_CHECKS[key]
+
+
+def trial_logits(model: torch.nn.Module, shape: tuple[int, ...], layout: str = "contiguous") -> torch.Tensor:
+    """``model``'s logits on two seeded images of ``shape`` (pixels in [0, 1]), in eval mode without gradients, its
+    mode restored after; ``layout`` "contiguous" (PyTorch's default) or "channels-last". :class:`ModelInputError`
+    where the model fails on them or returns no [2, classes] logits (:func:`fed_to_model`)."""
+    x = torch.rand((2, *shape), generator=torch.Generator().manual_seed(0))
+    arrange = channels_last if layout == "channels-last" else contiguous
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return fed_to_model(model, arrange(x), layout)
+    finally:
+        model.train(training)
 
 
 class ModelInputError(AuditInputError):

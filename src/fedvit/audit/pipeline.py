@@ -40,7 +40,7 @@ from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.attacks.observation import Observation, Reconstruction, dense_update, recipe
 from fedvit.attacks.recipe import ClientRecipe, map_part, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
-from fedvit.attacks.simulation import ModelInputError, contiguous, fed_to_model
+from fedvit.attacks.simulation import ModelInputError, trial_logits
 from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
@@ -85,22 +85,14 @@ def probe_model(model: Any, spec: ModelSpec, code: CodeRecipe | None) -> None:
     a model that fails on them or returns no logits stops the audit with one line (:class:`ModelInputError`), with
     what the app's training code says its loss is where that explains it (a reconstruction loss: not a
     classifier)."""
-    import torch
-
-    x = torch.rand((2, *spec.input_shape), generator=torch.Generator().manual_seed(0))
     loss = code.loss if code is not None else None
     other_loss = loss is not None and loss.read and loss.value not in CLASSIFIER_LOSSES
-    training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
-            fed_to_model(model, contiguous(x), "contiguous")
+        trial_logits(model, spec.input_shape)
     except ModelInputError as err:
         if other_loss:
             raise ModelInputError(f"{err}; {not_a_classifier(loss)}") from err.__cause__
         raise
-    finally:
-        model.train(training)
     if other_loss:  # the forward gives [B, K], but the code trains it on another loss: K are no classes
         raise ModelInputError(f"{spec.factory}: {not_a_classifier(loss)}")
 
@@ -246,9 +238,10 @@ class Reader:
                 f"{ex.label} is not from fedvit's app: give its model with --model package.module:factory "
                 "(or a timm name), or write fedvit-audit.toml beside the captures"
             )
+        code, code_note = self.code(ex)
         if self._skeleton is None:
             self._skeleton = spec.build(num_classes=int(list(ex.received.values())[-1].shape[0]))
-            probe_model(self._skeleton, spec, self.code(ex)[0])
+            probe_model(self._skeleton, spec, code)
         base = self._skeleton
         names = [n for n, _ in base.named_parameters()]
         received, part = map_part(ex.received, base, f"{ex.label} (received)")
@@ -271,7 +264,6 @@ class Reader:
                 "or --sent gradient"
             )
         kind = self.options.sent_as if told else kind
-        code, code_note = self.code(ex)
         client = read_recipe(ex, kind, self.options.overrides, code)
         bias = head_bias(base)
         classes = int(received[bias].shape[0]) if bias else int(list(received.values())[-1].shape[0])
