@@ -191,15 +191,17 @@ def test_an_aggregates_gap_to_the_next_broadcast_is_said_as_the_noise_it_is():
     rng = np.random.default_rng(0)
     rebuilt = [rng.standard_normal((40, 30)), rng.standard_normal(30)]
     noised = [a + 0.2 * rng.standard_normal(a.shape) for a in rebuilt]
-    entry = {"next-broadcast-max-difference": 0.9} | gap_to_broadcast(rebuilt, noised, 0.2)
+    entry = gap_to_broadcast(rebuilt, noised, 0.2)
     text = gap_text(entry)
     assert "central-DP noise, of expected std σ·C/N = 0.2" in text and "equals" not in text
     assert 0.9 < entry["next-broadcast-rms-difference"] / 0.2 < 1.1
-    unexplained = gap_text({"next-broadcast-max-difference": 0.9} | gap_to_broadcast(rebuilt, noised, None))
+    largest = max(float(np.abs(b - a).max()) for a, b in zip(rebuilt, noised, strict=True))
+    assert entry["next-broadcast-max-difference"] == largest
+    unexplained = gap_text(gap_to_broadcast(rebuilt, noised, None))
     assert "the server changed the aggregate" in unexplained and "equals" not in unexplained
     quantised = [a + 1e-6 for a in rebuilt]
-    assert "equals the next round's broadcast" in gap_text(
-        {"next-broadcast-max-difference": 1e-6} | gap_to_broadcast(rebuilt, quantised, None))
+    assert "equals the next round's broadcast" in gap_text(gap_to_broadcast(rebuilt, quantised, None))
+    assert gap_to_broadcast(rebuilt, rebuilt[:1], None) == {"next-broadcast-max-difference": None}  # shapes differ
 
 
 # ---------------------------------------------------------------------------- the user's model, fed as it accepts

@@ -187,14 +187,6 @@ OBSERVERS = (
 )
 
 
-def close(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
-    """The largest absolute difference between two models given as array lists (None: shapes differ)."""
-    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
-        return None
-    return max((float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in
-                zip(a, b, strict=True) if x.size), default=0.0)  # fmt: skip
-
-
 def describe_rounds(rounds: list[SecAggRound], noise_std: float | None = None
                     ) -> tuple[list[dict[str, Any]], dict[tuple[Any, int], list[np.ndarray]]]:  # fmt: skip
     """Per SecAgg+ round, what the report says of it (nodes sampled and surviving, the protocol's settings, whether
@@ -218,7 +210,6 @@ def describe_rounds(rounds: list[SecAggRound], noise_std: float | None = None
             rebuilt = rebuild(found)
             entry["aggregate"] = "rebuilt from the masked vectors and the unmask stage's shares (Flower's primitives)"
             if after is not None:
-                entry["next-broadcast-max-difference"] = close(rebuilt, after)
                 entry |= gap_to_broadcast(rebuilt, after, noise_std)
             aggregates[(found.run_id, found.round)] = rebuilt
         except NotRebuilt as err:
@@ -236,15 +227,16 @@ EQUAL_RELATIVE = 1e-3  # an RMS gap below this share of the aggregate's RMS: Sec
 
 
 def gap_to_broadcast(rebuilt: list[np.ndarray], after: list[np.ndarray], noise_std: float | None) -> dict[str, Any]:
-    """The rebuilt aggregate against the next round's broadcast: the RMS of their difference per entry, the
-    aggregate's own RMS, and the std the app's central DP would add (``noise_std``, None: no central DP in the
-    code); empty where the shapes differ."""
+    """The rebuilt aggregate against the next round's broadcast: the largest absolute difference of an entry and the
+    RMS of their difference per entry, the aggregate's own RMS, and the std the app's central DP would add
+    (``noise_std``, None: no central DP in the code); where the shapes differ, only the largest difference, None."""
     if len(rebuilt) != len(after) or any(a.shape != b.shape for a, b in zip(rebuilt, after, strict=True)):
-        return {}
+        return {"next-broadcast-max-difference": None}
     diff = np.concatenate([(np.asarray(b, np.float64) - np.asarray(a, np.float64)).ravel()
                            for a, b in zip(rebuilt, after, strict=True)])  # fmt: skip
     scale = np.concatenate([np.asarray(a, np.float64).ravel() for a in rebuilt])
-    return {"next-broadcast-rms-difference": float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0,
+    return {"next-broadcast-max-difference": float(np.max(np.abs(diff))) if diff.size else 0.0,
+            "next-broadcast-rms-difference": float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0,
             "aggregate-rms": float(np.sqrt(np.mean(scale**2))) if scale.size else 0.0,
             "central-dp-std": noise_std}  # fmt: skip
 
