@@ -33,7 +33,6 @@ from fedvit.attacks.simulation import (
 from fedvit.audit.pipeline import probe_model
 from fedvit.audit.secagg import gap_text, gap_to_broadcast
 from fedvit.audit.summary import dp_finding
-from fedvit.capture.reader import Exchange
 from tests.idiom_harness import (
     LEGACY,
     LIGHTNING,
@@ -45,6 +44,7 @@ from tests.idiom_harness import (
     run_app,
     run_fl_dp_sa,
 )
+from tests.test_app_code import exchange  # a captured exchange that carries only records
 
 
 def line_of(app: Path, file: str, text: str) -> str:
@@ -85,7 +85,7 @@ def test_the_legacy_clients_fit_and_client_fn_give_the_optimiser_it_builds_and_t
     assert code.batch_size.value == 32  # the shuffled training loader's, not the test loader's
     assert code.batch_size.source == line_of(LEGACY, "task.py", "trainloader = DataLoader(")
     assert code.trained.value == "the whole model"  # ``self.model.parameters()`` of a NumPyClient
-    client = read_recipe(exchange(records["ConfigRecord"], {"num-examples": 40}), "weights", {}, code)
+    client = read_recipe(exchange({}, records["ConfigRecord"], {"num-examples": 40}), "weights", {}, code)
     assert client.batch == 32 and client.epochs == 3 and client.steps == 6
     assert "whole local dataset" not in client.described()
 
@@ -178,7 +178,7 @@ def test_central_dp_is_read_from_the_server_with_its_sources_and_said_of_every_u
     assert found.client_mods == (f"fixedclipping_mod ({line_of(LEGACY, 'dpsa_client_app.py', 'ClientApp(')})",)
     assert central_dp(load_app(QUICKSTART), {}) is None
     code = read_code(app, {"run config": config, "ConfigRecord": {"lr": 0.05, "momentum": 0.9, "local_epochs": 1}})
-    client = read_recipe(exchange({"clipping_norm": 4.0}, {"num-examples": 40}, config), "weights", {}, code)
+    client = read_recipe(exchange(config, {"clipping_norm": 4.0}, {"num-examples": 40}), "weights", {}, code)
     sources = dict(client.sources)
     assert sources["central DP"].startswith(f"central DP: DifferentialPrivacyClientSideFixedClipping ({built})")
     assert "std 0.667 per entry" in sources["central DP"] and client.update_clip == 4.0
@@ -289,11 +289,6 @@ def test_every_cosine_bound_can_fail(own):
         assert fitting.cosine_bound >= LOWEST_COSINE_BOUND and fitting.fits
 
 
-def exchange(config: dict, metrics: dict, run_config: dict | None = None) -> Exchange:
-    """A captured exchange that carries only records (the recipe's sources)."""
-    return Exchange(Path("x"), 1, 1, 5, None, None, {}, {}, config, metrics, run_config or {})
-
-
 def test_a_head_kept_in_the_clients_state_and_crops_with_padding_are_named():
     """advanced-pytorch's shape: the head restored from ``context.state`` before training, ``RandomCrop`` with
     padding: both are said in the recipe, and a recipe that does not fit says the state it could not restore."""
@@ -304,7 +299,7 @@ def test_a_head_kept_in_the_clients_state_and_crops_with_padding_are_named():
     assert (code.kept_state.value, code.kept_state.source) == ("net.fc2", restored)
     assert code.optimiser.value == "sgd" and code.lr.value == 0.1 and code.batch_size.value == 32
     assert [t.name for t in code.transforms] == ["RandomCrop", "RandomHorizontalFlip"]
-    client = read_recipe(exchange(records["ConfigRecord"], {"num-examples": 64}), "weights", {}, code)
+    client = read_recipe(exchange({}, records["ConfigRecord"]), "weights", {}, code)
     sources = dict(client.sources)
     assert sources["client state"].startswith(f"net.fc2 restored from the client's context.state (app code: "
                                               f"{restored})")  # fmt: skip
