@@ -445,3 +445,20 @@ def test_the_lightning_autoencoder_trains_is_captured_and_the_audit_refuses_it_i
     (error,) = [line for line in stderr.splitlines() if line.startswith("fedvit audit: ")]  # beside the progress bar
     assert "Traceback" not in stderr and error.startswith("fedvit audit: the model aeapp.task.LitAutoEncoder failed")
     assert f"mse loss ({line_of(LIGHTNING, 'task.py', 'F.mse_loss(')})" in error and "not a classifier" in error
+
+
+def test_counts_on_an_assumed_batch_size_rest_on_it_and_on_a_stated_one_do_not():
+    """New weights whose batch size no record and no code states (the whole local dataset assumed): the label
+    counts rest on that assumption and are never judged; stated in a record, nothing is assumed."""
+    import dataclasses
+
+    from fedvit.audit.registry import counts_rest_on
+
+    obs, _ = view_observation()
+    assumed = read_recipe(exchange({}, {"lr": 0.05, "local-epochs": 1}, {"num-examples": 12}), "weights", {})
+    assert "assumed" in assumed.source_of("batch-size")
+    why = counts_rest_on(dataclasses.replace(obs, client=dataclasses.replace(assumed, optimiser="sgd")))
+    assert why.startswith("values no record and no code states (batch-size 12 (assumed: the whole local dataset)")
+    stated = read_recipe(exchange({"batch-size": 4}, {"lr": 0.05, "local-epochs": 1}, {"num-examples": 12}),
+                         "weights", {})  # fmt: skip
+    assert counts_rest_on(dataclasses.replace(obs, client=dataclasses.replace(stated, optimiser="sgd"))) is None

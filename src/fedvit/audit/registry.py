@@ -307,8 +307,7 @@ def counts_rest_on(obs: Observation) -> str | None:
     client = recipe(obs)
     if client.sends_gradient:
         return None
-    assumed = [f"{key} {client.source_of(key)}" for key in ("batch-size", "epochs")
-               if "assumed" in client.source_of(key)]  # fmt: skip
+    assumed = [value for value in client.assumed() if value.startswith(("batch-size ", "epochs "))]
     return f"values no record and no code states ({'; '.join(assumed)})" if assumed else None
 
 

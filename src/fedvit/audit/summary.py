@@ -146,7 +146,7 @@ def dp_finding(updates: list[dict[str, Any]]) -> Finding:
                        None)  # fmt: skip
         if central is not None:  # the noise is the server's, on the aggregate: no update carries it to be tested
             return Finding(NOT_MEASURED, why="central DP in the app's code: the server noises the aggregate, and "
-                           "each update travels clipped only (no ε of an update to test)")  # fmt: skip
+                           "no update carries that noise (no ε of an update to test)")  # fmt: skip
         return Finding(NOT_MEASURED, why="no DP claim on record")
     worst = max(claims, key=lambda p: p["empirical-epsilon"])
     broken = [p for p in claims if not p["consistent"]]
