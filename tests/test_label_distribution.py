@@ -655,7 +655,7 @@ def test_the_gram_matrix_from_its_upper_blocks_is_exactly_g_times_its_transpose(
 
 def test_the_clients_of_a_round_share_the_projection_at_the_received_weights(monkeypatch):
     """Two clients' updates from the same received weights, scored against the same pool: the second reuses the
-    first's (G Gᵀ)⁺ at the received weights (one pseudo-inverse fewer of its three points) and its alignment scores
+    first's factorised G Gᵀ at the received weights (one factorisation fewer of its three points) and its alignment scores
     are bit-equal to those computed afresh; other received weights or another pool get their own."""
     import fedvit.attacks.membership as membership
 
@@ -667,8 +667,8 @@ def test_the_clients_of_a_round_share_the_projection_at_the_received_weights(mon
                                            count=2)  # fmt: skip
     scored = list(membership.sides(dataclasses.replace(second_candidates, non_members=kept.non_members)))
     inverses = []
-    pinv = torch.linalg.pinv
-    monkeypatch.setattr(torch.linalg, "pinv", lambda *a, **k: inverses.append(1) or pinv(*a, **k))
+    factorised = membership.factorised
+    monkeypatch.setattr(membership, "factorised", lambda *a, **k: inverses.append(1) or factorised(*a, **k))
 
     def scores(update: Observation, images: Auxiliary, fresh: bool = False) -> tuple[list[np.ndarray], int]:
         if fresh:
@@ -820,3 +820,19 @@ def test_the_batched_null_judges_every_draw_as_the_real_split_is_judged(members,
                 else:
                     assert batched[figure][d] == pytest.approx(value, abs=1e-12), (kind.name, figure, d)
     assert (null_parametric(family[2], classes, masks) is None) == lone  # the fit was compared where it applies
+
+
+def test_the_projection_solves_the_normal_equations_by_cholesky_and_falls_back_where_it_misses():
+    """Gᵀa with G Gᵀ a = G r is r's projection onto G's row space whichever factor solves it: Cholesky on a full-rank
+    G (the pseudo-inverse's projection to float64 rounding), the pseudo-inverse where G's rows repeat (G Gᵀ
+    singular: Cholesky fails or misses the normal equations)."""
+    from fedvit.attacks.membership import factorised, gram_matrix
+
+    g = torch.randn(40, 300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    r = torch.randn(300, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for rows, expected in ((g, "cholesky"), (torch.cat([g, g[:5]]), "pseudo-inverse")):
+        a, used = factorised(gram_matrix(rows)).solve(rows @ r)
+        assert used == expected
+        reference = rows.T @ (torch.linalg.pinv(rows @ rows.T, hermitian=True, rtol=1e-10) @ (rows @ r))
+        assert torch.allclose(rows.T @ a, reference, rtol=1e-7, atol=1e-9)
+        assert not torch.allclose(rows.T @ a, r, atol=1e-3)  # a projection, not the identity

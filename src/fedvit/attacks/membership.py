@@ -155,10 +155,43 @@ def residual(obs: Observation, shadows: list[Simulation]) -> torch.Tensor:
     return torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
 
 
-# (key, (G Gᵀ)⁺) of the pool gradients at the received weights. Every update's first alignment point is the weights
-# the server sent, the same for every client of a round, and so is the pool: its Gram matrix (O(pool² × parameters),
-# the alignment score's costliest step) is computed once per round, not once per update.
-_received_projection: dict[str, torch.Tensor] = {}
+# (key, factorised G Gᵀ) of the pool gradients at the received weights. Every update's first alignment point is the
+# weights the server sent, the same for every client of a round, and so is the pool: its Gram matrix (O(pool² ×
+# parameters), the alignment score's costliest step) is computed and factorised once per round, not once per update.
+_received_projection: dict[str, GramFactor] = {}
+PRODUCT_ROWS = 64  # rows of G turned to float64 at a time in the projection (the whole of G in float64 is ~1 GB)
+SOLVE_TOLERANCE = 1e-8  # relative residual of the normal equations a Cholesky solve must meet, else the pseudo-inverse
+PINV_RTOL = 1e-10
+
+
+@dataclasses.dataclass
+class GramFactor:
+    """G Gᵀ factorised once: its Cholesky factor, and where a solve with it misses the normal equations (a singular
+    or ill-conditioned Gram matrix), its pseudo-inverse, computed then and kept. Either gives the projection onto
+    G's row space: every solution a of G Gᵀ a = G r gives the same Gᵀ a."""
+
+    gram: torch.Tensor  # float64
+    cholesky: torch.Tensor | None
+    inverse: torch.Tensor | None = None
+
+    def solve(self, b: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """a with G Gᵀ a ≈ b (float64), and which factor gave it."""
+        if self.cholesky is not None:
+            a = torch.cholesky_solve(b[:, None], self.cholesky)[:, 0]
+            missed = float(torch.linalg.vector_norm(self.gram @ a - b)) / max(float(torch.linalg.vector_norm(b)), 1e-300)
+            if missed <= SOLVE_TOLERANCE:
+                return a, "cholesky"
+        if self.inverse is None:
+            self.inverse = torch.linalg.pinv(self.gram, hermitian=True, rtol=PINV_RTOL)
+        return self.inverse @ b, "pseudo-inverse"
+
+
+def factorised(gram: torch.Tensor) -> GramFactor:
+    """:class:`GramFactor` of a Gram matrix: Cholesky where it exists (a positive definite matrix), the
+    pseudo-inverse on demand."""
+    gram = gram.double()
+    factor, info = torch.linalg.cholesky_ex(gram)
+    return GramFactor(gram, factor if int(info) == 0 else None)
 
 
 def projection_key(model: torch.nn.Module, chosen: tuple[np.ndarray, np.ndarray], names: list[str]) -> str:
@@ -205,14 +238,18 @@ def residual_direction(
     chosen = evenly(pool.images, pool.labels, projection_pool(model, names))
     g = gradient_matrix(model, *chosen, names)
     key = projection_key(model, chosen, names) if received else None
-    inverse = _received_projection.get(key)  # a None key is never stored
-    if inverse is None:
-        inverse = torch.linalg.pinv(gram_matrix(g).double(), hermitian=True, rtol=1e-10)
+    factor = _received_projection.get(key)  # a None key is never stored
+    if factor is None:
+        factor = factorised(gram_matrix(g))
         if key is not None:
             _received_projection.clear()
-            _received_projection[key] = inverse
-    g = g.double()
-    return model, (r - g.T @ (inverse @ (g @ r))).float()
+            _received_projection[key] = factor
+    rows = g.split(PRODUCT_ROWS)
+    a, _ = factor.solve(torch.cat([block.double() @ r for block in rows]))
+    explained = torch.zeros_like(r)
+    for block, part in zip(rows, a.split(PRODUCT_ROWS), strict=True):
+        explained.addmv_(block.double().T, part)
+    return model, (r - explained).float()
 
 
 def alignment_points(obs: Observation, shadows: list[Simulation]) -> list[dict[str, np.ndarray]]:
