@@ -655,8 +655,8 @@ def test_the_gram_matrix_from_its_upper_blocks_is_exactly_g_times_its_transpose(
 
 def test_the_clients_of_a_round_share_the_projection_at_the_received_weights(monkeypatch):
     """Two clients' updates from the same received weights, scored against the same pool: the second reuses the
-    first's factorised G Gᵀ at the received weights (one factorisation fewer of its three points) and its alignment scores
-    are bit-equal to those computed afresh; other received weights or another pool get their own."""
+    first's factorised G Gᵀ at the received weights (one factorisation fewer of its three points) and its alignment
+    scores are bit-equal to those computed afresh; other received weights or another pool get their own."""
     import fedvit.attacks.membership as membership
 
     obs, candidates = textures_update(1, 0.5, others=400, size=200)

@@ -178,7 +178,8 @@ class GramFactor:
         """a with G Gᵀ a ≈ b (float64), and which factor gave it."""
         if self.cholesky is not None:
             a = torch.cholesky_solve(b[:, None], self.cholesky)[:, 0]
-            missed = float(torch.linalg.vector_norm(self.gram @ a - b)) / max(float(torch.linalg.vector_norm(b)), 1e-300)
+            norm = torch.linalg.vector_norm
+            missed = float(norm(self.gram @ a - b)) / max(float(norm(b)), 1e-300)
             if missed <= SOLVE_TOLERANCE:
                 return a, "cholesky"
         if self.inverse is None:
