@@ -862,7 +862,8 @@ def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path,
             "the update covers only 2 parameter tensor(s)"
             in row["attacks"]["gradient matching (optimisation, defence-aware)"]
         )
-        assert row["frozen-features"].startswith("the frozen layers' outputs computed once for 154 auxiliary and 94")
+        # 90 auxiliary images of every class (no noise stand-ins needed) and 94 candidates
+        assert row["frozen-features"].startswith("the frozen layers' outputs computed once for 90 auxiliary and 94")
     assert "frozen backbone: the frozen layers' outputs computed once" in (tmp_path / "out" / "audit.md").read_text()
     monkeypatch.setattr(registry, "on_features", lambda *args: "switched off")
     whole = audit_app_captures(tmp_path / "cap", tmp_path / "whole", spec, BUDGET, data=data, references=3)

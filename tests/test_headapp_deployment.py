@@ -70,7 +70,10 @@ def test_a_head_fine_tuned_with_adam_and_crops_through_the_tap_is_audited_on_its
         assert f"lr 0.001 (app code: {adam}, run config 'lr')" in row["recipe"]
         assert "trained heads (app code: " in row["recipe"] and "frozen backbone (app code: " in row["recipe"]
         assert row["recipe-fit"]["fits"] and row["recipe-fit"]["recipe"] == "Adam", row["recipe-fit"]
-        assert row["frozen-features"].startswith("the whole model runs: the client trains on random views")
+        # the backbone runs once per image and view: a bank of the client's crops and flips, its spread measured
+        assert row["frozen-features"].startswith("the frozen layers' outputs computed once for"), row["frozen-features"]
+        assert "a bank of 2 random views per image" in row["frozen-features"] and ": within the fit's margin" in row[
+            "frozen-features"]
         labels = row["leakage"]["labels"]
         # under Adam the counts' relation (SGD's update) does not hold: estimated, their error beside, never judged
         assert labels["status"] == "estimated (unverified)" and labels["null-error"] is not None, labels

@@ -33,13 +33,14 @@ class Augmentation:
     crop_scale: float | None = None
     flip: bool = False
     padding: int | None = None
+    bank: int = 0  # > 0: the inputs hold this many views per image, precomputed (a frozen backbone's, :func:`banked`)
 
     def describe(self) -> str:
         parts = ([f"random resized crop (scale {self.crop_scale:g}–1)"] if self.crop_scale is not None else []) + (
             [f"random crop with padding {self.padding}"] if self.padding is not None else []) + (
             ["horizontal flip"] if self.flip else []
         )  # fmt: skip
-        return " + ".join(parts)
+        return " + ".join(parts) + (f" (drawn from a bank of {self.bank} views per image)" if self.bank else "")
 
 
 def parse(text: str) -> Augmentation | None:
@@ -70,7 +71,10 @@ def parse(text: str) -> Augmentation | None:
 
 
 def augmented(images: torch.Tensor, augmentation: Augmentation, generator: torch.Generator) -> torch.Tensor:
-    """One random view of each image [n, C, H, W] (pixels in [0, 1]), its randomness from ``generator``."""
+    """One random view of each image [n, C, H, W] (pixels in [0, 1]), its randomness from ``generator``; of a bank
+    (``augmentation.bank``): one of each input's precomputed views (:func:`banked`)."""
+    if augmentation.bank:
+        return banked(images, torch.randint(1, augmentation.bank + 1, (len(images),), generator=generator))
     from torchvision.transforms import v2  # the audit's only use of torchvision: not imported before it is needed
     height, width = images.shape[-2:]
     out = []
@@ -104,3 +108,10 @@ def crop_box(height: int, width: int, scale: float, generator: torch.Generator) 
     w, h = (width, round(width / RATIO[0])) if ratio < RATIO[0] else (
         (round(height * RATIO[1]), height) if ratio > RATIO[1] else (width, height))  # fmt: skip
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+def banked(inputs: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Inputs [n, D, 1 + K, 1] that hold, per image, its plain head input in slot 0 and K views' in slots 1..K (a
+    frozen backbone's outputs: :func:`fedvit.attacks.frozen_features.on_features`): each image's view ``slots[i]``,
+    as [n, D, 1, 1]."""
+    return inputs[torch.arange(len(inputs)), :, slots, :].unsqueeze(2)

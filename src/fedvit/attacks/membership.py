@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fedvit.attacks.augmentation import VIEWS, Augmentation, augmented
+from fedvit.attacks.augmentation import VIEWS, Augmentation, augmented, banked
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership_stats import (
     Score,
@@ -63,14 +63,22 @@ def losses(
 ) -> np.ndarray:
     """Per-image cross-entropy, in batches of :data:`BATCH`; under an ``augmentation``, the mean over
     :data:`~fedvit.attacks.augmentation.VIEWS` random views (the same views for every model: view k's randomness
-    is seeded by k)."""
-    views = [None] if augmentation is None else [torch.Generator().manual_seed(k) for k in range(VIEWS)]
+    is seeded by k), or over every view of a bank (a frozen backbone's precomputed views)."""
+    if augmentation is None:
+        views: list = [None]
+    elif augmentation.bank:
+        views = list(range(1, augmentation.bank + 1))
+    else:
+        views = [torch.Generator().manual_seed(k) for k in range(VIEWS)]
     total = np.zeros(len(images))
-    for generator in views:
+    for view in views:
         out = []
         for first in range(0, len(images), BATCH):
             x = torch.as_tensor(images[first : first + BATCH], dtype=torch.float32)
-            x = x if generator is None else augmented(x, augmentation, generator)
+            if isinstance(view, int):
+                x = banked(x, torch.full((len(x),), view))
+            elif view is not None:
+                x = augmented(x, augmentation, view)
             y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
             out.append(F.cross_entropy(classify(model, x), y, reduction="none").double().numpy())
         total += np.concatenate(out) if out else 0.0

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from fedvit.attacks import april
 from fedvit.attacks.cocktail import cocktail_party
-from fedvit.attacks.frozen_features import head_path, on_features
+from fedvit.attacks.frozen_features import head_path, on_bank, on_features
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.inversion import collusion_inversion, fedavg_aware_invert, invert
 from fedvit.attacks.label_distribution import benchmarked_error, prior_accuracy
@@ -627,19 +627,35 @@ def head_only(obs: Observation, held: Held) -> tuple[Observation, Held] | None:
             started = time.perf_counter()
             found = on_features(obs, held.aux, held.candidates)
             if isinstance(found, str):
-                held.found.frozen_features = f"the whole model runs: {found}"
+                held.found.frozen_features = f"the whole model runs: {found}" + whole_model_cost(obs)
             else:
-                head_obs, aux, candidates = found
-                held.found.head_only = (head_obs, dataclasses.replace(held, aux=aux, candidates=candidates))
+                aux, candidates = found.aux, found.candidates
+                held.found.head_only = (found.obs, dataclasses.replace(held, aux=aux, candidates=candidates))
                 held.found.frozen_features = (
                     f"the frozen layers' outputs computed once for {len(aux.images) + len(aux.noise)} auxiliary and "
                     f"{0 if candidates is None else len(candidates.members[0]) + len(candidates.non_members[0])} "
-                    f"candidate images in "
-                    f"{time.perf_counter() - started:.1f} s; label counts and membership run on "
+                    f"candidate images" + ("" if found.spread is None else f" ({found.spread.described()})") +
+                    f" in {time.perf_counter() - started:.1f} s; label counts and membership run on "
                     f"{head_path(obs)} alone"
-                )
+                )  # fmt: skip
     pair = held.found.head_only
-    return None if pair is None else (dataclasses.replace(pair[0], client=obs.client), pair[1])
+    if pair is None:
+        return None
+    return dataclasses.replace(pair[0], client=on_bank(obs.client, bank_views(pair[0]))), pair[1]
+
+
+def bank_views(head_obs: Observation) -> int:
+    """The views per image banked in a head observation's inputs (slot 0 is the image's own)."""
+    return int(head_obs.spec.input_shape[1]) - 1
+
+
+def whole_model_cost(obs: Observation) -> str:
+    """What simulating the whole model costs where the head cannot run alone under a declared augmentation."""
+    client = recipe(obs)
+    if client.augment is None:
+        return ""
+    return (f"; every simulation runs the whole model on a fresh random view of each image at every visit "
+            f"({client.examples * client.epochs} forward and backward passes per simulated update)")
 
 
 def seen_by(leakage: str, obs: Observation, held: Held) -> tuple[Observation, Held]:
