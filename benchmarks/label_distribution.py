@@ -9,6 +9,7 @@ model's initialisation; auxiliary data: 2,000 images of the same generator that 
 held.
 
     uv run python -m benchmarks.label_distribution --workers 2   # writes docs/results/data/label-distribution.csv
+    # a subset (the search's before/after table): --models cnn --sizes 500,1000 --epochs 1,3 --out FILE.csv
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import itertools
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -127,14 +129,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1, help="rows run side by side, one thread each "
                         "(1: one row at a time on 2 threads)")  # fmt: skip
-    workers = parser.parse_args().workers
-    cases = [(name, epochs, size, partition, seed) for name in models() for partition in PARTITIONS
-             for size in SIZES for epochs in EPOCHS for seed in DRAWS[partition]]  # fmt: skip
+    parser.add_argument("--models", default=",".join(models()), help="comma-separated (default: all)")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="client images, comma-separated")
+    parser.add_argument("--epochs", default=",".join(map(str, EPOCHS)), help="local epochs, comma-separated")
+    parser.add_argument("--out", type=Path, default=OUT, help="the CSV written")
+    args = parser.parse_args()
+    workers = args.workers
+    names, sizes, epoch_list = args.models.split(","), [int(s) for s in args.sizes.split(",")], [
+        int(e) for e in args.epochs.split(",")]  # fmt: skip
+    unknown = sorted(set(names) - set(models()))
+    if unknown:
+        parser.error(f"unknown models {unknown} (one of {', '.join(models())})")
+    cases = [(name, epochs, size, partition, seed) for name in names for partition in PARTITIONS
+             for size in sizes for epochs in epoch_list for seed in DRAWS[partition]]  # fmt: skip
     rows = []
     for result in side_by_side(run_case, cases, workers):
         rows.append(result)
         print(result, flush=True)
-    write_csv(rows, OUT)
+    write_csv(rows, args.out)
 
 
 if __name__ == "__main__":
