@@ -836,3 +836,21 @@ def test_the_projection_solves_the_normal_equations_by_cholesky_and_falls_back_w
         reference = rows.T @ (torch.linalg.pinv(rows @ rows.T, hermitian=True, rtol=1e-10) @ (rows @ r))
         assert torch.allclose(rows.T @ a, reference, rtol=1e-7, atol=1e-9)
         assert not torch.allclose(rows.T @ a, r, atol=1e-3)  # a projection, not the identity
+
+
+def test_the_alignment_takes_each_images_loss_slope_along_the_direction_without_its_gradient():
+    """Forward mode gives each image's ⟨∇ℓ, d⟩ (the alignment's per-image figure) that the per-image gradients dotted
+    with d give, on a partial set of parameters too; a direction of the wrong length is refused."""
+    from fedvit.attacks.membership import loss_slopes, parameter_count, per_sample_gradients
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    images, labels = make_textures(20, 3)
+    for names in (None, ["fc3.weight", "fc3.bias", "conv1.weight"]):
+        direction = torch.randn(parameter_count(model, names), generator=torch.Generator().manual_seed(1))
+        reference = torch.cat([g @ direction for g in per_sample_gradients(model, images, labels, names)])
+        slopes = loss_slopes(model, images, labels, names, direction)
+        np.testing.assert_allclose(slopes, reference.double().numpy(), rtol=1e-4, atol=1e-6)
+        assert np.abs(slopes).max() > 1e-3  # not trivially zero
+    with pytest.raises(ValueError, match="the direction has"):
+        loss_slopes(model, images, labels, None, torch.zeros(5))

@@ -142,6 +142,37 @@ def gradient_parts(
         yield first, [grads[n].flatten(1) for n in params]
 
 
+def loss_slopes(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, names: list[str] | None, direction: torch.Tensor
+) -> np.ndarray:  # fmt: skip
+    """⟨∇_w ℓ(w, x_i), d⟩ of each image: the derivative of its loss along ``direction`` d (flattened over ``names``
+    in the model's order, as :func:`per_sample_gradients` lays them out), by forward mode (``torch.func.jvp``: one
+    pass per chunk of :data:`BATCH`, no per-image gradient held); eval mode, timm's explicit attention."""
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    chosen = None if names is None else set(names)
+    params = {n: p.detach() for n, p in model.named_parameters() if chosen is None or n in chosen}
+    frozen = {n: p.detach() for n, p in model.named_parameters() if n not in params}
+    if (size := sum(p.numel() for p in params.values())) != len(direction):
+        raise ValueError(f"the direction has {len(direction)} entries, the parameters {size}")
+    tangents, offset = {}, 0
+    for name, p in params.items():
+        tangents[name] = direction[offset : offset + p.numel()].view_as(p).to(p.dtype)
+        offset += p.numel()
+    found = []
+    for first in range(0, len(images), BATCH):
+        x = normalize(model, torch.as_tensor(images[first : first + BATCH], dtype=torch.float32))
+        y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
+
+        def loss(weights: dict[str, torch.Tensor], x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            out = functional_call(model, frozen | weights, (x,))
+            return F.cross_entropy(getattr(out, "logits", out), y, reduction="none")
+
+        found.append(torch.func.jvp(loss, (params,), (tangents,))[1].double().numpy())
+    return np.concatenate(found) if found else np.zeros(0)
+
+
 def parameter_count(model: torch.nn.Module, names: list[str] | None = None) -> int:
     """Entries of ``model``'s parameters (of ``names`` only, when given)."""
     return sum(p.numel() for n, p in model.named_parameters() if names is None or n in names)
@@ -167,7 +198,6 @@ def residual(obs: Observation, shadows: list[Simulation]) -> torch.Tensor:
 # weights the server sent, the same for every client of a round, and so is the pool: its Gram matrix (O(pool² ×
 # parameters), the alignment score's costliest step) is computed and factorised once per round, not once per update.
 _received_projection: dict[str, GramFactor] = {}
-PRODUCT_ROWS = 64  # rows of G turned to float64 at a time in the projection (the whole of G in float64 is ~1 GB)
 SOLVE_TOLERANCE = 1e-8  # relative residual of the normal equations a Cholesky solve must meet, else the pseudo-inverse
 PINV_RTOL = 1e-10
 
@@ -253,12 +283,9 @@ def residual_direction(
         if key is not None:
             _received_projection.clear()
             _received_projection[key] = factor
-    rows = g.split(PRODUCT_ROWS)
-    a, _ = factor.solve(torch.cat([block.double() @ r for block in rows]))
-    explained = torch.zeros_like(r)
-    for block, part in zip(rows, a.split(PRODUCT_ROWS), strict=True):
-        explained.addmv_(block.double().T, part)
-    return model, (r - explained).float()
+    # G's products in float32, the accuracy G Gᵀ has (its float32 product), the solve in float64
+    a, _ = factor.solve((g @ r.float()).double())
+    return model, (r - (g.T @ a.float()).double()).float()
 
 
 def alignment_points(obs: Observation, shadows: list[Simulation]) -> list[dict[str, np.ndarray]]:
@@ -283,8 +310,7 @@ def alignment_scores(
     names = trained_names(obs)
     for k, point in enumerate(alignment_points(obs, shadows)):
         model, direction = residual_direction(obs, r, point, pool, received=k == 0)
-        found = [np.concatenate([(g @ direction).double().numpy() for g in per_sample_gradients(model, *side, names)])
-                 for side in sides]  # fmt: skip
+        found = [loss_slopes(model, *side, names, direction) for side in sides]
         spread = max(float(found[-1].std()), 1e-30)
         totals = [t + f / spread for t, f in zip(totals, found, strict=True)]
     return totals
