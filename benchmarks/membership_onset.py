@@ -16,12 +16,14 @@ its label estimate's), for 1,000- and 2,000-image clients over 1, 3 and 5 local 
 
     uv run python -m benchmarks.membership_onset --workers 2   # writes docs/results/data/membership-onset.csv
     uv run python -m benchmarks.membership_onset --workers 2 --references 8   # ... membership-references.csv
+    # a subset: --models cnn --sizes 1000 --out FILE.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -108,15 +110,21 @@ def main() -> None:
                         "(1: one at a time on 2 threads)")  # fmt: skip
     parser.add_argument("--references", type=int, default=0, help="shadow updates per update, scored as the "
                         "audit does by default with 8 (default 0: the loss drop)")  # fmt: skip
+    parser.add_argument("--models", default="", help="comma-separated (default: all)")
+    parser.add_argument("--sizes", default="", help="client images, comma-separated (default: the table's)")
+    parser.add_argument("--out", type=Path, default=None, help="the CSV written (default: the table's)")
     args = parser.parse_args()
     workers, references = args.workers, args.references
-    sizes = REFERENCE_SIZES if references else SIZES
-    cases = [(name, data, partition, size, seed) for name in models() for data in DATA for partition in PARTITIONS
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else REFERENCE_SIZES if references else SIZES
+    names = args.models.split(",") if args.models else list(models())
+    if unknown := sorted(set(names) - set(models())):
+        parser.error(f"unknown models {unknown} (one of {', '.join(models())})")
+    cases = [(name, data, partition, size, seed) for name in names for data in DATA for partition in PARTITIONS
              for size in sizes for seed in ONSET_DRAWS[partition]]  # fmt: skip
     found: list[dict] = []
     for client_rows in side_by_side(rows, cases, workers, references=references):
         found.extend(client_rows)
-    write_csv(found, OUT_REFERENCES if references else OUT)
+    write_csv(found, args.out or (OUT_REFERENCES if references else OUT))
 
 
 if __name__ == "__main__":
