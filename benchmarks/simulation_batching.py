@@ -26,6 +26,7 @@ from torch import nn
 
 from benchmarks.common import ROOT, write_csv
 from fedvit.attacks.label_distribution import side_by_side
+from fedvit.attacks.local_sgd import sgd_step
 
 sys.path.insert(0, str(ROOT / "tests" / "flower_idioms" / "quickstart"))
 from qsapp.task import Net  # noqa: E402  Flower's quickstart CNN, as its authors write it (x.view)
@@ -38,6 +39,14 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], int, int]] = { 
 }
 
 
+def step(w: dict, loss: torch.Tensor, velocity: dict) -> tuple[dict, dict]:
+    """The audit's SGD step (``fedvit.attacks.local_sgd.sgd_step``) on ``loss``'s gradients."""
+    grads = dict(zip(w, torch.autograd.grad(loss, list(w.values())), strict=True))
+    with torch.no_grad():
+        w, velocity = sgd_step(w, grads, velocity, LR, MOMENTUM)
+    return {n: t.requires_grad_(True) for n, t in w.items()}, velocity
+
+
 def one_training(model: nn.Module, weights: dict, x: torch.Tensor, y: torch.Tensor, batch: int) -> dict:
     """SGD with momentum over the batches of (x, y) from ``weights``: the simulation's inner loop."""
     w = {n: p.clone().requires_grad_(True) for n, p in weights.items()}
@@ -45,11 +54,7 @@ def one_training(model: nn.Module, weights: dict, x: torch.Tensor, y: torch.Tens
     for first in range(0, len(y), batch):
         part = slice(first, first + batch)
         loss = F.cross_entropy(torch.func.functional_call(model, w, (x[part],)), y[part])
-        grads = torch.autograd.grad(loss, list(w.values()))
-        with torch.no_grad():
-            for (name, p), g in zip(w.items(), grads, strict=True):
-                velocity[name] = g if name not in velocity else velocity[name] * MOMENTUM + g
-                w[name] = (p - LR * velocity[name]).requires_grad_(True)
+        w, velocity = step(w, loss, velocity)
     return w
 
 
@@ -62,11 +67,7 @@ def batched_training(model: nn.Module, weights: dict, xs: torch.Tensor, ys: torc
         logits = forward(w, xs[:, first : first + batch])
         y = ys[:, first : first + batch]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum") / y.shape[1]
-        grads = torch.autograd.grad(loss, list(w.values()))
-        with torch.no_grad():
-            for (name, p), g in zip(w.items(), grads, strict=True):
-                velocity[name] = g if name not in velocity else velocity[name] * MOMENTUM + g
-                w[name] = (p - LR * velocity[name]).requires_grad_(True)
+        w, velocity = step(w, loss, velocity)
     return w
 
 
