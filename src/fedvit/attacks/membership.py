@@ -43,7 +43,14 @@ from fedvit.attacks.membership_stats import (
     evenly,
     judge,
 )
-from fedvit.attacks.observation import Observation, model_with, received_model, recipe, trained_names
+from fedvit.attacks.observation import (
+    Observation,
+    explicit_attention,
+    model_with,
+    received_model,
+    recipe,
+    trained_names,
+)
 from fedvit.attacks.reidentification import evenly_spaced
 from fedvit.attacks.simulation import Simulation, simulate
 from fedvit.core.model import classify, normalize
@@ -118,16 +125,24 @@ def gradient_matrix(
     return rows
 
 
+def differentiated(
+    model: torch.nn.Module, names: list[str] | None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
+    """``model``'s parameters split into those a per-image derivative is taken in (``names``, in the model's order;
+    None: all) and the rest, constants of it; the model switched to timm's explicit attention (the fused kernel has
+    no batching rule: vmap would loop over images)."""
+    explicit_attention(model)
+    chosen = None if names is None else set(names)
+    params = {n: p.detach() for n, p in model.named_parameters() if chosen is None or n in chosen}
+    frozen = {n: p.detach() for n, p in model.named_parameters() if n not in params}
+    return params, frozen
+
+
 def gradient_parts(
     model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, names: list[str] | None
 ) -> Iterator[tuple[int, list[torch.Tensor]]]:
     """(first image, [b, size] per parameter) of each chunk of :func:`per_sample_gradients`."""
-    for module in model.modules():  # timm's fused attention has no batching rule (vmap would loop over images)
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = False
-    chosen = None if names is None else set(names)
-    params = {n: p.detach() for n, p in model.named_parameters() if chosen is None or n in chosen}
-    frozen = {n: p.detach() for n, p in model.named_parameters() if n not in params}  # constants of the gradient
+    params, frozen = differentiated(model, names)
 
     def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, frozen | weights, (x[None],))
@@ -148,12 +163,7 @@ def loss_slopes(
     """⟨∇_w ℓ(w, x_i), d⟩ of each image: the derivative of its loss along ``direction`` d (flattened over ``names``
     in the model's order, as :func:`per_sample_gradients` lays them out), by forward mode (``torch.func.jvp``: one
     pass per chunk of :data:`BATCH`, no per-image gradient held); eval mode, timm's explicit attention."""
-    for module in model.modules():
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = False
-    chosen = None if names is None else set(names)
-    params = {n: p.detach() for n, p in model.named_parameters() if chosen is None or n in chosen}
-    frozen = {n: p.detach() for n, p in model.named_parameters() if n not in params}
+    params, frozen = differentiated(model, names)
     if (size := sum(p.numel() for p in params.values())) != len(direction):
         raise ValueError(f"the direction has {len(direction)} entries, the parameters {size}")
     tangents, offset = {}, 0

@@ -143,8 +143,7 @@ def attack_model(obs: Observation) -> nn.Module:
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.track_running_stats = False
             module.running_mean = module.running_var = None
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = False
+    explicit_attention(model)
     for p in model.parameters():
         p.requires_grad_(False)
     model.register_forward_hook(_logits_only)
@@ -280,3 +279,12 @@ def dense_update(
         return records["arrays"], None
     dense = {n: decode(records["arrays"][n], records["masks"][n], shape) for n, shape in shapes.items()}
     return {n: d[0] for n, d in dense.items()}, {n: d[1] for n, d in dense.items()}
+
+
+def explicit_attention(model: nn.Module) -> nn.Module:
+    """``model`` with timm's fused attention switched to its explicit path, in place: ``scaled_dot_product_attention``
+    has no double backward on CPU and no batching rule for ``torch.func.vmap``; returns ``model``."""
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    return model

@@ -17,7 +17,14 @@ import torch.nn.functional as F
 from fedvit.attacks.augmentation import augmented
 from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.local_sgd import ADAMW_WEIGHT_DECAY, DpSgd, local_sgd
-from fedvit.attacks.observation import Observation, input_shape, received_model, recipe, trained_names
+from fedvit.attacks.observation import (
+    Observation,
+    explicit_attention,
+    input_shape,
+    received_model,
+    recipe,
+    trained_names,
+)
 from fedvit.attacks.recipe import SIMULATED_OPTIMISERS
 from fedvit.capture.reader import AuditInputError
 from fedvit.core.model import normalize
@@ -148,9 +155,7 @@ def simulate(
 
     dp_sgd = None
     if private and (claim := client.privacy) is not None and claim.noise_multiplier is not None and claim.clipping_norm:
-        for module in model.modules():  # timm's fused attention has no batching rule
-            if hasattr(module, "fused_attn"):
-                module.fused_attn = False
+        explicit_attention(model)  # timm's fused attention has no batching rule
         dp_sgd = DpSgd(claim.noise_multiplier, claim.clipping_norm, per_sample,
                        torch.Generator().manual_seed(seed + 2))  # fmt: skip
     # an optimiser not simulated: SGD's steps (the counts are then marked unverified; shadows do not run)
