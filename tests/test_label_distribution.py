@@ -7,19 +7,25 @@ import dataclasses
 import functools
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from fedvit.attacks import label_distribution
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.label_distribution import (
     ADAM_ERROR,
     BENCHMARKED_ERROR,
     Systems,
+    class_mix_search,
     estimate,
+    head_rows,
     integer_counts,
     prior_accuracy,
+    residual_search,
+    scaled_rhs,
 )
 from fedvit.attacks.labels import label_accuracy
 from fedvit.attacks.membership import infer
@@ -42,7 +48,7 @@ from fedvit.attacks.model_spec import ModelSpec
 from fedvit.attacks.observation import Observation, Reconstruction
 from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
-from fedvit.attacks.simulation import simulate, step_weights
+from fedvit.attacks.simulation import OTHER_DRAW, simulate, step_weights
 from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, verdict
 from fedvit.audit.metrics import psnr, psnr_table, score
 
@@ -130,6 +136,47 @@ def test_a_repeated_simulation_is_looked_up_and_the_estimate_is_bit_identical(mo
     runs, afresh_runs = int(runs.split()[0]), int(afresh_runs.split()[0])  # "K simulations run in all"
     print(f"{runs} simulations run, {afresh_runs} without the look-up")
     assert runs <= afresh_runs
+
+
+class LinearSystems:
+    """A stand-in for :class:`Systems`: S(n) the same matrix at every class mix, met exactly at ``truth``, plus
+    noise of size ``noise`` that depends on the seed only (a draw of auxiliary images and shuffle)."""
+
+    def __init__(self, rhs: np.ndarray, truth: np.ndarray, noise: float) -> None:
+        base = np.random.default_rng(5).normal(size=(len(rhs), len(truth)))
+        self.system = base + np.outer(rhs - base @ truth, truth) / (truth @ truth)  # S @ truth == rhs
+        self.noise, self.runs, self.seeds = noise * np.linalg.norm(rhs) / np.linalg.norm(truth), 0, []
+
+    def __call__(self, counts: np.ndarray, momentum: float, seed: int, weight_decay: float) -> SimpleNamespace:
+        self.runs += 1
+        self.seeds.append(seed)
+        draw = np.random.default_rng(seed).normal(size=self.system.shape) / np.sqrt(self.system.size)
+        return SimpleNamespace(system=self.system + self.noise * draw)
+
+
+def test_the_search_takes_no_step_from_a_start_self_consistent_within_the_draw_to_draw_spread(monkeypatch):
+    obs, _, _ = client_update(300, 1, alpha=0.5)
+    aux = Auxiliary(*make_images(100, 99), "other images")
+    rows = head_rows(obs)
+    rhs = scaled_rhs(obs, rows, 0.9)
+    truth = np.array([60, 50, 40, 30, 30, 30, 20, 20, 10, 10])
+    far = np.full(10, 30)
+    # at the true mix the residual is the draw's alone: within the spread, so no step and one extra simulation
+    systems = LinearSystems(rhs, truth, noise=0.01)
+    settled = residual_search(obs, aux, rows, truth, 0.9, 0.0, 0, 5, systems, floor=True)
+    assert settled.settled and (settled.counts == truth).all() and settled.simulations == systems.runs == 2
+    assert systems.seeds == [0, OTHER_DRAW] and 0 < settled.residual <= settled.spread
+    # from a wrong mix the residual is far above the spread: the search steps to the truth as without the floor
+    systems = LinearSystems(rhs, truth, noise=0.01)
+    moved = residual_search(obs, aux, rows, far, 0.9, 0.0, 0, 5, systems, floor=True)
+    plain = residual_search(obs, aux, rows, far, 0.9, 0.0, 0, 5, LinearSystems(rhs, truth, noise=0.01))
+    assert not moved.settled and moved.simulations > 2 and (moved.counts == plain.counts).all()
+    assert np.abs(moved.counts - truth).sum() <= 4 and plain.spread is None
+    # the second start is searched exactly where the first did not settle
+    monkeypatch.setattr(label_distribution, "learned_mix", lambda obs, aux: far.astype(float))
+    assert list(class_mix_search(obs, aux, rows, truth, 0.9, 0, LinearSystems(rhs, truth, 0.01))) == [
+        "the passes' estimate"]  # fmt: skip
+    assert len(class_mix_search(obs, aux, rows, far, 0.9, 0, LinearSystems(rhs, truth, 0.01))) == 2
 
 
 def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case():
