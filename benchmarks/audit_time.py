@@ -236,6 +236,8 @@ def main() -> None:
                              "power": update["leakage"]["membership"]["power"]["status"]})  # fmt: skip
                 print(rows[-1], flush=True)
                 print("labels:", update["attacks"]["labels (head-bias gradient)"], flush=True)
+                print("per update, membership AUC and label error:", [(round(u["leakage"]["membership"]["auc"], 4),
+                      u["leakage"]["labels"].get("error")) for u in updates], flush=True)  # fmt: skip
                 print("frozen features:", update.get("frozen-features"), flush=True)
                 if profile is not None:
                     stats = pstats.Stats(profile).sort_stats("cumulative")

@@ -684,6 +684,49 @@ def test_the_projection_and_gradient_chunks_shrink_to_fit_a_large_model(monkeypa
     assert torch.equal(membership.gradient_matrix(model, images, labels), torch.cat(chunks))  # written in place
 
 
+class Tokens(torch.nn.Module):
+    """A linear layer on each of four tokens per image (its per-image gradient has rank up to 4), then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.head = torch.nn.Linear(3, 6), torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.proj(x.flatten(2).transpose(1, 2))).mean(1))
+
+
+def test_the_pool_gram_factors_linear_layers_and_equals_g_times_its_transpose():
+    """A linear layer's block of G Gᵀ from its output-gradient and input Gram matrices: equal to g @ g.T to float32
+    rounding on the CNN (its three linear layers factored, the convolutions explicit); a layer that runs on several
+    tokens per image is not an outer product per image and enters explicitly."""
+    from fedvit.attacks.membership import gradient_matrix, gram_matrix, linear_spans, pool_gram, rank_one_factors
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    images, labels = make_images(300, 3, 0.0)
+    g = gradient_matrix(model, images, labels)
+    spans = linear_spans(model, None)
+    assert [(out, inputs) for _, _, out, inputs in spans] == [(120, 400), (84, 120), (10, 84)]
+    for weight, bias, out, inputs in spans:
+        assert rank_one_factors(g[:, weight].view(len(g), out, inputs), g[:, bias]) is not None
+    exact = (g.double() @ g.double().T).float()
+    assert torch.allclose(pool_gram(model, g, None), exact, rtol=1e-4, atol=1e-6 * float(exact.abs().max()))
+    assert not torch.equal(pool_gram(model, g, None), gram_matrix(g))  # the factored path ran
+    # the head alone differentiated: only its layer's columns
+    head = ["fc3.weight", "fc3.bias"]
+    g_head = gradient_matrix(model, images, labels, head)
+    assert len(linear_spans(model, head)) == 1
+    assert torch.allclose(pool_gram(model, g_head, head), g_head @ g_head.T, rtol=1e-4, atol=1e-7)
+    # tokens: the projection's per-image gradient has rank > 1, so it is not factored; the head is
+    tokens = Tokens().eval()
+    pixels = torch.rand(64, 3, 2, 2, generator=torch.Generator().manual_seed(1)).numpy()
+    g_tokens = gradient_matrix(tokens, pixels, np.arange(64) % 3)
+    (proj_w, proj_b, out, inputs), _ = linear_spans(tokens, None)
+    assert rank_one_factors(g_tokens[:, proj_w].view(64, out, inputs), g_tokens[:, proj_b]) is None
+    exact = (g_tokens.double() @ g_tokens.double().T).float()
+    assert torch.allclose(pool_gram(tokens, g_tokens, None), exact, rtol=1e-4, atol=1e-6 * float(exact.abs().max()))
+
+
 def test_the_gram_matrix_from_its_upper_blocks_is_exactly_g_times_its_transpose():
     """The pool gradients' Gram matrix, from the blocks on and above its diagonal (mirrored): bit-equal to g @ g.T
     for pools of any size (one block, two of 250 and 251 rows, uneven splits) and of a head's or a whole CNN's
