@@ -71,6 +71,7 @@ FD_SHARE = 0.05  # finite-difference step of the Jacobian: this share of the cli
 CONVERGED = 0.005  # a step that moves fewer than this share of the images ends the search
 WEIGHT_DECAY = 5e-4  # the common value, tried beside 0 for another app's update (no record carries it)
 SUM_WEIGHT = 10.0  # weight of the Σn = N row against the C rows of the least squares
+FROM_PASSES, FROM_LEARNED = "the passes' estimate", "the sent model's class shares"  # the class-mix search's starts
 # Label-count error (1 − label accuracy) of this method in fedvit's own benchmark, by model family and local
 # epochs: the worst over IID and five Dirichlet(0.5) draws and 1,000 or 2,000 images per client, B = 32, lr 0.01,
 # momentum 0.9 on no record. Measured 2026-11-26 (commit f82b26f) with
@@ -222,11 +223,11 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     searched = class_mix_search(obs, aux, rows, passed, chosen, seed, systems)
     best = lowest_residual(searched)
     counts = searched[best].counts
-    others = ", ".join(f"{f.residual:.2f} from {name}" for name, f in searched.items() if name != best)
     if searched[best].settled:
-        note += (f"; class-mix search: none, the passes' estimate is self-consistent to within the simulation's "
+        note += (f"; class-mix search: none, {FROM_PASSES} is self-consistent to within the simulation's "
                  f"draw-to-draw spread (residual {searched[best].residual:.2f}, spread {searched[best].spread:.2f})")
     else:
+        others = ", ".join(f"{f.residual:.2f} from {name}" for name, f in searched.items() if name != best)
         note += (f"; class-mix search: residual {searched[best].residual:.2f} from {best} ({others}), "
                  f"{sum(f.simulations for f in searched.values())} residuals")  # fmt: skip
     changed = lambda other: int(np.abs(other - counts).sum() // 2)  # noqa: E731 — images that change class
@@ -265,9 +266,9 @@ def class_mix_search(obs: Observation, aux: Auxiliary, rows: np.ndarray, passed:
     from both starts is what brings them to 1–4%, its residual still ranking counts below the spread."""
     search = functools.partial(residual_search, obs, aux, rows, momentum=momentum, weight_decay=0.0, seed=seed,
                                steps=SEARCH_STEPS, systems=systems)  # fmt: skip
-    searched = {"the passes' estimate": search(start=passed, floor=True)}
-    if not searched["the passes' estimate"].settled:
-        searched["the sent model's class shares"] = search(start=learned_mix(obs, aux))
+    searched = {FROM_PASSES: search(start=passed, floor=True)}
+    if not searched[FROM_PASSES].settled:
+        searched[FROM_LEARNED] = search(start=learned_mix(obs, aux))
     return searched
 
 

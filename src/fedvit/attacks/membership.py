@@ -62,6 +62,7 @@ ALIGNMENT_POINTS = 3  # weights along the local training where the candidates' g
 PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is cleared of
 GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the pool and the chunks on large models
 GRAM_BLOCK = 500  # rows per block of the pool gradients' Gram matrix (only the blocks on and above its diagonal)
+RANK_ONE_TOLERANCE = 1e-4  # relative error a linear layer's per-image weight gradient may have against δ aᵀ
 
 
 @torch.no_grad()
@@ -166,10 +167,8 @@ def loss_slopes(
     params, frozen = differentiated(model, names)
     if (size := sum(p.numel() for p in params.values())) != len(direction):
         raise ValueError(f"the direction has {len(direction)} entries, the parameters {size}")
-    tangents, offset = {}, 0
-    for name, p in params.items():
-        tangents[name] = direction[offset : offset + p.numel()].view_as(p).to(p.dtype)
-        offset += p.numel()
+    tangents = {name: direction[span].view_as(params[name]).to(params[name].dtype)
+                for name, span in column_spans(params).items()}  # fmt: skip
     found = []
     for first in range(0, len(images), BATCH):
         x = normalize(model, torch.as_tensor(images[first : first + BATCH], dtype=torch.float32))
@@ -275,17 +274,19 @@ def gram_matrix(g: torch.Tensor, block: int = GRAM_BLOCK) -> torch.Tensor:
     return gram
 
 
-RANK_ONE_TOLERANCE = 1e-4  # relative error a linear layer's per-image weight gradient may have against δ aᵀ
+def column_spans(params: dict[str, torch.Tensor]) -> dict[str, slice]:
+    """Each parameter's columns in the flattened layout of :func:`gradient_matrix` (the parameters in order)."""
+    spans, offset = {}, 0
+    for name, param in params.items():
+        spans[name] = slice(offset, offset + param.numel())
+        offset += param.numel()
+    return spans
 
 
 def linear_spans(model: torch.nn.Module, names: list[str] | None) -> list[tuple[slice, slice, int, int]]:
     """Per ``nn.Linear`` whose weight and bias are both differentiated: the columns of its weight and of its bias in
     :func:`gradient_matrix`'s layout, and its output and input sizes."""
-    params, _ = differentiated(model, names)
-    spans, offset = {}, 0
-    for name, param in params.items():
-        spans[name] = slice(offset, offset + param.numel())
-        offset += param.numel()
+    spans = column_spans(differentiated(model, names)[0])
     found = []
     for prefix, module in model.named_modules():
         weight, bias = (f"{prefix}.{p}" if prefix else p for p in ("weight", "bias"))
