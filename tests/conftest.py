@@ -64,3 +64,26 @@ def _task_identity():
     TaskIdentity.node_id = 0
     TaskIdentity.task_id = 1
     yield
+
+
+_REPORTS_READ: dict[str, int] = {}  # audit.md / audit.html already checked in this worker → its mtime
+
+
+@pytest.fixture(autouse=True)
+def _reports_print_possible_figures(tmp_path_factory):
+    """Every audit.md and audit.html a test (or a fixture before it) writes under pytest's temporary folders prints
+    no AUC above 1 and no TPR above 100% (:func:`tests.report_checks.impossible_figures`)."""
+    yield
+    from tests.report_checks import impossible_figures
+
+    root = tmp_path_factory.getbasetemp()
+    for path in [*root.rglob("audit.md"), *root.rglob("audit.html")]:
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:  # removed by its test's own clean-up
+            continue
+        if _REPORTS_READ.get(str(path)) == stamp:
+            continue
+        _REPORTS_READ[str(path)] = stamp
+        found = impossible_figures(path.read_text(errors="replace"))
+        assert not found, f"{path} prints figures no AUC or TPR can take: {found[:5]}"

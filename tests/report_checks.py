@@ -14,6 +14,12 @@ import numpy as np
 
 from fedvit.audit.summary import AGGREGATE_ROW
 
+# a figure no report may print: an AUC above 1 or a TPR above 100% (a null is a threshold, printed as one)
+IMPOSSIBLE = (
+    (re.compile(r"\bAUC (?:[<>≥≤=] )?(\d+(?:\.\d+)?)"), 1.0),
+    (re.compile(r"\bnull:? (\d\.\d{3})\b"), 1.0),  # an AUC's null as the old text printed it
+    (re.compile(r"\bTPR(?:@[\d.]+% FPR)? (?:[<>≥≤=] )?(\d+(?:\.\d+)?)%"), 100.0),
+)
 VERDICT_CHARS = 400  # the verdict a person reads at a glance
 TABLE_WITHIN = 40  # the summary table starts within audit.md's first lines
 NOT_APPLICABLE_PER_UPDATE = 2
@@ -43,6 +49,14 @@ def check_markdown(out: Path, not_applicable_per_update: int = NOT_APPLICABLE_PE
     table = [line for line in lines[header + 2 :] if line.startswith("| ")][: len(rows)]
     assert [line.split(" | ")[0].removeprefix("| ") for line in table] == list(rows)
     return report
+
+
+def impossible_figures(text: str) -> list[str]:
+    """Every AUC above 1 and TPR above 100% in a report's text (HTML entities read as characters)."""
+    import html
+
+    text = html.unescape(text)
+    return [m.group(0) for pattern, most in IMPOSSIBLE for m in pattern.finditer(text) if float(m.group(1)) > most]
 
 
 def _until_blank(lines: list[str]):

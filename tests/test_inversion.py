@@ -178,14 +178,21 @@ def test_cocktail_party_states_the_rank_bound(tmp_path):
 def test_frontier_rows_pick_the_best_attack_and_the_accuracy_cost(tmp_path):
     from fedvit.audit.frontier import write_frontier
 
+    def reid(attack: str, top1: float) -> dict:  # 4 true images among 100 decoys each, for the image attacks
+        if attack.startswith(("labels", "best flat")):
+            return {}
+        return {"reid-top1": top1, "reid-rank": 1.0, "reid-chance": 0.01, "reid-null": 0.0, "reid-ranks": [1.0] * 4}
+
     rows = [
         {"defence-name": "plain", "defence": "none", "setting": "B=1, FedSGD", "batch-size": 1, "local-steps": 1,
          "attack": a, "psnr": p, "ssim": 0.5, "seconds": 1.0, "note": "", "label-accuracy": la}
+        | reid(a, 1.0 if a == "B" else 0.0)
         for a, p, la in [("labels (head-bias gradient)", None, 1.0), ("A", 30.0, None), ("B", 40.0, None),
                          ("best flat image (reference: no information)", 12.0, None)]
     ] + [
         {"defence-name": "mask-fresh-r0.5", "defence": "mask-fresh-r0.5", "setting": "B=1, FedSGD", "batch-size": 1,
          "local-steps": 1, "attack": a, "psnr": p, "ssim": 0.1, "seconds": 1.0, "note": "n", "label-accuracy": None}
+        | reid(a, 0.0)
         for a, p in [("A", 11.0), ("C", None), ("best flat image (reference: no information)", 12.0)]
     ]  # fmt: skip
     written = write_frontier(rows, tmp_path, {"plain": 0.9, "mask-fresh-r0.5": 0.8})

@@ -109,7 +109,10 @@ def test_a_baseline_result_still_rising_with_budget_is_budget_limited_not_no_lea
     rising = verdicts(budget_rows([10.0, 11.0, 12.4], baseline=13.0))
     assert rising[0] == "at baseline" and rising[-1].startswith("budget-limited (still rising: +1.4 dB")
     assert verdicts(budget_rows([12.0, 12.1, 12.2], baseline=13.0)) == ["at baseline"] * 3
-    assert verdicts(budget_rows([12.0, 13.5, 14.5], baseline=13.0))[-1] == "leaks"
+    # PSNR over the flat baseline alone is no evidence (a flat image of the right colours gains dB): one rule,
+    # re-identification beyond its null (fedvit.audit.evidence.images_clear), the report's and the frontier's
+    assert verdicts(budget_rows([12.0, 13.5, 14.5], baseline=13.0))[-1].startswith("budget-limited (still rising")
+    assert verdicts(budget_rows([12.0, 13.5, 13.6], baseline=13.0))[-1] == "at baseline"
     # 3 of 8 images re-identified against 1% chance is no accident, whatever PSNR says.
     assert verdicts(budget_rows([12.0, 12.0, 12.0], 13.0, reid=[0, 0.125, 0.375]))[-1] == "leaks"
     # The best-PSNR attack need not be the most recognisable one: the table names the one that is.

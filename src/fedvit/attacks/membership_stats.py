@@ -400,6 +400,26 @@ def null_parametric(score: Score | RoundsScore, classes: np.ndarray, members: np
     return passed.sum(1) / max(int(members[0].sum()), 1)
 
 
+def members_needed(member_labels: np.ndarray, non_member_labels: np.ndarray, scores: int = 1) -> int:
+    """About how many members (in the same class shares, beside the same non-members) a null needs before a figure
+    can clear it: a within-class shuffle puts every member of class c on top of its n_c non-members with probability
+    1 / C(n_c + m_c, m_c), so the null's top quantile stays at AUC 1 (and TPR 100%) until the product over the classes
+    falls below 1 − :data:`NULL_QUANTILE` (divided over the family's ``scores``, whose maximum the null takes). A
+    lower bound: the family's standardised maximum asks for more."""
+    classes, shares = np.unique(member_labels, return_counts=True)
+    outside = {int(c): int(np.sum(non_member_labels == c)) for c in classes}
+    limit = math.log((1 - NULL_QUANTILE) / max(scores, 1))
+    total = len(member_labels)
+    while total < 100 * len(member_labels) + 10_000:
+        counts = np.maximum(np.round(shares * total / len(member_labels)).astype(int), 1)
+        log_p = -sum(math.log(math.comb(outside[int(c)] + int(m), int(m))) for c, m in zip(classes, counts,
+                                                                                        strict=True))  # fmt: skip
+        if log_p < limit:
+            return int(counts.sum())
+        total += 1
+    return total
+
+
 def clears_null(figures: dict[str, Any], null: dict[str, Any]) -> bool:
     """A finding: AUC beyond its null, and TPR beyond its null at 1% FPR where resolved, else at the resolution."""
     at = "tpr@0.01" if figures["tpr@0.01"] is not None else "tpr@resolution"
@@ -434,6 +454,7 @@ def judge(
         "clears-null": cleared[best],
         "fpr-resolution": resolution,  # after calibration: 1 / the fewest non-members of a member's class
         "non-members-per-class": fewest,
+        "members-needed": members_needed(member_labels, non_member_labels, len(scores)),
         "scores": {
             s.name: {**{k: f[k] for k in ("auc", "tpr@0.01", "tpr@resolution", PARAMETRIC)}, "null": n,
                      "clears-null": c, "per-class": s.per_class}

@@ -17,8 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from fedvit.attacks.membership_stats import clopper_pearson
+
+LABELS = "labels (head-bias gradient)"  # the label estimate's name as an attack (report rows, the frontier)
 LABEL_MARGIN = 0.05  # the counts must misplace ≥ 5 points of the images fewer than the prior does
-IMAGE_MARGIN = 0.05  # re-identification top-1 above the null's by ≥ 5 points and by 3 standard errors
+IMAGE_MARGIN = 0.05  # re-identification top-1 above the null's by ≥ 5 points ...
+REID_SIGNIFICANCE = 0.01  # ... and beyond what the null's rate reaches by chance with probability 1%
 MEASURED, UNVERIFIED, NOT_MEASURED = "measured", "estimated (unverified)", "not measured"
 LEAKAGE_KINDS = ("labels", "membership", "images")  # the leakage types, in the report's order (--leakage picks)
 THREAT_MODELS = {
@@ -49,8 +53,94 @@ def threat_model(observers: list[str | None], assumed: bool, tls_links: int = 0)
     return f"{seen}; {knows} (Carletti et al., SoK, USENIX Security 2025)"
 
 
+# ---------------------------------------------------------------------------- the one rule per leakage type
+
+
+def labels_clear(error: float, null: float, images: int) -> bool:
+    """Label counts leak: they misplace at least :data:`LABEL_MARGIN` of the images fewer than the prior does, and
+    the 95% Clopper–Pearson interval of their error over ``images`` lies below the prior's error."""
+    if null - error < LABEL_MARGIN:
+        return False
+    return clopper_pearson(round(error * images), images)[1] < null
+
+
+def label_images_needed(null: float, most: int = 100_000) -> int | None:
+    """The fewest images at which exactly right counts would clear a prior that misplaces ``null`` of them
+    (:func:`labels_clear` at error 0); None where none would (the prior is within the margin of exact)."""
+    if null < LABEL_MARGIN:
+        return None
+    # Clopper–Pearson's upper bound at 0 of n is 1 − (α/2)^(1/n): below ``null`` from n > ln(α/2) / ln(1 − null)
+    n = max(1, math.ceil(math.log((1 - 0.95) / 2) / math.log1p(-min(null, 1 - 1e-12))))
+    while n < most and not labels_clear(0.0, null, n):
+        n += 1
+    while n > 1 and labels_clear(0.0, null, n - 1):
+        n -= 1
+    return n
+
+
+def images_clear(top1: float, null: float | None, chance: float | None, images: int) -> bool:
+    """Images leak: the reconstructions re-identify their true images top-1 at a rate at least
+    :data:`IMAGE_MARGIN` above p0, the larger of chance and the null (the same reconstructions among images the
+    update never saw, :func:`fedvit.audit.metrics.null_reid`), with that many hits of ``images`` at binomial
+    P < :data:`REID_SIGNIFICANCE` under p0. The one rule the report and the frontier use."""
+    from scipy.stats import binom
+
+    if images <= 0:
+        return False
+    p0 = min(max(null or 0.0, chance or 0.0), 1.0)
+    hits = int(math.floor(top1 * images + 1e-9))
+    if hits == 0 or top1 - p0 < IMAGE_MARGIN:
+        return False
+    return float(binom.sf(hits - 1, images, p0)) < REID_SIGNIFICANCE
+
+
+def membership_reach(result: dict[str, Any]) -> dict[str, Any]:
+    """Whether a membership null can be cleared at all: each null is a threshold (the 99.9% quantile of
+    within-class shuffles, mapped back from the family's standardised maximum), so it can sit at or above the
+    largest value its figure takes (AUC 1, TPR 100%), where no figure clears it. Then: which figures block, and
+    about how many members would bring the null within reach
+    (:func:`fedvit.attacks.membership_stats.members_needed`)."""
+    at = "tpr@0.01" if result.get("tpr@0.01") is not None else "tpr@resolution"
+    null = result["null"]
+    blocked = [name for name, value in (("AUC", null["auc"]), ("TPR", null.get(at))) if value is not None
+               and value >= 1.0 - 1e-12]  # fmt: skip
+    if not blocked:
+        return {"resolvable": True}
+    need = max(int(result.get("members-needed") or 0), int(result["members"]) + 1)
+    return {"resolvable": False, "blocked": blocked, "members-needed": need}
+
+
+def needed_text(reach: dict[str, Any], members: int) -> str:
+    """How many members a null out of reach would need (:func:`membership_reach`), as the report says it."""
+    return f"not resolvable with {members} members: at least about {reach['members-needed']} needed"
+
+
+def threshold_text(value: float | None, figure: str) -> str | None:
+    """A null as what it is, the threshold a figure must exceed ("AUC > 0.930", "TPR > 94.3%"); None where it sits
+    at or above the figure's largest value (AUC 1, TPR 100%), so that no figure can clear it."""
+    if value is None or value >= 1.0 - 1e-12:
+        return None
+    return f"{figure} > " + (f"{value:.3f}" if figure == "AUC" else f"{value:.1%}")
+
+
+def null_text(null: dict[str, Any], at: str | None = None, members: int | None = None) -> str:
+    """A membership null's AUC and (at ``at``, e.g. "tpr@0.01") TPR thresholds in one phrase: "clears at AUC >
+    0.930, TPR > 94.3%", or "no AUC can clear it with 2 members" where a threshold is out of reach."""
+    figures = [("AUC", null["auc"])] + ([("TPR", null[at])] if at is not None and null.get(at) is not None else [])
+    reachable = [text for name, value in figures if (text := threshold_text(value, name)) is not None]
+    blocked = [name for name, value in figures if threshold_text(value, name) is None]
+    if not blocked:
+        return "clears at " + ", ".join(reachable)
+    text = f"no {' or '.join(blocked)} can clear it" + ("" if members is None else f" with {members} members")
+    return text + (f" ({', '.join(reachable)})" if reachable else "")
+
+
+# ---------------------------------------------------------------------------- the evidence per update
+
+
 def label_evidence(counts: np.ndarray | None, why: str, accuracy: float | None, prior: float | None,
-                   unverified_error: str | None, rests_on: str | None = None) -> dict[str, Any]:  # fmt: skip
+                   unverified_error: str | None, rests_on: str | None = None,
+                   images: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Label counts against the prior. ``accuracy``/``prior``: label accuracy of the counts and of the prior
     against the truth (None without it); ``unverified_error``: the method's benchmarked error, stated instead;
     ``rests_on``: what the counts' relation assumes that is not the client's verified recipe (another optimiser
@@ -71,8 +161,9 @@ def label_evidence(counts: np.ndarray | None, why: str, accuracy: float | None, 
         return {"status": UNVERIFIED, "why": "no ground truth recorded and no --data",
                 "benchmarked-error": unverified_error or "exact for one step (the head-bias formula)"}  # fmt: skip
     error, null = 1.0 - accuracy, 1.0 - prior
-    return {"status": MEASURED, "error": error, "null-error": null, "margin": LABEL_MARGIN,
-            "clears": bool(null - error >= LABEL_MARGIN)}  # fmt: skip
+    images = max(int(images or np.sum(counts)), 1)  # the client's images (the counts sum to them)
+    return {"status": MEASURED, "error": error, "null-error": null, "margin": LABEL_MARGIN, "images": images,
+            "clears": labels_clear(error, null, images), "images-needed": label_images_needed(null)}  # fmt: skip
 
 
 def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> dict[str, Any]:
@@ -82,17 +173,17 @@ def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> dict
     top1, null = scores["reid-top1"], scores.get("reid-null")
     if null is None:
         return {"status": NOT_MEASURED, "why": "too few decoys for a null (2 per true image)", "top1": top1}
-    p0 = max(null, scores.get("reid-chance") or 0.0)  # a null of 0 out of few images still allows chance hits
-    need = max(IMAGE_MARGIN, 3 * math.sqrt(p0 * (1 - p0) / images))
-    return {"status": MEASURED, "top1": top1, "null-top1": null, "margin": need, "clears": bool(top1 - null >= need),
-            "psnr": scores.get("psnr"), "images": images}  # fmt: skip
+    chance = scores.get("reid-chance")
+    return {"status": MEASURED, "top1": top1, "null-top1": null, "chance": chance, "margin": IMAGE_MARGIN,
+            "clears": images_clear(top1, null, chance, images), "psnr": scores.get("psnr"),
+            "images": images}  # fmt: skip
 
 
 def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, Any]:
     """Membership figures against the within-class shuffled-label null (:func:`fedvit.attacks.membership.infer`)."""
     if result is None:
         return {"status": NOT_MEASURED, "why": why}
-    return {"status": MEASURED, **result, "clears": result["clears-null"]}
+    return {"status": MEASURED, **result, "clears": result["clears-null"], **membership_reach(result)}
 
 
 DEFAULT_DELTA = 1e-5  # the δ of the empirical ε where canaries are audited without a claim
@@ -145,12 +236,15 @@ def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
                   f"{np.mean([e['null-error'] for e in measured]):.1%}, margin {LABEL_MARGIN:.0%}; "
                   f"{sum(e['error'] == 0 for e in measured)} of {len(measured)} exactly right")  # fmt: skip
     elif kind == "membership":
-        detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f} vs null "
-                  f"{np.mean([e['null']['auc'] for e in measured]):.3f}")  # fmt: skip
+        detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f}; the null "
+                  f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest update")  # fmt: skip
         resolved = [e for e in measured if e.get("tpr@0.01") is not None]
         if resolved:
-            detail += (f", TPR@1% FPR {np.mean([e['tpr@0.01'] for e in resolved]):.1%} vs null "
-                       f"{np.mean([e['null']['tpr@0.01'] for e in resolved]):.1%}")  # fmt: skip
+            hardest = max(e["null"]["tpr@0.01"] for e in resolved)
+            detail += (f", TPR@1% FPR {np.mean([e['tpr@0.01'] for e in resolved]):.1%} (null: "
+                       f"{threshold_text(hardest, 'TPR') or 'no TPR can clear it'} in the hardest)")  # fmt: skip
+        if unresolvable := sum(not e.get("resolvable", True) for e in measured):
+            detail += f"; not resolvable in {unresolvable} (too few members for any figure to clear the null)"
         if len(resolved) < len(measured):  # the verdict read TPR at the resolution there
             detail += (f"; 1% FPR not resolved in {len(measured) - len(resolved)} (too few non-members per class: "
                        "TPR read at the resolution)")  # fmt: skip
@@ -187,8 +281,8 @@ def rounds_part(clients: list[dict[str, Any]]) -> tuple[str, bool | None]:
         return "membership over rounds not measured", None
     hits = sum(e["clears"] for e in measured)
     return (f"membership over each client's updates beyond the null for {hits} of {len(measured)} client(s) "
-            f"(AUC {np.mean([e['auc'] for e in measured]):.3f} vs null "
-            f"{np.mean([e['null']['auc'] for e in measured]):.3f})", hits > 0)  # fmt: skip
+            f"(AUC {np.mean([e['auc'] for e in measured]):.3f}; the null "
+            f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest)", hits > 0)  # fmt: skip
 
 
 def verdict(updates: list[dict[str, Any]], nothing: str, clients: list[dict[str, Any]] | None = None) -> str:

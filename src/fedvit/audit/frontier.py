@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from fedvit.audit.evidence import IMAGE_MARGIN, LABELS, REID_SIGNIFICANCE, images_clear
 from fedvit.core.results import atomic_write
 
 PLAIN = "plain"  # the defence whose accuracy the others are compared with
-LABELS = "labels (head-bias gradient)"
 BASELINE_PREFIX = "best flat image"
 
 
@@ -76,30 +76,16 @@ def frontier_rows(audit_rows: list[dict[str, Any]], accuracy: dict[str, float]) 
     return out
 
 
-LEAK_DB = 1.0  # matched PSNR this far above the no-information baseline counts as leakage
 RISING_DB = 0.5  # a gain this large from the previous budget means the attack had not converged
-REID_SIGNIFICANCE = 0.01  # re-identification counts when chance would reach it with at most this probability
-
-
-def reidentified(row: dict[str, Any]) -> bool:
-    """Whether the row's re-identifications beat the null: P(at least that many top-1 hits | p0) < 1% (binomial over
-    the case's true images), p0 the larger of chance and the null's rate (the same reconstructions matched to and
-    ranked among images the update never saw, :func:`fedvit.audit.metrics.null_reid`), where it was measured."""
-    if row.get("reid-top1") is None or not row.get("reid-images"):
-        return False
-    from scipy.stats import binom
-
-    n = int(row["reid-images"])
-    hits = int(np.floor(row["reid-top1"] * n + 1e-9))
-    p0 = min(max(row["reid-chance"], row.get("reid-null") or 0.0), 1.0)
-    return hits > 0 and float(binom.sf(hits - 1, n, p0)) < REID_SIGNIFICANCE
 
 
 def leaks(row: dict[str, Any]) -> bool:
-    """Matched PSNR at least LEAK_DB above the baseline, or re-identification above its null."""
-    if row["psnr"] is not None and row["baseline-psnr"] is not None and row["psnr"] - row["baseline-psnr"] >= LEAK_DB:
-        return True
-    return reidentified(row)
+    """Whether the row's images leak: :func:`fedvit.audit.evidence.images_clear`, the report's rule, over the case's
+    true images (matched PSNR is a figure beside it: a flat image of the right colours gains dB without revealing
+    any image)."""
+    if row.get("reid-top1") is None or not row.get("reid-images"):
+        return False
+    return images_clear(row["reid-top1"], row.get("reid-null"), row.get("reid-chance"), int(row["reid-images"]))
 
 
 def _levels(rows: list[dict[str, Any]]) -> list[int | None]:
@@ -127,20 +113,20 @@ def best_attacks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             most = max(ranked, key=lambda r: (r["reid-top1"], -r["reid-rank"])) if ranked else None
             keys = ("attack", "reid-top1", "reid-rank", "reid-chance")
             recognisable = None if most is None else {k: most[k] for k in keys}
-            row = dict(best, **{"budget-level": level, "verdict": verdict(pool, budgeted, previous),
+            row = dict(best, **{"budget-level": level, "verdict": budget_word(pool, budgeted, previous),
                                 "most-recognisable": recognisable})  # fmt: skip
             out.append(row)
             previous = budgeted
     return out
 
 
-def verdict(pool: list[dict], budgeted: list[dict], previous: list[dict] | None) -> str:
+def budget_word(pool: list[dict], budgeted: list[dict], previous: list[dict] | None) -> str:
     """'leaks' when any attack leaks; else 'at baseline', or 'budget-limited' when the optimisation attack ran
     into its time cap or still gained ≥ RISING_DB dB (or re-identifications) over the previous budget."""
     if any(leaks(r) for r in pool):
         return "leaks"
-    if all(r["baseline-psnr"] is None and r.get("reid-top1") is None for r in pool):
-        return "not judged (no ground truth)"
+    if all(r.get("reid-top1") is None for r in pool):
+        return "not judged (no re-identification: no ground truth or no decoys)"
     capped = [r for r in budgeted if None not in (r.get("steps-done"), r.get("steps-asked"))
               and r["steps-done"] < r["steps-asked"]]  # fmt: skip
     if capped:
@@ -190,9 +176,10 @@ def markdown(rows: list[dict[str, Any]], skipped: list[str]) -> str:
         "the true image among a gallery of decoys, chance in brackets, then its mean rank, for the attack whose "
         "reconstructions are re-identified most (named when it is not the best-PSNR attack); budget: Adam steps per "
         "restart of the optimisation attacks, closed forms compete at every budget; verdict: 'leaks' when any "
-        f"attack gains ≥ {LEAK_DB:g} dB over the baseline or re-identifies above the larger of chance and its null "
-        f"(the same protocol on images the update never saw; binomial p < "
-        f"{REID_SIGNIFICANCE:g}), 'budget-limited' when it does not but the optimisation attack was still rising "
+        f"attack re-identifies ≥ {IMAGE_MARGIN:.0%} above the larger of chance and its null (the same protocol on "
+        f"images the update never saw) at binomial p < {REID_SIGNIFICANCE:g}, the report's rule; 'not judged' "
+        "without re-identification; 'budget-limited' when it does not leak but the optimisation attack was still "
+        "rising "
         f"(≥ {RISING_DB:g} dB or more re-identifications than at the previous budget) or hit its time cap; accuracy "
         "cost: plain minus defence, final accuracy of short training runs).",
         "",

@@ -51,7 +51,7 @@ from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
 from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
 from fedvit.audit.secagg import OBSERVERS, TLS, NotRebuilt, aggregate_exchange, describe_rounds, secagg_rounds
-from fedvit.audit.summary import client_findings, client_name, client_of, short_verdict
+from fedvit.audit.summary import client_findings, client_name, client_of, short_verdict, together
 from fedvit.audit.user_data import Truths, UserData, run_config
 from fedvit.capture.reader import (
     NOTHING_ON_THE_WIRE,
@@ -466,7 +466,8 @@ def audit_exchanges(
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "— (no update was readable: nothing attacked)",
         "threat-model": threat_model(observers, any(u["assumptions"] for u in updates), tls_links),
-        "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds)),
+        "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds),
+                                 jointly=together(updates, findings)),
         "findings": [dataclasses.asdict(f) for f in findings],
         "verdict-detail": verdict(updates, NOTHING_ON_THE_WIRE, clients),
         "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},

@@ -55,6 +55,7 @@ from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import RecipeFit
 from fedvit.audit.evidence import (
     DEFAULT_DELTA,
+    LABELS,
     LEAKAGE_KINDS,
     image_evidence,
     label_evidence,
@@ -65,7 +66,6 @@ from fedvit.audit.metrics import as_batch, score
 from fedvit.core.budget import AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
 
-LABELS = "labels (head-bias gradient)"
 OPTIMISATION = "gradient matching (optimisation, defence-aware)"
 FEDAVG_AWARE = "FedAvg-aware gradient matching (per-epoch image sets)"
 COLLUSION_OPTIMISATION = "collusion key, then gradient matching"
@@ -344,7 +344,7 @@ def _label_finding(
     null = None if accuracy is None else prior_accuracy(prior, truth)
     several = recipe(obs).several_steps
     evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if several else None,
-                              counts_rest_on(obs))  # fmt: skip
+                              counts_rest_on(obs), None if truth is None else len(truth))  # fmt: skip
     if counts is not None:  # what the report's label picture draws: the prior's shares and the true counts
         evidence["prior-shares"] = [round(float(s), 6) for s in prior]
         if truth is not None:

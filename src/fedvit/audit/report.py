@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from fedvit.attacks.observation import Observation, Reconstruction
+from fedvit.audit.evidence import needed_text, null_text, threshold_text
 from fedvit.audit.frontier import fmt, reid_cell
 from fedvit.audit.metrics import as_batch, match_batch
 from fedvit.audit.secagg import gap_text
@@ -76,9 +77,11 @@ def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
     if not findings:
         return []
     rows = [ClientFinding.from_dict(f) for f in findings]
-    legend = ("Each cell: **the finding** (leaks: beyond the null by the margin; no evidence: within it; could not "
-              "have seen: within it, and so was a simulated update with known members; not measured), the figure, "
-              "the same figure on a null that holds no information, its 95% interval, and the audit's power.")
+    legend = ("Each cell: **the finding** (leaks: beyond the null by the margin, its interval clear of it; no "
+              "evidence: within it; could not have seen: within it, and so was a simulated update with known members; "
+              "not resolvable: too few images or members for any figure to clear the null; not measured), the "
+              "figure, the null that holds no information (membership's: the threshold a figure must exceed), its "
+              "95% interval, and the audit's power.")
     return ["## Per client", "", *summary_table(rows), "", legend, ""]
 
 
@@ -152,7 +155,8 @@ def evidence_text(e: dict[str, Any]) -> str:
     """One leakage type of one update: the figure beside its null and margin (see :mod:`fedvit.audit.evidence`)."""
     if e["status"] != "measured":
         return e["status"] + ": " + (e.get("benchmarked-error") or e.get("why") or "")
-    verdict = "beyond the null" if e["clears"] else "within the null"
+    verdict = "beyond the null" if e["clears"] else "within the null" if e.get("resolvable", True) else (
+        needed_text(e, e["members"]))
     if "error" in e:
         return (f"error {e['error']:.1%} vs prior {e['null-error']:.1%} (margin {e['margin']:.0%}): {verdict}")
     if "auc" in e:
@@ -160,7 +164,7 @@ def evidence_text(e: dict[str, Any]) -> str:
         rates = "; ".join(tpr_text(e, f) for f in ("0.001", "0.01"))
         others = ", ".join(f"{name} {s['auc']:.3f}" for name, s in e["scores"].items() if name != e["score"])
         return (f"strongest of {len(e['scores'])} score(s): {e['score']}" + (f" (AUC of the others: {others})"
-                if others else "") + f"; AUC {e['auc']:.3f} (null {null['auc']:.3f}, the choice among "
+                if others else "") + f"; AUC {e['auc']:.3f} (null: {null_text(null)}, the choice among "
                 f"{len(e['scores'])} accounted for); {rates}; {e['members']} members, "
                 f"{e['non-members']} non-members ({e['non-member-source']}), FPR resolution "
                 f"{e['fpr-resolution']:.2%} (the fewest non-members of a member's class: "
@@ -190,7 +194,8 @@ def parametric_text(e: dict[str, Any]) -> str:
     passed = f"{check['found']:.2%} of the non-members pass its {check['target']:.0%} threshold"
     if not check["agrees"]:
         return f"; a per-class Gaussian fit disagrees with the empirical CDF ({passed}): no parametric figure"
-    return (f"; parametric {value:.1%} (null {e['null']['tpr@0.001-parametric']:.1%}; a per-class Gaussian fit of the "
+    null = threshold_text(e["null"]["tpr@0.001-parametric"], "TPR") or "no TPR can clear it"
+    return (f"; parametric {value:.1%} (null: {null}; a per-class Gaussian fit of the "
             f"non-members, LiRA's offline test, agreeing with the empirical CDF: {passed})")  # fmt: skip
 
 
@@ -205,7 +210,7 @@ def power_text(power: dict[str, Any] | None) -> str:
             f"{sim['members']} of their images AUC" if sim.get("aggregate-of") else
             f"an update like this one, simulated with {sim['members']} known members, shows AUC")  # fmt: skip
     return (f"; power of the loss scores: {like} "
-            f"{sim['auc']:.3f} (null {sim['null']['auc']:.3f}; {sim['score']}), "
+            f"{sim['auc']:.3f} (null: {null_text(sim['null'])}; {sim['score']}), "
             + ("beyond" if power["could-have-seen"] else "within") + " its null: the audit "
             + ("could" if power["could-have-seen"] else "could not") + " have seen membership like it; this one "
             f"shows AUC {power['observed-auc']:.3f} with the same scores")  # fmt: skip
@@ -219,7 +224,7 @@ def tpr_text(e: dict[str, Any], target: str) -> str:
             parametric_text(e) if target == "0.001" else "")
     low, high = e[f"tpr@{target}-ci"]
     return (f"{name} {e[f'tpr@{target}']:.1%} [{low:.1%}, {high:.1%}] at FPR {e[f'fpr@{target}']:.2%} "
-            f"(null {e['null'][f'tpr@{target}']:.1%})")  # fmt: skip
+            f"(null: {threshold_text(e['null'][f'tpr@{target}'], 'TPR') or 'no TPR can clear it'})")  # fmt: skip
 
 
 GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)

@@ -1,9 +1,13 @@
 """The report's first screen: per client and leakage type one finding (the figure, its null, its 95% interval, the
 audit's power and one word), and a verdict of at most three short lines built from those findings.
 
-The words: "leaks" (the figure clears its null by the margin, :mod:`fedvit.audit.evidence`), "no evidence" (measured,
-within the null), "could not have seen" (within the null, and a simulated update like this one with known members
-was within its null too: at this budget the audit had no power to see such leakage), "not measured" (with why).
+The words follow from the figures (:mod:`fedvit.audit.evidence` holds the one rule per leakage type): "leaks" (the
+figure clears its null by the margin and its interval lies clear of the null), "no evidence" (resolvable, and within
+the null), "could not have seen" (within the null, and a simulated update like this one with known members was
+within its null too: at this budget the audit had no power to see such leakage), "not resolvable" (too few images,
+members or non-members for any figure to clear the null: how many would be needed), "not measured" (with why).
+Where no client's own evidence clears its null but the clients' together does (each count exact, too few images
+each), the verdict says so of the clients together (:func:`together`).
 """
 
 from __future__ import annotations
@@ -12,10 +16,19 @@ import dataclasses
 from typing import Any
 
 from fedvit.attacks.membership_stats import clopper_pearson
-from fedvit.audit.evidence import MEASURED
+from fedvit.audit.evidence import (
+    MEASURED,
+    NOT_MEASURED,
+    images_clear,
+    label_images_needed,
+    labels_clear,
+    membership_reach,
+    needed_text,
+    null_text,
+)
 from fedvit.audit.secagg import AGGREGATE
 
-LEAKS, NO_EVIDENCE, UNSEEABLE, NOT_MEASURED = "leaks", "no evidence", "could not have seen", "not measured"
+LEAKS, NO_EVIDENCE, UNSEEABLE, NOT_RESOLVABLE = "leaks", "no evidence", "could not have seen", "not resolvable"
 KINDS = ("labels", "membership", "images", "DP claim")
 FINDING_FIELDS = ("labels", "membership", "images", "dp_claim")  # ClientFinding's field of each kind, in order
 
@@ -24,7 +37,7 @@ FINDING_FIELDS = ("labels", "membership", "images", "dp_claim")  # ClientFinding
 class Finding:
     """One leakage type of one client, as the summary table states it (each field is display text; "—": none)."""
 
-    word: str  # leaks | no evidence | could not have seen | not measured
+    word: str  # leaks | no evidence | could not have seen | not resolvable | not measured
     figure: str = "—"
     null: str = "—"
     interval: str = "—"  # 95% interval of the figure
@@ -35,7 +48,7 @@ class Finding:
         """The finding in one table cell: the word first, then the figure, its null, interval and power."""
         if self.word == NOT_MEASURED:
             return f"**{self.word}**" + (f": {self.why}" if self.why else "")
-        parts = [self.figure, f"null {self.null}"]
+        parts = [self.figure, f"null: {self.null}"]
         parts += [f"95% CI {self.interval}"] if self.interval != "—" else []
         parts += [f"power: {self.power}"] if self.power != "—" else []
         return f"**{self.word}**: " + "; ".join(parts)
@@ -67,7 +80,8 @@ def _ci(low: float, high: float) -> str:
 
 
 def label_finding(updates: list[dict[str, Any]]) -> Finding:
-    """Label counts over a client's updates: the share of its images they misplace against the prior's."""
+    """Label counts over a client's updates: the share of its images they misplace against the prior's, judged by
+    :func:`fedvit.audit.evidence.labels_clear` on the pooled images (so the interval decides with the figure)."""
     found = [u["leakage"]["labels"] for u in updates]
     measured = [(u, e) for u, e in zip(updates, found, strict=True) if e["status"] == MEASURED]
     if not measured:
@@ -75,18 +89,33 @@ def label_finding(updates: list[dict[str, Any]]) -> Finding:
         if e["status"] != NOT_MEASURED:  # estimated, nothing to score it against
             return Finding(NOT_MEASURED, why=f"counts estimated, unverified ({e.get('why', '')})")
         return Finding(NOT_MEASURED, why=e.get("why", ""))
-    images = sum(int(u["examples"] or 0) for u, _ in measured)
-    misplaced = sum(e["error"] * int(u["examples"] or 0) for u, e in measured)
-    error = misplaced / images if images else sum(e["error"] for _, e in measured) / len(measured)
-    null = sum(e["null-error"] for _, e in measured) / len(measured)
+    images, misplaced, null = label_pool(measured)
+    error = misplaced / images
     hits = sum(e["clears"] for _, e in measured)
     figure = f"error {error:.1%}" + (f" ({hits} of {len(measured)} updates beyond)" if len(measured) > 1 else "")
-    interval = _ci(*clopper_pearson(round(misplaced), images)) if images else "—"
-    return Finding(LEAKS if hits else NO_EVIDENCE, figure, f"{null:.1%} (the prior)", interval)
+    interval = _ci(*clopper_pearson(round(misplaced), images))
+    word = LEAKS if labels_clear(error, null, images) else NO_EVIDENCE
+    if word != LEAKS and not labels_clear(0.0, null, images):  # not even exact counts could clear the prior
+        need = label_images_needed(null)
+        figure += (f"; not resolvable with {images} image{'s' * (images > 1)}: " + (
+            "the prior is within the margin of exact" if need is None else f"exact counts need ≥ {need} to clear "
+            "the prior"))  # fmt: skip
+        word = NOT_RESOLVABLE
+    return Finding(word, figure, f"{null:.1%} (the prior)", interval)
+
+
+def label_pool(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[int, float, float]:
+    """Updates' label evidence pooled: images, images misplaced, and the prior's error weighted by images."""
+    sizes = [int(e.get("images") or u.get("examples") or 1) for u, e in measured]
+    images = sum(sizes)
+    misplaced = sum(e["error"] * n for (_, e), n in zip(measured, sizes, strict=True))
+    null = sum(e["null-error"] * n for (_, e), n in zip(measured, sizes, strict=True)) / images
+    return images, misplaced, null
 
 
 def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] | None) -> Finding:
-    """Membership of a client's images: over its updates combined where there are several, else its one update."""
+    """Membership of a client's images: over its updates combined where there are several, else its one update.
+    A null is printed as the threshold it is (:func:`fedvit.audit.evidence.null_text`)."""
     measured = [u["leakage"]["membership"] for u in updates if u["leakage"]["membership"]["status"] == MEASURED]
     if combined is not None and combined["status"] == MEASURED:
         e = combined
@@ -101,24 +130,27 @@ def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] |
     figure = f"AUC {e['auc']:.3f}" + ("" if tpr is None else f", TPR {tpr:.1%} at FPR {fpr:.1%}")
     if combined is e:
         figure += f" ({len(updates)} updates combined)"
-    null = f"AUC {e['null']['auc']:.3f}" + (
-        "" if e["null"].get(f"tpr@{at}") is None else f", TPR {e['null'][f'tpr@{at}']:.1%}"
-    )
+    null = null_text(e["null"], f"tpr@{at}", e["members"])
     ci = e.get(f"tpr@{at}-ci")
     power, word = "—", LEAKS if e["clears"] else NO_EVIDENCE
+    reach = membership_reach(e)
+    if not e["clears"] and not reach["resolvable"]:
+        figure += f"; {needed_text(reach, e['members'])}"
+        word = NOT_RESOLVABLE
     powers = [m["power"] for m in ([e] if combined is not e else measured) if (m.get("power") or {}).get("status")
               == MEASURED]  # fmt: skip
     if powers:
         seen = sum(p["could-have-seen"] for p in powers)
         auc = sum(p["simulated"]["auc"] for p in powers) / len(powers)
         power = f"simulated AUC {auc:.3f}, beyond its null in {seen} of {len(powers)}"
-        if not e["clears"] and seen == 0:
+        if word == NO_EVIDENCE and seen == 0:
             word = UNSEEABLE
     return Finding(word, figure, null, "—" if ci is None else "TPR " + _ci(*ci), power)
 
 
 def image_finding(updates: list[dict[str, Any]]) -> Finding:
-    """Images: the best attack's re-identification (top-1) against the same reconstructions among unseen images."""
+    """Images: the best attack's re-identification (top-1) against the same reconstructions among unseen images,
+    judged by :func:`fedvit.audit.evidence.images_clear` on the client's images pooled."""
     found = [u["leakage"]["images"] for u in updates]
     measured = [e for e in found if e["status"] == MEASURED]
     if not measured:
@@ -127,14 +159,24 @@ def image_finding(updates: list[dict[str, Any]]) -> Finding:
         if skipped:  # no image attack ran: say why the inversions were not attempted
             why = skipped[0].split("not attempted: ", 1)[1]
         return Finding(NOT_MEASURED, why=short_reason(why))
-    images = sum(int(e.get("images", 1)) for e in measured)
-    hits = round(sum(e["top1"] * int(e.get("images", 1)) for e in measured))
-    top1 = hits / images
-    null = sum(e["null-top1"] for e in measured) / len(measured)
+    images, hits, null, chance = image_pool(measured)
     psnr = [e["psnr"] for e in measured if e.get("psnr") is not None]
-    figure = f"re-identified {top1:.0%} top-1" + (f", {sum(psnr) / len(psnr):.1f} dB" if psnr else "")
-    word = LEAKS if any(e["clears"] for e in measured) else NO_EVIDENCE
+    figure = f"re-identified {hits / images:.0%} top-1" + (f", {sum(psnr) / len(psnr):.1f} dB" if psnr else "")
+    word = LEAKS if images_clear(hits / images, null, chance, images) else NO_EVIDENCE
+    if word != LEAKS and not images_clear(1.0, null, chance, images):  # not even every image re-identified
+        figure += f"; not resolvable with {images} image{'s' * (images > 1)}"
+        word = NOT_RESOLVABLE
     return Finding(word, figure, f"{null:.0%}", _ci(*clopper_pearson(hits, images)))
+
+
+def image_pool(measured: list[dict[str, Any]]) -> tuple[int, int, float, float]:
+    """Updates' image evidence pooled: images, top-1 hits, the null's and chance's rates weighted by images."""
+    sizes = [int(e.get("images") or 1) for e in measured]
+    images = sum(sizes)
+    hits = round(sum(e["top1"] * n for e, n in zip(measured, sizes, strict=True)))
+    null = sum(e["null-top1"] * n for e, n in zip(measured, sizes, strict=True)) / images
+    chance = sum((e.get("chance") or 0.0) * n for e, n in zip(measured, sizes, strict=True)) / images
+    return images, hits, null, chance
 
 
 def dp_finding(updates: list[dict[str, Any]]) -> Finding:
@@ -220,9 +262,10 @@ def client_order(client: str) -> tuple[int, int | str]:
     return (rank, int(number) if number.isdigit() else number)
 
 
-def short_verdict(findings: list[ClientFinding], nothing: str, secured: bool = False) -> str:
-    """At most three lines: what leaks (and for how many clients), what showed no evidence or could not have been
-    seen, and what was not measured. ``secured`` (SecAgg+): the first line says whose figures these are."""
+def short_verdict(findings: list[ClientFinding], nothing: str, secured: bool = False, jointly: str = "") -> str:
+    """At most three lines: what leaks (and for how many clients), or what leaks only of the clients together
+    (``jointly``, :func:`together`); what showed no evidence, could not have been seen or could not be resolved;
+    and what was not measured. ``secured`` (SecAgg+): the first line says whose figures these are."""
     if not findings:
         return nothing
     if secured:
@@ -234,17 +277,50 @@ def short_verdict(findings: list[ClientFinding], nothing: str, secured: bool = F
         return ", ".join(f"{kind} ({ws.count(word)} of {n} client{'s' * (n > 1)})" for kind, ws in words.items()
                          if word in ws)  # fmt: skip
 
-    lines = [f"LEAKS: {listed(LEAKS)}." if listed(LEAKS) else "No leakage found at this budget."]
+    first = f"LEAKS: {listed(LEAKS)}." if listed(LEAKS) else "No leakage found at this budget."
+    if jointly:
+        first = (first[:-1] + "; " if listed(LEAKS) else "No client's own figure clears its null; ") + jointly
+    lines = [first]
     quiet = [f"{label}: {listed(word)}" for label, word in (("No evidence", NO_EVIDENCE),
-             ("could not have seen", UNSEEABLE)) if listed(word)]  # fmt: skip
+             ("could not have seen", UNSEEABLE), ("not resolvable", NOT_RESOLVABLE)) if listed(word)]  # fmt: skip
     if quiet:
         lines.append("; ".join(quiet) + ".")
     unmeasured = [kind for kind, ws in words.items() if all(w == NOT_MEASURED for w in ws)]
     if unmeasured:
         lines.append(f"Not measured: {', '.join(unmeasured)}.")
-    if not any(listed(w) for w in (LEAKS, NO_EVIDENCE, UNSEEABLE)):
+    if not any(listed(w) for w in (LEAKS, NO_EVIDENCE, UNSEEABLE, NOT_RESOLVABLE)):
         lines[0] = "Unverified: nothing could be scored (no ground truth recorded and no --data)."
     return "\n".join(line[0].upper() + line[1:] for line in lines)
+
+
+def together(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> str:
+    """The clients together, where none's own evidence of a leakage type leaks but their pooled evidence does
+    (label counts over all their images against the prior's error, re-identification over all their images), by
+    the same rule as each client's: one sentence ("" where nothing is to be said). Each client's images count once
+    per update, as in its own row; the SecAgg+ aggregate is not a client."""
+    own = [u for u in updates if client_of(u) != AGGREGATE_ROW]
+    clients = {client_of(u) for u in own}
+    if len(clients) < 2:
+        return ""
+    said = []
+    labels = [(u, u["leakage"]["labels"]) for u in own if u["leakage"]["labels"]["status"] == MEASURED]
+    if labels and not any(f.labels.word == LEAKS for f in findings):
+        images, misplaced, null = label_pool(labels)
+        if labels_clear(misplaced / images, null, images):
+            each: dict[str, float] = {}
+            for u, e in labels:
+                each[client_of(u)] = each.get(client_of(u), 0.0) + e["error"]
+            exact = sum(error == 0 for error in each.values())
+            low, high = clopper_pearson(round(misplaced), images)
+            said.append(f"labels of the {len(each)} clients together beyond the prior "
+                        f"({round(misplaced)} of {images} images misplaced, 95% CI [{low:.1%}, {high:.1%}], prior "
+                        f"{null:.1%}; {exact} exactly right)")  # fmt: skip
+    pictures = [u["leakage"]["images"] for u in own if u["leakage"]["images"]["status"] == MEASURED]
+    if pictures and not any(f.images.word == LEAKS for f in findings):
+        images, hits, null, chance = image_pool(pictures)
+        if images_clear(hits / images, null, chance, images):
+            said.append(f"images of the clients together re-identified ({hits} of {images} top-1, null {null:.0%})")
+    return ("Together: " + "; ".join(said) + ".") if said else ""
 
 
 def summary_table(findings: list[ClientFinding]) -> list[str]:
@@ -267,7 +343,8 @@ def secured_verdict(findings: list[ClientFinding]) -> str:
     kinds = aggregate.by_kind()
     members = [f.membership for f in findings if f.client != AGGREGATE_ROW and f.labels.why == MASKED]
     each = sum(m.word == LEAKS for m in members)
-    for label, words in (("LEAKS from the aggregate", (LEAKS,)), ("No evidence", (NO_EVIDENCE, UNSEEABLE))):
+    for label, words in (("LEAKS from the aggregate", (LEAKS,)), ("No evidence", (NO_EVIDENCE, UNSEEABLE)),
+                         ("Not resolvable", (NOT_RESOLVABLE,))):
         found = [kind for kind, f in kinds.items() if f.word in words]
         if label.startswith("LEAKS") and each:
             found.append(f"membership of {each} of {len(members)} clients' own images")
