@@ -24,12 +24,12 @@ from benchmarks.label_distribution import BATCH, PARTITIONS, models
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.label_distribution import prior_accuracy
 from fedvit.attacks.labels import label_accuracy
-from fedvit.attacks.model_spec import head_bias
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.audit.registry import LABELS, Held, evidence, measure_all
 from fedvit.core.budget import AuditConfig
 from fedvit.core.model import classify
+from fedvit.observed.model_spec import head_bias
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe
 
 OUT = ROOT / "docs" / "results" / "data" / "adam-vs-sgd.csv"
 OPTIMISERS = {"sgd": (0.01, 0.9), "adam": (0.001, 0.0)}  # lr, SGD momentum

@@ -50,10 +50,10 @@ VIT_APP = ROOT / "benchmarks" / "vitb16_app"
 sys.path.insert(0, str(APP))
 sys.path.insert(0, str(VIT_APP))
 
-from fedvit.attacks.model_spec import ModelSpec  # noqa: E402
 from fedvit.audit.pipeline import AuditOptions, run_audit  # noqa: E402
 from fedvit.audit.user_data import UserData  # noqa: E402
 from fedvit.capture.writer import add_direction, capture_stem  # noqa: E402
+from fedvit.observed.model_spec import ModelSpec  # noqa: E402
 
 EPOCHS, LR, BATCH, PARTITION = 1, 0.01, 32, 0
 OUT = ROOT / "docs" / "results" / "data" / "audit-time.csv"

@@ -22,10 +22,10 @@ from benchmarks.common import ROOT, write_csv
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
 from fedvit.attacks.membership_stats import judge
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe, PrivacyClaim
 from fedvit.audit.evidence import privacy_evidence
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe, PrivacyClaim
 
 APP = ROOT / "tests" / "thirdparty_app"
 OUT = ROOT / "docs" / "results" / "data" / "dp-epsilon.csv"

@@ -32,13 +32,13 @@ sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 
 from benchmarks.peer_breaching import breaching_reconstruct  # noqa: E402
 from fedvit.attacks.inversion import fedavg_aware_invert, invert  # noqa: E402
-from fedvit.attacks.model_spec import ModelSpec  # noqa: E402
-from fedvit.attacks.observation import Observation, Reconstruction, attack_model  # noqa: E402
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery  # noqa: E402
 from fedvit.audit.metrics import best_flat_image, psnr, score  # noqa: E402
 from fedvit.core.config import AuditConfig  # noqa: E402
 from fedvit.core.model import classify  # noqa: E402
+from fedvit.observed.model_spec import ModelSpec  # noqa: E402
+from fedvit.observed.observation import Observation, Reconstruction, attack_model  # noqa: E402
+from fedvit.observed.recipe import ClientRecipe
 
 OUT = ROOT / "docs" / "results" / "data" / "fedavg-inversion.csv"
 SPEC = ModelSpec("cnnapp.task:Net", app_dir=str(ROOT / "tests" / "thirdparty_app"))

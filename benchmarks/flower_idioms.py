@@ -114,8 +114,8 @@ def audited(app: str, work: Path, seed: int = 0) -> list[dict[str, Any]]:
 def lightning_row(work: Path) -> dict[str, Any]:
     """The Lightning-shaped app: trained through its ClientApp (Lightning's Trainer) and captured, then refused by
     the audit in one line (its forward is no classifier's, its loss a reconstruction's)."""
-    from fedvit.attacks.app_code import load_app, read_code
     from fedvit.attacks.simulation import ModelInputError
+    from fedvit.observed.app_code import load_app, read_code
     from tests.idiom_harness import LIGHTNING, SHAPES, audit, run_app
 
     started = time.perf_counter()

@@ -22,13 +22,13 @@ import torch.nn.functional as F
 
 from benchmarks.common import ROOT, write_csv
 from fedvit.attacks.holdings import Auxiliary, Candidates
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.audit import registry
 from fedvit.audit.registry import Held, evidence, measure_all
 from fedvit.core.budget import AuditConfig
 from fedvit.core.model import classify
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe
 
 OUT = ROOT / "docs" / "results" / "data" / "frozen-features.csv"
 MODEL, SIZE, OTHERS, BATCH, LR, MOMENTUM, REFERENCES = "vit_tiny_patch16_224", 200, 300, 32, 0.05, 0.9, 3

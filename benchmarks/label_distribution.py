@@ -32,12 +32,12 @@ sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.label_distribution import estimate, prior_accuracy  # noqa: E402
 from fedvit.attacks.labels import label_accuracy  # noqa: E402
-from fedvit.attacks.model_spec import ModelSpec, head_bias  # noqa: E402
-from fedvit.attacks.observation import Observation  # noqa: E402
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.audit.fedvit_run import fedvit_spec as fedvit_model_spec  # noqa: E402
 from fedvit.core.config import Config  # noqa: E402
 from fedvit.core.model import classify  # noqa: E402
+from fedvit.observed.model_spec import ModelSpec, head_bias  # noqa: E402
+from fedvit.observed.observation import Observation  # noqa: E402
+from fedvit.observed.recipe import ClientRecipe
 
 OUT = ROOT / "docs" / "results" / "data" / "label-distribution.csv"
 EPOCHS, SIZES, PARTITIONS = (1, 3, 5), (500, 1000, 2000), {"IID": 0.0, "Dirichlet(0.5)": 0.5}

@@ -32,10 +32,10 @@ from benchmarks.common import ROOT, side_by_side, write_csv
 from benchmarks.label_distribution import BATCH, DRAWS, LR, MOMENTUM, PARTITIONS, epochs_at, models
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import infer, reference_updates, split_for_references
-from fedvit.attacks.model_spec import head_bias
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.core.model import classify
+from fedvit.observed.model_spec import head_bias
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe
 
 OUT = ROOT / "docs" / "results" / "data" / "membership-onset.csv"
 OUT_REFERENCES = ROOT / "docs" / "results" / "data" / "membership-references.csv"

@@ -22,9 +22,9 @@ from benchmarks.membership_onset import images_of
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores, simulated_power
 from fedvit.attacks.membership_stats import judge
-from fedvit.attacks.model_spec import head_bias
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe
+from fedvit.observed.model_spec import head_bias
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe
 
 OUT = ROOT / "docs" / "results" / "data" / "membership-power.csv"
 EPOCHS, SIZE, OTHERS, POOL = (1, 3, 10, 30), 1000, 2000, 4000

@@ -20,9 +20,9 @@ from benchmarks.membership_onset import images_of
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
 from fedvit.attacks.membership_stats import judge
-from fedvit.attacks.model_spec import head_bias
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe
+from fedvit.observed.model_spec import head_bias
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe
 
 OUT = ROOT / "docs" / "results" / "data" / "membership-resolution.csv"
 SIZE, EPOCHS, PER_CLASS = 200, 20, (10, 30, 100, 300, 500)

@@ -19,9 +19,9 @@ from benchmarks.membership_onset import images_of
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
 from fedvit.attacks.membership_stats import judge, over_rounds
-from fedvit.attacks.model_spec import head_bias
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe
+from fedvit.observed.model_spec import head_bias
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe
 
 OUT = ROOT / "docs" / "results" / "data" / "membership-rounds.csv"
 ROUNDS, SIZE, OTHERS = (1, 3, 10), 1000, 2000

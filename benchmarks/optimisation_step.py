@@ -21,10 +21,10 @@ import torch.nn.functional as F
 
 from benchmarks.common import ROOT
 from benchmarks.peer_models import attack_copy, breaching_invert, fedvit_invert
-from fedvit.attacks.model_spec import ModelSpec
 from fedvit.audit.fedvit_run import fedvit_spec as fedvit_model_spec
 from fedvit.core.config import parse_config
 from fedvit.core.model import normalize
+from fedvit.observed.model_spec import ModelSpec
 
 VIT_S16_32PX = {
     "model.name": "vit_small_patch16_224",

@@ -31,7 +31,6 @@ import torch
 
 from benchmarks.common import ROOT  # noqa: F401  (puts the checkout first on sys.path)
 from fedvit.attacks.inversion import attack_model, invert  # noqa: E402
-from fedvit.attacks.observation import Observation, Reconstruction, as_gradient, image_geometry  # noqa: E402
 from fedvit.attacks.reidentification import Gallery  # noqa: E402
 from fedvit.audit.benchmark import (  # noqa: E402
     DEFENCES,
@@ -45,6 +44,7 @@ from fedvit.audit.user_data import gallery_from_test_split  # noqa: E402
 from fedvit.core.budget import AuditConfig  # noqa: E402
 from fedvit.core.config import Config, parse_config  # noqa: E402
 from fedvit.core.results import trained_model  # noqa: E402
+from fedvit.observed.observation import Observation, Reconstruction, as_gradient, image_geometry  # noqa: E402
 
 
 def breaching_invert(obs: Observation, steps: int, seed: int) -> Reconstruction:

@@ -40,14 +40,14 @@ from benchmarks.common import ROOT
 from benchmarks.peer_breaching import breaching_reconstruct
 from fedvit.attacks.inversion import invert
 from fedvit.attacks.labels import recover_labels
-from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
-from fedvit.attacks.observation import Observation, Reconstruction, attack_model
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.audit.metrics import best_flat_image, psnr, score
 from fedvit.audit.user_data import gallery_from_test_split
 from fedvit.core.config import AuditConfig, parse_config
 from fedvit.core.data import load_dataset
 from fedvit.core.model import normalize
+from fedvit.observed.model_spec import ModelSpec, head_bias, model_settings
+from fedvit.observed.observation import Observation, Reconstruction, attack_model
+from fedvit.observed.recipe import ClientRecipe
 
 MODELS = {
     "cnn": ModelSpec("cnnapp.task:Net", app_dir=str(ROOT / "tests" / "thirdparty_app")),
@@ -115,7 +115,7 @@ def breaching_invert(model: torch.nn.Module, spec: ModelSpec, gradient: dict, ba
 
 def variant_options(text: str) -> dict[str, float | str]:
     """``"tv=0.4,init=gaussian"`` -> AuditConfig overrides (numbers as floats); ``""`` -> what ``fedvit audit
-    --model`` uses (its settings for the model, :func:`fedvit.attacks.model_spec.model_settings`)."""
+    --model`` uses (its settings for the model, :func:`fedvit.observed.model_spec.model_settings`)."""
     options: dict[str, float | str] = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")

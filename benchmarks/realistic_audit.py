@@ -22,10 +22,10 @@ from benchmarks.common import ROOT, write_csv
 APP = ROOT / "tests" / "thirdparty_app"
 sys.path.insert(0, str(APP))
 
-from fedvit.attacks.model_spec import ModelSpec  # noqa: E402
 from fedvit.audit.pipeline import AuditOptions, run_audit  # noqa: E402
 from fedvit.audit.user_data import UserData  # noqa: E402
 from fedvit.capture.writer import add_direction, capture_stem  # noqa: E402
+from fedvit.observed.model_spec import ModelSpec  # noqa: E402
 
 SIZE, EPOCHS, LR, ROUNDS = 1200, 3, 0.01, (1, 2)
 OUT = ROOT / "docs" / "results" / "data" / "realistic-audit.csv"

@@ -26,9 +26,9 @@ from benchmarks.common import ROOT, write_csv
 
 sys.path.insert(0, str(ROOT))
 
-from fedvit.attacks.model_spec import ModelSpec  # noqa: E402
 from fedvit.audit.pipeline import AuditOptions, run_audit  # noqa: E402
 from fedvit.audit.user_data import UserData  # noqa: E402
+from fedvit.observed.model_spec import ModelSpec  # noqa: E402
 from tests.secagg_harness import APP, Recipe, run_secagg  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "data" / "secagg-leakage.csv"

@@ -25,11 +25,11 @@ import torch
 from benchmarks.common import ROOT, median_time
 from fedvit.attacks import simulation
 from fedvit.attacks.holdings import Auxiliary
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.audit.fedvit_run import fedvit_spec
 from fedvit.core.config import parse_config
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe
 
 IMAGES, BATCH = 256, 32
 MODELS: dict[str, tuple[Callable[[], ModelSpec], str]] = {

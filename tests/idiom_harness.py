@@ -69,7 +69,7 @@ class Shape:
     batch: int
 
     def spec(self) -> Any:
-        from fedvit.attacks.model_spec import ModelSpec
+        from fedvit.observed.model_spec import ModelSpec
 
         return ModelSpec(self.factory, self.input_shape, self.mean, self.std, app_dir=str(self.folder))
 

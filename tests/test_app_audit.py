@@ -21,9 +21,6 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedvit.attacks.holdings import Auxiliary
-from fedvit.attacks.model_spec import ModelSpec, SpecError, model_settings
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe, map_state, sent_kind
 from fedvit.attacks.simulation import simulate
 from fedvit.audit.api import audit_captures, find_spec_file, read_spec_file, spec_from
 from fedvit.audit.pipeline import AuditOptions, run_audit
@@ -31,6 +28,9 @@ from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
 from fedvit.capture.writer import add_direction, capture_stem
 from fedvit.core.budget import AuditConfig
+from fedvit.observed.model_spec import ModelSpec, SpecError, model_settings
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe, map_state, sent_kind
 from tests.report_checks import check_html, check_markdown
 
 APP = Path(__file__).parent / "thirdparty_app"
@@ -213,7 +213,11 @@ def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_parti
         assert row["reid-gallery"] > 30 and row["psnr"] is not None
         assert row["attacks"]["APRIL-E (naive)"].startswith("not applicable: no patch embedding")
         assert row["attacks"]["known-plaintext"].startswith("not applicable: this capture is another app")
-    assert report["verdict-detail"].startswith("LEAKS: labels beyond the null in 4 of 4 update(s)")
+    # exact counts clear the prior exactly where the update holds enough images for their interval to clear it
+    cleared = [u["update"] for u in report["updates"] if u["leakage"]["labels"]["clears"]]
+    assert cleared == [u["update"] for u in report["updates"]
+                       if u["examples"] >= u["leakage"]["labels"]["images-needed"]], report["updates"]
+    assert cleared and report["verdict-detail"].startswith(f"LEAKS: labels beyond the null in {len(cleared)} of 4")
     assert "4 of 4 exactly right" in report["verdict-detail"]
     assert all(u["leakage"]["labels"]["null-error"] > 0.5 for u in report["updates"])  # the prior: 1-4 images
     assert (tmp_path / "out" / "grid.png").stat().st_size > 0
@@ -310,14 +314,18 @@ def test_the_python_api_takes_plain_types_returns_a_typed_result_and_prints_noth
     )  # fmt: skip
     assert capsys.readouterr().out == ""
     assert isinstance(result, fedvit.AuditResult) and isinstance(result.verdict, str)
-    assert result.verdict.startswith("LEAKS: labels (2 of 2 clients)"), result.verdict
+    # 2 and 4 images, each count exact: neither alone can clear its prior (their intervals reach it), the two
+    # together do; partition 3's two rounds train on the same 4 images, so they are not pooled as 8
+    assert result.verdict.startswith("No client's own figure clears its null; Together: labels of the 2 clients"), (
+        result.verdict)  # fmt: skip
     assert [c.client for c in result.clients] == ["partition 1", "partition 3"]  # in partition order
     assert all(isinstance(c, ClientFinding) and isinstance(c.labels, Finding) for c in result.clients)
     one, three = result.clients
     assert three.updates == ("run 5 round 1 node 15", "run 5 round 2 node 15") and one.updates == (
         "run 5 round 1 node 16",)  # fmt: skip
-    assert {c.labels.word for c in result.clients} == {"leaks"}
-    assert three.membership.word in ("leaks", "no evidence", "could not have seen")
+    assert {c.labels.word for c in result.clients} == {"not resolvable"}, result.clients
+    assert all("error 0.0%" in c.labels.figure and "exact counts need ≥ " in c.labels.figure for c in result.clients)
+    assert three.membership.word in ("leaks", "no evidence", "could not have seen", "not resolvable")
     assert one.dp_claim.word == "not measured" and one.dp_claim.why
     assert {"json", "markdown", "html", "membership-roc", "labels", "grid"} <= set(result.paths)
     assert json.loads(result.paths["json"].read_text())["verdict"] == result.verdict
@@ -347,8 +355,9 @@ def test_the_api_pages_example_runs(tmp_path, monkeypatch):
     with contextlib.redirect_stdout(printed):
         exec(compile(example, "api.md", "exec"), {})
     lines = printed.getvalue().splitlines()
-    assert lines[0].startswith("LEAKS: labels (2 of 2 clients)"), lines
-    assert any(line.startswith("partition 0 labels: leaks | membership:") for line in lines), lines
+    # 1 and 2 images, each count exact: neither client alone can clear the prior, the two together do
+    assert lines[0].startswith("No client's own figure clears its null; Together: labels of the 2 clients"), lines
+    assert any(line.startswith("partition 0 labels: not resolvable | membership:") for line in lines), lines
     assert lines[-1] == "report: audit/audit.html" and (app / "audit" / "audit.html").is_file()
 
 
@@ -457,8 +466,8 @@ class HuggingFaceStyle(torch.nn.Module):
 def test_a_model_that_returns_an_output_object_is_attacked_through_its_logits():
     from fedvit.attacks.inversion import invert
     from fedvit.attacks.labels import mean_softmax
-    from fedvit.attacks.observation import Observation, attack_model
-    from fedvit.attacks.recipe import ClientRecipe
+    from fedvit.observed.observation import Observation, attack_model
+    from fedvit.observed.recipe import ClientRecipe
 
     model = HuggingFaceStyle()
     spec = ModelSpec("x:y", builder=HuggingFaceStyle)
@@ -556,11 +565,11 @@ def test_april_runs_on_a_users_vit_and_is_refused_for_a_model_without_its_embedd
     """A timm ViT given by name: APRIL-E's closed form recovers one image from its gradient (exact here: N = 4
     patches ≤ D − 1), and the registry says why it does not apply to the test app's CNN."""
     from fedvit.attacks import april
-    from fedvit.attacks.observation import Observation
-    from fedvit.attacks.recipe import ClientRecipe
     from fedvit.audit.metrics import psnr
     from fedvit.audit.registry import applicable
     from fedvit.core.model import normalize
+    from fedvit.observed.observation import Observation
+    from fedvit.observed.recipe import ClientRecipe
 
     spec = ModelSpec("vit_tiny_patch16_224", input_shape=(3, 32, 32), num_classes=10)
     torch.manual_seed(0)
@@ -613,9 +622,9 @@ def test_a_fedvit_run_and_another_apps_capture_share_one_report_schema(tmp_path)
 def test_image_inversion_is_not_attempted_beyond_what_it_can_recover():
     """An update of 1,864 images over 466 local steps (a Flower example's round) gets no optimisation run that would
     spend its budget on a few steps: the registry says why, and label recovery still applies."""
-    from fedvit.attacks.observation import Observation
-    from fedvit.attacks.recipe import ClientRecipe
     from fedvit.audit.registry import MAX_IMAGES, OPTIMISATION, applicable, labels_apply
+    from fedvit.observed.observation import Observation
+    from fedvit.observed.recipe import ClientRecipe
 
     model = Net()
     state = {n: t.numpy() for n, t in model.state_dict().items()}
@@ -671,13 +680,13 @@ def test_a_reply_that_reads_neither_as_weights_nor_as_a_gradient_asks_for_sent(t
 def test_a_measure_added_to_the_registry_reaches_the_report(tmp_path, monkeypatch):
     """The registry is the one way in: an entry (applicability, run) appears in the update's "attacks" line, its rows
     in the report's rows, its evidence under its leakage type, and one that does not apply says why."""
-    from fedvit.attacks.observation import recipe
     from fedvit.audit import registry
+    from fedvit.observed.observation import recipe
 
     def run(obs, held):
         row = held.head | {"attack": "probe", "budget": None, "psnr": None, "ssim": None, "seconds": 0.0,
                            "note": f"{recipe(obs).steps} step(s)"}  # fmt: skip
-        return registry.Finding([row], "applied: probe")
+        return registry.Outcome([row], "applied: probe")
 
     probe = registry.Measure("probe", "images", lambda obs, held: None, run)
     refusing = registry.Measure("refusing probe", "images", lambda obs, held: "never applies", run)
@@ -922,7 +931,7 @@ def test_frozen_features_are_refused_where_the_backbone_is_not_deterministic_or_
 
 
 def test_a_partial_capture_that_fits_several_parts_of_the_model_is_refused():
-    from fedvit.attacks.recipe import map_part
+    from fedvit.observed.recipe import map_part
 
     model = HeadOnBackbone()
     fc = model.backbone[7].state_dict()  # weight and bias keys fit every Linear whose shapes agree: only fc1
@@ -1021,8 +1030,8 @@ def test_flowers_local_dp_settings_are_read_modelled_and_the_claim_tested(tmp_pa
     update) and the noise the mod added (its own formula), the label counts are unverified (noise on the head), and
     membership turns the test into an empirical ε beside the claim. Settings that leave the noise unknown (no δ) are
     refused, naming what is missing; ε 0 (an app's "off") is no claim."""
-    from fedvit.attacks.recipe import read_recipe
     from fedvit.capture.reader import load_exchanges
+    from fedvit.observed.recipe import read_recipe
 
     capture_exchange(tmp_path / "cap", 51, 3, local_dp=LOCAL_DP)
     data = UserData(DATA.source, {"51": 3}, DATA.decoy_partitions, DATA.app_dir)

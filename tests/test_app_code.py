@@ -1,6 +1,6 @@
-"""The client's recipe read from an app's Python (fedvit.attacks.app_code): parsed, never executed, each value with
+"""The client's recipe read from an app's Python (fedvit.observed.app_code): parsed, never executed, each value with
 its source line; what the code does not fix statically is named as unread. Read into the audit's recipe
-(fedvit.attacks.recipe.read_recipe) before the records, after ``--recipe``."""
+(fedvit.observed.recipe.read_recipe) before the records, after ``--recipe``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedvit.attacks.app_code import App, AppCodeError, app_sources, load_app, read_code
-from fedvit.attacks.recipe import read_recipe
 from fedvit.attacks.simulation import SCALE_MARGIN, RecipeFit, flatness
 from fedvit.capture.reader import Exchange
+from fedvit.observed.app_code import App, AppCodeError, app_sources, load_app, read_code
+from fedvit.observed.recipe import read_recipe
 
 HEADAPP = Path(__file__).parent / "headapp"
 CNNAPP = Path(__file__).parent / "thirdparty_app"

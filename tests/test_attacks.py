@@ -10,7 +10,6 @@ import torch
 from safetensors.numpy import load_file
 
 from fedvit.attacks import april
-from fedvit.attacks.observation import Observation
 from fedvit.audit.benchmark import DEFENCES, client_update_and_labels, defence_config
 from fedvit.audit.fedvit_run import fedvit_observation
 from fedvit.audit.metrics import minimum_norm_limit, psnr, ssim
@@ -19,6 +18,7 @@ from fedvit.clients.training import fedsgd_gradient
 from fedvit.core.config import Config, ModelConfig, parse_config
 from fedvit.core.data import synthetic
 from fedvit.core.model import build_model, get_weights
+from fedvit.observed.observation import Observation
 from tests.helpers import run_in_process
 
 VIT_S = ModelConfig(name="vit_small_patch16_224", img_size=0, patch_size=0, embed_dim=0, depth=0, num_heads=0)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedvit.attacks.augmentation import Augmentation, AugmentationError, augmented, crop_box, parse
 from fedvit.attacks.membership import losses
+from fedvit.observed.augmentation import Augmentation, AugmentationError, augmented, crop_box, parse
 
 
 def test_names_parse_to_crops_and_flips_and_anything_else_is_refused():

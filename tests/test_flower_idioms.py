@@ -17,11 +17,7 @@ import torch
 from torch import nn
 
 from fedvit.attacks import simulation
-from fedvit.attacks.app_code import App, app_sources, central_dp, load_app, read_code
 from fedvit.attacks.holdings import Auxiliary
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe, read_recipe
 from fedvit.attacks.simulation import (
     LOWEST_COSINE_BOUND,
     ModelInputError,
@@ -33,6 +29,10 @@ from fedvit.attacks.simulation import (
 from fedvit.audit.pipeline import probe_model
 from fedvit.audit.secagg import gap_text, gap_to_broadcast
 from fedvit.audit.summary import dp_finding
+from fedvit.observed.app_code import App, app_sources, central_dp, load_app, read_code
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe, read_recipe
 from tests.idiom_harness import (
     LEGACY,
     LIGHTNING,

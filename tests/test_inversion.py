@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fedvit.attacks.holdings import Auxiliary
-from fedvit.attacks.observation import Reconstruction, recipe
 from fedvit.audit.benchmark import DEFENCES, Setting, client_update_and_labels, defence_config, partitions
 from fedvit.core.config import parse_config
+from fedvit.observed.observation import Reconstruction, recipe
 
 SMALL_BUDGET = {"audit.iterations": 30, "audit.restarts": 1}
 

@@ -44,13 +44,13 @@ from fedvit.attacks.membership_stats import (
     privacy_bound,
     roc_figures,
 )
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.observation import Observation, Reconstruction
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import OTHER_DRAW, simulate, step_weights
-from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, verdict
+from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, verdict_detail
 from fedvit.audit.metrics import psnr, psnr_table, score
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.observation import Observation, Reconstruction
+from fedvit.observed.recipe import ClientRecipe
 
 APP = Path(__file__).parent / "thirdparty_app"
 sys.path.insert(0, str(APP))
@@ -294,22 +294,24 @@ def test_the_verdict_says_leaks_only_beyond_a_null():
     none = {"status": "not measured", "why": "no candidates"}
     unverified = {"status": "estimated (unverified)", "why": "", "benchmarked-error": "4% in the benchmark"}
     update = lambda labels: {"leakage": {"labels": labels, "membership": none, "images": none}}  # noqa: E731
-    assert verdict([update(measured)], "").startswith("no evidence at this budget: labels beyond the null in 0 of 1")
-    assert verdict([update(unverified)], "").startswith("unverified: labels estimated for 1 update(s), unverified")
-    assert verdict([update(measured | {"error": 0.1, "clears": True})], "").startswith("LEAKS: labels")
+    said = verdict_detail([update(measured)], "")
+    assert said.startswith("no evidence at this budget: labels beyond the null in 0 of 1"), said
+    said = verdict_detail([update(unverified)], "")
+    assert said.startswith("unverified: labels estimated for 1 update(s), unverified"), said
+    assert verdict_detail([update(measured | {"error": 0.1, "clears": True})], "").startswith("LEAKS: labels")
     figures = {"status": "measured", "auc": 0.56, "tpr@0.01": 0.02, "null": {"auc": 0.53, "tpr@0.01": 0.03}}
     average = {"leakage": {"labels": none, "images": none, "membership": figures | {"clears": False}}}
-    said = verdict([average], "")
+    said = verdict_detail([average], "")
     assert said.startswith("no evidence at this budget") and "AUC alone beyond its null in 1" in said, said
     exposed = {"leakage": {"labels": none, "images": none, "membership": figures | {"tpr@0.01": 0.05, "clears": True}}}
-    assert verdict([exposed], "").startswith("LEAKS: membership beyond the null in 1 of 1")
+    assert verdict_detail([exposed], "").startswith("LEAKS: membership beyond the null in 1 of 1")
 
 
 def test_per_epoch_image_sets_fit_a_client_that_reshuffles_and_one_fixed_set_does_not():
     """Why the FedAvg-aware attack keeps one candidate set per epoch: a client that reshuffles every epoch is
     reproduced exactly from its per-epoch orders, not from one set in one order."""
     from fedvit.attacks.inversion import epoch_consensus, match_loss, observed_target, simulate
-    from fedvit.attacks.observation import attack_model
+    from fedvit.observed.observation import attack_model
 
     images, labels = make_images(4, 5)
     torch.manual_seed(0)
@@ -500,8 +502,8 @@ def test_the_empirical_epsilon_proves_nothing_on_a_control_without_information(m
 
 def test_a_dp_claim_is_violated_only_beyond_the_bounds_null():
     """A bound above the claimed ε but not above its null is no evidence against the claim."""
-    from fedvit.attacks.recipe import PrivacyClaim
     from fedvit.audit.evidence import privacy_evidence
+    from fedvit.observed.recipe import PrivacyClaim
 
     claim = PrivacyClaim(0.1, 1e-5, None, None, "run config")
     found = {"epsilon-lower": 0.3, "null": 0.4, "null-draws": 200, "delta": 1e-5, "confidence": 0.95,
@@ -786,8 +788,8 @@ def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
     counts are said to rest on SGD's relation."""
     import dataclasses
 
-    from fedvit.attacks.observation import not_plain_sgd
-    from fedvit.attacks.recipe import PrivacyClaim
+    from fedvit.observed.observation import not_plain_sgd
+    from fedvit.observed.recipe import PrivacyClaim
 
     obs, _, _ = client_update(64, 1, alpha=0.0)
     aux = Auxiliary(*make_images(200, 99), "other images")
@@ -847,8 +849,8 @@ def test_simulations_follow_a_dp_sgd_claim_and_flowers_update_clipping():
 def test_a_declared_augmentation_is_tried_with_and_without_where_the_optimiser_is_inferred():
     """Item 3 of the recipe's inference: where nothing states the optimiser, every candidate runs with the declared
     augmentation and without it, and the note gives each one's fit. This client trained on plain images."""
-    from fedvit.attacks.augmentation import parse
     from fedvit.attacks.label_distribution import candidate_recipes
+    from fedvit.observed.augmentation import parse
 
     obs, _, _ = client_update(160, 1, alpha=0.5)
     declared = dataclasses.replace(obs.client, optimiser=None, augment=parse("crop:0.5+flip"))

@@ -284,8 +284,8 @@ def test_the_app_bundle_a_node_fetches_is_kept_once_by_its_hash_and_named_in_run
     from flwr.proto.run_pb2 import GetRunRequest, GetRunResponse  # pylint: disable=E0611
     from flwr.proto.run_pb2 import Run as ProtoRun  # pylint: disable=E0611
 
-    from fedvit.attacks.app_code import load_app, read_code
     from fedvit.capture.reader import _app_code, _run_file
+    from fedvit.observed.app_code import load_app, read_code
 
     content = fab_bundle()
     digest = hashlib.sha256(content).hexdigest()

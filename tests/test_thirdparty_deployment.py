@@ -203,7 +203,11 @@ def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_th
         assert row["labels"] == partition_labels(partition), row
         assert row["batch"] == (1 if partition == PARTITIONS[0] else 4) and row["steps"] == 1
         assert row["label-accuracy"] == 1.0 and row["reid-top1"] is not None
-    assert report["verdict-detail"].startswith("LEAKS: labels beyond the null in 4 of 4 update(s)")
+    # exact counts clear the prior exactly where the update holds enough images for their interval to clear it
+    cleared = [u["update"] for u in report["updates"] if u["leakage"]["labels"]["clears"]]
+    assert cleared == [u["update"] for u in report["updates"]
+                       if u["examples"] >= u["leakage"]["labels"]["images-needed"]], report["updates"]
+    assert cleared and report["verdict-detail"].startswith(f"LEAKS: labels beyond the null in {len(cleared)} of 4")
     assert "4 of 4 exactly right" in report["verdict-detail"]
     assert (out / "grid.png").exists() and "Verdict" in (out / "audit.md").read_text()
     from fedvit.audit.report import TOP_LEVEL_KEYS

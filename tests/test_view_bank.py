@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from fedvit.attacks import label_distribution
-from fedvit.attacks.augmentation import augmented, banked, parse
 from fedvit.attacks.frozen_features import BANK_SEED, HeadView, on_features
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import losses
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.observation import Observation
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.core.model import normalize
+from fedvit.observed.augmentation import augmented, banked, parse
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.observation import Observation
+from fedvit.observed.recipe import ClientRecipe
 
 sys.path.insert(0, str(Path(__file__).parent / "headapp"))
 from vithead.task import as_tensors, get_model, load_pixels, train  # noqa: E402

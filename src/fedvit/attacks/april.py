@@ -19,8 +19,8 @@ import dataclasses
 
 import numpy as np
 
-from fedvit.attacks.observation import Observation, Reconstruction, first_block, image_geometry, normalization
 from fedvit.core.params import PATCH_EMBED_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED, QKV0_WEIGHT
+from fedvit.observed.observation import Observation, Reconstruction, first_block, image_geometry, normalization
 
 EPS_RANK = 1e-10  # relative singular-value cut-off for rank and least squares
 

@@ -16,8 +16,8 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from fedvit.attacks.april import EPS_RANK, lstsq, patches_to_image
-from fedvit.attacks.observation import Observation, Reconstruction, first_block, image_geometry, recipe
 from fedvit.core.params import PATCH_EMBED_WEIGHT, POS_EMBED
+from fedvit.observed.observation import Observation, Reconstruction, first_block, image_geometry, recipe
 
 
 def batch_bound(d: int, l_dim: int, n: int, pre_ln: bool) -> int:

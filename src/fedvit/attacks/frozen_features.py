@@ -21,14 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedvit.attacks.augmentation import Augmentation, augmented
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.label_distribution import integer_counts
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.observation import Observation, input_shape, public_model, received_model, recipe
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.simulation import COSINE_FLOOR, COSINE_SPREAD, OTHER_DRAW, SCALE_MARGIN, cosine_of, simulate
 from fedvit.core.model import normalize
+from fedvit.observed.augmentation import Augmentation, augmented
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.observation import Observation, input_shape, public_model, received_model, recipe
+from fedvit.observed.recipe import ClientRecipe
 
 BATCH = 64  # images per forward pass of the backbone
 NOISE_BANK = 64  # uniform-noise images whose features stand in for a class the auxiliary images lack
@@ -41,7 +41,7 @@ class HeadOnly(nn.Module):
     """The trained head alone, at its path in the full model (``heads.head.weight`` keeps its name); its input is
     the backbone's output for one image, flattened to [D, S, 1] (an "image" of D channels, normalised by the
     identity; S slots: the image's own in slot 0, its banked views after it), of which slot 0 is reshaped to what the
-    head takes (a view drawn from the bank arrives in slot 0: :func:`~fedvit.attacks.augmentation.banked`)."""
+    head takes (a view drawn from the bank arrives in slot 0: :func:`~fedvit.observed.augmentation.banked`)."""
 
     def __init__(self, path: str, head: nn.Module, feature_shape: tuple[int, ...]) -> None:
         super().__init__()

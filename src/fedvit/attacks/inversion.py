@@ -34,7 +34,10 @@ from torch.func import functional_call
 from fedvit.attacks.april import collusion_key, decrypt_observation, embedding_route
 from fedvit.attacks.labels import recover_labels
 from fedvit.attacks.local_sgd import gradients, local_sgd
-from fedvit.attacks.observation import (
+from fedvit.core.budget import AuditConfig
+from fedvit.core.model import normalize, resolve_device
+from fedvit.core.params import POS_EMBED
+from fedvit.observed.observation import (
     ClientRecipe,
     Observation,
     Reconstruction,
@@ -45,9 +48,6 @@ from fedvit.attacks.observation import (
     recipe,
     simulated,
 )
-from fedvit.core.budget import AuditConfig
-from fedvit.core.model import normalize, resolve_device
-from fedvit.core.params import POS_EMBED
 
 
 def observed_target(obs: Observation) -> dict[str, torch.Tensor]:

@@ -49,9 +49,11 @@ import numpy as np
 import torch
 from scipy.optimize import nnls
 
-from fedvit.attacks.augmentation import Augmentation
 from fedvit.attacks.holdings import Auxiliary
-from fedvit.attacks.observation import (
+from fedvit.attacks.simulation import OTHER_DRAW, RecipeFit, Simulation, head_weight, recipe_fit, simulate, step_weights
+from fedvit.core.model import classify
+from fedvit.observed.augmentation import Augmentation
+from fedvit.observed.observation import (
     Observation,
     model_with,
     not_plain_sgd,
@@ -59,9 +61,7 @@ from fedvit.attacks.observation import (
     recipe,
     update_norm,
 )
-from fedvit.attacks.recipe import ADAM_FAMILY, SIMULATED_OPTIMISERS
-from fedvit.attacks.simulation import OTHER_DRAW, RecipeFit, Simulation, head_weight, recipe_fit, simulate, step_weights
-from fedvit.core.model import classify
+from fedvit.observed.recipe import ADAM_FAMILY, SIMULATED_OPTIMISERS
 
 MOMENTA = (0.0, 0.9)  # the values tried when no record carries the momentum (plain SGD; the common default)
 PASSES = 3  # simulations per momentum: a uniform class mix, then each estimate sets the next one's

@@ -21,7 +21,9 @@ from torch import nn
 
 from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.label_distribution import estimate, integer_counts, noise_auxiliary
-from fedvit.attacks.observation import (
+from fedvit.attacks.simulation import RecipeFit
+from fedvit.core.model import classify
+from fedvit.observed.observation import (
     Observation,
     as_gradient,
     attack_model,
@@ -32,9 +34,7 @@ from fedvit.attacks.observation import (
     simulated,
     update_clipped,
 )
-from fedvit.attacks.recipe import ClientRecipe
-from fedvit.attacks.simulation import RecipeFit
-from fedvit.core.model import classify
+from fedvit.observed.recipe import ClientRecipe
 
 
 def label_counts(head_bias_grad: np.ndarray, batch_size: int, mean_probs: np.ndarray) -> np.ndarray:
@@ -128,7 +128,7 @@ def recover_labels_and_momentum(obs: Observation, aux: Auxiliary | None = None) 
     momentum its simulation used (None where it simulated nothing).
 
     Needs the classifier bias sent whole (not masked; the encryption key only touches the embeddings) and the
-    client's recipe (:func:`fedvit.attacks.observation.recipe`). FedSGD and single-step FedAvg: g is the gradient (for
+    client's recipe (:func:`fedvit.observed.observation.recipe`). FedSGD and single-step FedAvg: g is the gradient (for
     FedAvg Δb / lr), counted as above. Several local steps: the softmax moved while the client trained, so the
     counts of its N images come from a simulation of its local training on ``aux`` (auxiliary images, none of the
     client's; uniform noise without them): :func:`~fedvit.attacks.label_distribution.estimate`.

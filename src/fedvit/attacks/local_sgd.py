@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from fedvit.attacks.recipe import SIMULATED_OPTIMISERS
+from fedvit.observed.recipe import SIMULATED_OPTIMISERS
 
 Batch = TypeVar("Batch")
 Weights = dict[str, torch.Tensor]

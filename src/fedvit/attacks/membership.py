@@ -36,14 +36,17 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fedvit.attacks.augmentation import VIEWS, Augmentation, augmented, banked
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership_stats import (
     Score,
     evenly,
     judge,
 )
-from fedvit.attacks.observation import (
+from fedvit.attacks.reidentification import evenly_spaced
+from fedvit.attacks.simulation import Simulation, simulate
+from fedvit.core.model import classify, normalize
+from fedvit.observed.augmentation import VIEWS, Augmentation, augmented, banked
+from fedvit.observed.observation import (
     Observation,
     explicit_attention,
     model_with,
@@ -51,9 +54,6 @@ from fedvit.attacks.observation import (
     recipe,
     trained_names,
 )
-from fedvit.attacks.reidentification import evenly_spaced
-from fedvit.attacks.simulation import Simulation, simulate
-from fedvit.core.model import classify, normalize
 
 BATCH = 256  # candidates per forward pass
 REFERENCES = 8  # shadow updates per multi-step update (fewer where REFERENCE_SECONDS runs out)
@@ -70,7 +70,7 @@ def losses(
     model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, augmentation: Augmentation | None = None
 ) -> np.ndarray:
     """Per-image cross-entropy, in batches of :data:`BATCH`; under an ``augmentation``, the mean over
-    :data:`~fedvit.attacks.augmentation.VIEWS` random views (the same views for every model: view k's randomness
+    :data:`~fedvit.observed.augmentation.VIEWS` random views (the same views for every model: view k's randomness
     is seeded by k), or over every view of a bank (a frozen backbone's precomputed views)."""
     if augmentation is None:
         views: list = [None]

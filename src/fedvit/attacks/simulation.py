@@ -14,10 +14,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedvit.attacks.augmentation import augmented
 from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.local_sgd import ADAMW_WEIGHT_DECAY, DpSgd, local_sgd
-from fedvit.attacks.observation import (
+from fedvit.capture.reader import AuditInputError
+from fedvit.core.model import normalize
+from fedvit.observed.augmentation import augmented
+from fedvit.observed.observation import (
     Observation,
     explicit_attention,
     input_shape,
@@ -25,9 +27,7 @@ from fedvit.attacks.observation import (
     recipe,
     trained_names,
 )
-from fedvit.attacks.recipe import SIMULATED_OPTIMISERS
-from fedvit.capture.reader import AuditInputError
-from fedvit.core.model import normalize
+from fedvit.observed.recipe import SIMULATED_OPTIMISERS
 
 
 def step_weights(steps: int, momentum: float) -> np.ndarray:

@@ -199,7 +199,7 @@ def model_spec(
 
 def recipe_overrides(table: Mapping[str, Any], recipe: Mapping[str, Any] | None) -> dict[str, str]:
     """Recipe values the user knows (the TOML's ``[recipe]``, then the call's), checked against the known keys."""
-    from fedvit.attacks.recipe import AUGMENT_KEYS, LOCAL_DP_KEYS, OPTIMISER_KEYS, PRIVACY_KEYS, RECIPE_KEYS
+    from fedvit.observed.recipe import AUGMENT_KEYS, LOCAL_DP_KEYS, OPTIMISER_KEYS, PRIVACY_KEYS, RECIPE_KEYS
 
     overrides = {str(k): str(v) for k, v in table.items()} | {str(k): str(v) for k, v in (recipe or {}).items()}
     known = {name for key, aliases in RECIPE_KEYS.items() for name in (key, *aliases)} | {
@@ -257,7 +257,7 @@ def user_data(
 def read_spec_file(path: Path) -> dict[str, Any]:
     """A ``fedvit-audit.toml``: its ``[model]`` table checked, ``app-dir`` made relative to the file; the other
     tables (``recipe``, ``data``) returned under their names."""
-    from fedvit.attacks.model_spec import SpecError
+    from fedvit.observed.model_spec import SpecError
 
     try:
         values = tomllib.loads(path.read_text())
@@ -283,8 +283,8 @@ def find_spec_file(captures: Path) -> Path | None:
 
 
 def spec_from(values: Mapping[str, Any]) -> Any:
-    """A :class:`~fedvit.attacks.model_spec.ModelSpec` from ``[model]``-style keys (TOML names)."""
-    from fedvit.attacks.model_spec import ModelSpec, SpecError
+    """A :class:`~fedvit.observed.model_spec.ModelSpec` from ``[model]``-style keys (TOML names)."""
+    from fedvit.observed.model_spec import ModelSpec, SpecError
 
     if not values.get("factory"):
         raise SpecError(f"no model given: pass --model package.module:factory (or a timm name) or write {SPEC_FILE}")

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from fedvit.attacks.observation import Observation
 from fedvit.attacks.reidentification import DEFAULT_DECOYS
 from fedvit.audit.frontier import write_frontier
 from fedvit.audit.metrics import as_batch
@@ -33,6 +32,7 @@ from fedvit.clients.privacy import privatize_offline
 from fedvit.core.config import Config, parse_config
 from fedvit.core.data import client_data, load_dataset
 from fedvit.core.model import build_model, get_weights
+from fedvit.observed.observation import Observation
 
 DEFENCES: dict[str, dict[str, Any]] = {
     "plain": {"strategy": "fedsgd"},

@@ -112,7 +112,11 @@ def membership_reach(result: dict[str, Any]) -> dict[str, Any]:
 
 def needed_text(reach: dict[str, Any], members: int) -> str:
     """How many members a null out of reach would need (:func:`membership_reach`), as the report says it."""
-    return f"not resolvable with {members} members: at least about {reach['members-needed']} needed"
+    return f"not resolvable with {members} {plural(members)}: at least about {reach['members-needed']} needed"
+
+
+def plural(members: int) -> str:
+    return "member" if members == 1 else "members"
 
 
 def threshold_text(value: float | None, figure: str) -> str | None:
@@ -131,7 +135,7 @@ def null_text(null: dict[str, Any], at: str | None = None, members: int | None =
     blocked = [name for name, value in figures if threshold_text(value, name) is None]
     if not blocked:
         return "clears at " + ", ".join(reachable)
-    text = f"no {' or '.join(blocked)} can clear it" + ("" if members is None else f" with {members} members")
+    text = f"no {' or '.join(blocked)} can clear it" + ("" if members is None else f" with {members} {plural(members)}")
     return text + (f" ({', '.join(reachable)})" if reachable else "")
 
 
@@ -191,7 +195,7 @@ DEFAULT_DELTA = 1e-5  # the δ of the empirical ε where canaries are audited wi
 
 def privacy_evidence(claim: Any, found: dict[str, Any]) -> dict[str, Any]:
     """The empirical lower bound on ε (:func:`fedvit.attacks.membership_stats.privacy_bound`) beside its null and the
-    client's claim (a :class:`fedvit.attacks.recipe.PrivacyClaim`, or None): a bound above both the claimed ε and
+    client's claim (a :class:`fedvit.observed.recipe.PrivacyClaim`, or None): a bound above both the claimed ε and
     its null violates the claim at the bound's confidence; consistent otherwise."""
     out = {"empirical-epsilon": found["epsilon-lower"], "null": found["null"], "null-draws": found["null-draws"],
            "delta": found["delta"], "confidence": found["confidence"], "thresholds": found["thresholds"],
@@ -285,7 +289,7 @@ def rounds_part(clients: list[dict[str, Any]]) -> tuple[str, bool | None]:
             f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest)", hits > 0)  # fmt: skip
 
 
-def verdict(updates: list[dict[str, Any]], nothing: str, clients: list[dict[str, Any]] | None = None) -> str:
+def verdict_detail(updates: list[dict[str, Any]], nothing: str, clients: list[dict[str, Any]] | None = None) -> str:
     """One line: per leakage type, the evidence against its null (and, for clients with several updates, their
     membership over them). "LEAKS" only where a figure clears its margin; "no evidence at this budget" where
     everything measured stayed within it; "unverified" where nothing could be checked."""

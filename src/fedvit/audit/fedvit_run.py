@@ -1,6 +1,6 @@
 """fedvit's own runs as an attacker holds them. A run's public run config (model, strategy, defence, recipe; never
 keys) becomes, once per capture, the typed inputs every attack takes: the model spec, the recipe, the defence and
-the run seed. The recipe is read by the same code as any app's (:func:`fedvit.attacks.recipe.read_recipe`) from
+the run seed. The recipe is read by the same code as any app's (:func:`fedvit.observed.recipe.read_recipe`) from
 what the run config states. The attacks never see the config itself: an import contract keeps them off it."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.observation import GRADIENT_STRATEGIES, Defence, Observation
-from fedvit.attacks.recipe import ClientRecipe, Records, read_recipe
 from fedvit.clients.adversarial import attack_from
 from fedvit.clients.privacy import local_epsilon
 from fedvit.core.config import Config, defence_of
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.observation import GRADIENT_STRATEGIES, Defence, Observation
+from fedvit.observed.recipe import ClientRecipe, Records, read_recipe
 
 
 @functools.lru_cache(maxsize=4)
@@ -52,7 +52,7 @@ def model_skeleton(config: Config, num_classes: int) -> nn.Module:
 
 def stated(config: Config, server_round: int) -> dict[str, Any]:
     """What fedvit's run config states of its clients' local work, under the keys any app's records use
-    (:data:`fedvit.attacks.recipe.RECIPE_KEYS`): the learning rate of ``server_round`` after decay, plain SGD
+    (:data:`fedvit.observed.recipe.RECIPE_KEYS`): the learning rate of ``server_round`` after decay, plain SGD
     without weight decay (``fedvit.clients.training``), and fedvit's LocalDpMod (sensitivity C, ε of one release:
     ``fedvit.clients.privacy``)."""
     values: dict[str, Any] = {"lr": config.lr_at(server_round), "momentum": config.momentum,
@@ -107,7 +107,7 @@ def fedvit_observation(
     config: Config, update: dict[str, np.ndarray], received: dict[str, np.ndarray], num_classes: int, **fields: Any
 ) -> Observation:
     """An update of fedvit's app as an attacker holds it: the model, recipe, defence and seed its run config names
-    (``fields``: the rest of :class:`~fedvit.attacks.observation.Observation`'s, e.g. ``masks`` and ``meta``)."""
+    (``fields``: the rest of :class:`~fedvit.observed.observation.Observation`'s, e.g. ``masks`` and ``meta``)."""
     meta = fields.pop("meta", {})
     from fedvit.core.data import load_dataset
 

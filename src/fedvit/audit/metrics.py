@@ -18,8 +18,8 @@ import torch
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
 from fedvit.attacks import reidentification
-from fedvit.attacks.observation import Observation, Reconstruction, first_block
 from fedvit.attacks.reidentification import Gallery
+from fedvit.observed.observation import Observation, Reconstruction, first_block
 
 DATA_RANGE = 1.0
 SSIM_KERNEL = 11  # Gaussian window size (pixels); shrunk to the image size for smaller images

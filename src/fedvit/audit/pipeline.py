@@ -1,7 +1,7 @@
 """The audit: one pipeline for every Flower app. Per captured train exchange (:mod:`fedvit.capture.reader`):
 
 1. the model: fedvit's ViT from the run config a capture of fedvit's app recorded, else the user's
-   :class:`~fedvit.attacks.model_spec.ModelSpec` (``--model``);
+   :class:`~fedvit.observed.model_spec.ModelSpec` (``--model``);
 2. what the reply carries and the client's recipe: fedvit's run config names both; for another app they are
    read from the reply's distance to the received weights and the records (each value with its source);
 3. every leakage measure of :mod:`fedvit.audit.registry` that applies (label counts, membership, the image
@@ -22,26 +22,12 @@ from typing import Any, NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from fedvit.attacks.app_code import (
-    CLASSIFIER_LOSSES,
-    App,
-    AppCodeError,
-    CentralDp,
-    CodeRecipe,
-    central_dp,
-    load_app,
-    not_a_classifier,
-    read_code,
-)
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES
 from fedvit.attacks.membership_stats import Roc
-from fedvit.attacks.model_spec import ModelSpec, head_bias, model_settings
-from fedvit.attacks.observation import Observation, Reconstruction, dense_update, recipe
-from fedvit.attacks.recipe import ClientRecipe, map_part, read_recipe, sent_kind
 from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
 from fedvit.attacks.simulation import ModelInputError, trial_logits
-from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict
+from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict_detail
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
@@ -66,6 +52,20 @@ from fedvit.core.budget import AuditConfig
 from fedvit.core.config import Config, ConfigError, parse_config
 from fedvit.core.params import HEAD_BIAS
 from fedvit.core.results import atomic_write
+from fedvit.observed.app_code import (
+    CLASSIFIER_LOSSES,
+    App,
+    AppCodeError,
+    CentralDp,
+    CodeRecipe,
+    central_dp,
+    load_app,
+    not_a_classifier,
+    read_code,
+)
+from fedvit.observed.model_spec import ModelSpec, head_bias, model_settings
+from fedvit.observed.observation import Observation, Reconstruction, dense_update, recipe
+from fedvit.observed.recipe import ClientRecipe, map_part, read_recipe, sent_kind
 
 log = logging.getLogger("fedvit.audit")
 OLD_LAYOUT_COMMIT = "154885d"  # the last fedvit that wrote and read captures/round-N/partition-P
@@ -325,7 +325,7 @@ class Reader:
     def budget(self, ex: Exchange, obs: Observation) -> tuple[AuditConfig, str]:
         """The optimisation budget for ``obs`` (read from ``ex``) and how the report states it: a fedvit run's own
         (or the user's) ``audit.*``; for another app's model the user's budget with the start, kept candidate and
-        (unless the user set it) TV weight that :func:`fedvit.attacks.model_spec.model_settings` chooses for the
+        (unless the user set it) TV weight that :func:`fedvit.observed.model_spec.model_settings` chooses for the
         model family."""
         if (config := run_config(ex)) is not None:
             budget = self.options.budget or config.audit
@@ -469,7 +469,7 @@ def audit_exchanges(
         "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds),
                                  jointly=together(updates, findings)),
         "findings": [dataclasses.asdict(f) for f in findings],
-        "verdict-detail": verdict(updates, NOTHING_ON_THE_WIRE, clients),
+        "verdict-detail": verdict_detail(updates, NOTHING_ON_THE_WIRE, clients),
         "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
         "budget": list(budgets),
         "updates": updates,
@@ -588,7 +588,7 @@ class Secured(NamedTuple):
 
 
 def app_central_dp(exchanges: list[Exchange], options: AuditOptions) -> CentralDp | None:
-    """The central DP the app's server code sets up (:func:`fedvit.attacks.app_code.central_dp`), read from
+    """The central DP the app's server code sets up (:func:`fedvit.observed.app_code.central_dp`), read from
     ``--app`` or the first capture that names its app's code, against that capture's run config."""
     for ex in exchanges:
         path = options.app or ex.app_code

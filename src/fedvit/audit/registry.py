@@ -37,20 +37,6 @@ from fedvit.attacks.membership import (
     split_for_references,
 )
 from fedvit.attacks.membership_stats import Roc, Score, evenly, judge, over_rounds
-from fedvit.attacks.observation import (
-    Observation,
-    Reconstruction,
-    as_gradient,
-    attacker_seed,
-    has_vit_embeddings,
-    not_plain_sgd,
-    other_optimiser,
-    partial_update,
-    recipe,
-    simulated,
-    update_clipped,
-)
-from fedvit.attacks.recipe import ClientRecipe
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import RecipeFit
 from fedvit.audit.evidence import (
@@ -65,6 +51,20 @@ from fedvit.audit.evidence import (
 from fedvit.audit.metrics import as_batch, score
 from fedvit.core.budget import AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
+from fedvit.observed.observation import (
+    Observation,
+    Reconstruction,
+    as_gradient,
+    attacker_seed,
+    has_vit_embeddings,
+    not_plain_sgd,
+    other_optimiser,
+    partial_update,
+    recipe,
+    simulated,
+    update_clipped,
+)
+from fedvit.observed.recipe import ClientRecipe
 
 OPTIMISATION = "gradient matching (optimisation, defence-aware)"
 FEDAVG_AWARE = "FedAvg-aware gradient matching (per-epoch image sets)"
@@ -238,7 +238,7 @@ class Held:
 
 
 @dataclass
-class Finding:
+class Outcome:
     """One measure on one update: its report rows, its line under the update's "attacks" (None: not listed), its
     evidence against its null (None where :data:`JUDGES` forms the type's evidence from several findings), what
     the report draws (a reconstruction and its scores, membership's score arrays), and the client's recipe where
@@ -262,8 +262,8 @@ class Measure:
     name: str
     leakage: str
     why_not: Callable[[Observation, Held], str | None]
-    run: Callable[[Observation, Held], Finding]
-    refused: Callable[[Observation, Held, str], Finding] = lambda obs, held, why: Finding(
+    run: Callable[[Observation, Held], Outcome]
+    refused: Callable[[Observation, Held, str], Outcome] = lambda obs, held, why: Outcome(
         [], f"not applicable: {why}", applied=False
     )
 
@@ -271,7 +271,7 @@ class Measure:
 # ---- label counts: the head-bias gradient (one step) or the simulated local training (several)
 
 
-def label_counts(obs: Observation, held: Held) -> Finding:
+def label_counts(obs: Observation, held: Held) -> Outcome:
     """The label counts of one update, scored against the client's true labels where exactly known and beside the
     prior's; leaves the simulated counts in ``held.found`` for membership's shadow updates (which simulate the
     recipe: the one stated, or the optimiser and momentum inferred here) and the recipe's fit to the update. Where
@@ -334,7 +334,7 @@ def recipe_misfit(held: Held, obs: Observation) -> str | None:
 
 def _label_finding(
     obs: Observation, held: Held, counts: np.ndarray | None, note: str, started: float, applied: bool = True
-) -> Finding:
+) -> Outcome:
     if counts is not None and (why := not_plain_sgd(obs)) is not None:
         note = f"{note}; unverified: {why}, and these counts rest on SGD's update".lstrip("; ")
     truth = held.labels if held.exact else None
@@ -361,7 +361,7 @@ def _label_finding(
         "labels": None if counts is None else {int(c): int(n) for c, n in enumerate(counts) if n},
     }
     status = f"not applicable: {note}" if counts is None else "applied" + (f" ({note})" if note else "")
-    return Finding([row], status, evidence, applied=applied)
+    return Outcome([row], status, evidence, applied=applied)
 
 
 LABEL_COUNTS = Measure(
@@ -433,9 +433,9 @@ def membership_measure(name: str, score: Callable[[Observation, Held], Score],
     """A membership score as a registry entry: its scores of the update's candidates, judged with the other
     membership entries' by :func:`judge_membership`."""
 
-    def run(obs: Observation, held: Held) -> Finding:
+    def run(obs: Observation, held: Held) -> Outcome:
         found = score(obs, held)
-        return Finding([], f"applied: {found.reference}", extra=found)
+        return Outcome([], f"applied: {found.reference}", extra=found)
 
     return Measure(f"membership: {name}", "membership", why_not, run)
 
@@ -448,7 +448,7 @@ MEMBERSHIP_SCORES: tuple[Measure, ...] = (
 )
 
 
-def judge_membership(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, Any]:
+def judge_membership(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, Any]:
     """The strongest membership score against its null within the family
     (:func:`fedvit.attacks.membership_stats.judge`), what a simulated update like this one shows (:func:`power`)
     and, where the update claims DP or canaries are scored, the empirical ε; leaves the strongest score's judged
@@ -517,7 +517,7 @@ def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any
     return found
 
 
-def membership_scores(findings: dict[str, Finding]) -> list[Score]:
+def membership_scores(findings: dict[str, Outcome]) -> list[Score]:
     """The membership scores one update's findings hold (the entries that applied)."""
     names = {m.name for m in MEMBERSHIP_SCORES}
     return [f.extra for n, f in findings.items() if n in names and f.applied]
@@ -548,7 +548,7 @@ def judge_rounds(updates: list[tuple[list[Score], MembershipSplit]]) -> dict[str
 def image_measure(attack: Attack) -> Measure:
     """An image attack as a registry entry: one row per budget (``held.budgets`` for the optimising attacks)."""
 
-    def run(obs: Observation, held: Held) -> Finding:
+    def run(obs: Observation, held: Held) -> Outcome:
         rows, rec, scored = [], None, None
         for steps in (held.budgets or [held.budget.iterations]) if attack.optimising else [None]:
             target = held.budget if steps is None else dataclasses.replace(held.budget, iterations=steps)
@@ -567,7 +567,7 @@ def image_measure(attack: Attack) -> Measure:
                 }
             )  # fmt: skip
         status = ("applied: " + rec.note) if rec.image is not None else ("could not run: " + rec.note)
-        return Finding(rows, status, reconstruction=rec, scores=scored)
+        return Outcome(rows, status, reconstruction=rec, scores=scored)
 
     return Measure(attack.name, "images", lambda obs, held: attack.why_not(obs), run)
 
@@ -591,14 +591,14 @@ MEASURES: tuple[Measure, ...] = (LABEL_COUNTS, *MEMBERSHIP_SCORES, *(image_measu
 # ---- evidence per leakage type
 
 
-def best_image(findings: dict[str, Finding]) -> tuple[str | None, dict[str, Any] | None]:
+def best_image(findings: dict[str, Outcome]) -> tuple[str | None, dict[str, Any] | None]:
     """The image attack whose reconstruction scored the highest PSNR, and its scores (None, None: none scored)."""
     scored = {n: f.scores for n, f in findings.items() if f.scores and f.scores["psnr"] is not None}
     best = max(scored, key=lambda n: scored[n]["psnr"]) if scored else None
     return best, scored.get(best)
 
 
-def _images(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, Any]:
+def _images(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, Any]:
     _, scores = best_image(findings)
     why = "no image attack ran" if scores is None and held.images is not None else "no ground truth and no --data"
     why = not_asked("images", held) or why
@@ -606,7 +606,7 @@ def _images(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[
 
 
 # leakage type -> its evidence against its null from the findings of its measures
-JUDGES: dict[str, Callable[[Observation, dict[str, Finding], Held], dict[str, Any]]] = {
+JUDGES: dict[str, Callable[[Observation, dict[str, Outcome], Held], dict[str, Any]]] = {
     "labels": lambda obs, findings, held: findings[LABELS].evidence,
     "membership": judge_membership,
     "images": _images,
@@ -678,7 +678,7 @@ def not_asked(leakage: str, held: Held) -> str | None:
     return f"not asked for: --leakage {','.join(held.leakage)}"
 
 
-def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Finding]]:
+def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Outcome]]:
     """Every registry entry on one update, in order; each that does not apply, or whose leakage type was not asked
     for (:func:`not_asked`), reports why. A recipe value that a measure estimates from the update replaces the
     assumed one for every later measure; returns the observation with the recipe the measures ended on, and the
@@ -693,7 +693,7 @@ def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Fi
     return obs, findings
 
 
-def evidence(obs: Observation, findings: dict[str, Finding], held: Held) -> dict[str, dict[str, Any]]:
+def evidence(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, dict[str, Any]]:
     """Per leakage type, its figures against its null (:data:`JUDGES`)."""
     kinds = {m.name: m.leakage for m in MEASURES}
     of_kind = lambda kind: {n: f for n, f in findings.items() if kinds[n] == kind}  # noqa: E731

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from fedvit.attacks.observation import Observation, Reconstruction
 from fedvit.audit.evidence import needed_text, null_text, threshold_text
 from fedvit.audit.frontier import fmt, reid_cell
 from fedvit.audit.metrics import as_batch, match_batch
 from fedvit.audit.secagg import gap_text
 from fedvit.audit.summary import ClientFinding, summary_table
+from fedvit.observed.observation import Observation, Reconstruction
 
 TOP_LEVEL_KEYS = (
     "title", "model", "threat-model", "verdict", "findings", "verdict-detail", "metrics", "budget", "updates",

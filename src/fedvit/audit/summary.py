@@ -80,37 +80,40 @@ def _ci(low: float, high: float) -> str:
 
 
 def label_finding(updates: list[dict[str, Any]]) -> Finding:
-    """Label counts over a client's updates: the share of its images they misplace against the prior's, judged by
-    :func:`fedvit.audit.evidence.labels_clear` on the pooled images (so the interval decides with the figure)."""
+    """Label counts over a client's updates: the share of its images they misplace against the prior's, of its
+    strongest update (:func:`strongest_labels`; its updates train on the same images, so they are not pooled), judged
+    by :func:`fedvit.audit.evidence.labels_clear` with that update's interval."""
     found = [u["leakage"]["labels"] for u in updates]
-    measured = [(u, e) for u, e in zip(updates, found, strict=True) if e["status"] == MEASURED]
+    measured = [e for e in found if e["status"] == MEASURED]
     if not measured:
         e = found[0]
         if e["status"] != NOT_MEASURED:  # estimated, nothing to score it against
             return Finding(NOT_MEASURED, why=f"counts estimated, unverified ({e.get('why', '')})")
         return Finding(NOT_MEASURED, why=e.get("why", ""))
-    images, misplaced, null = label_pool(measured)
-    error = misplaced / images
-    hits = sum(e["clears"] for _, e in measured)
-    figure = f"error {error:.1%}" + (f" ({hits} of {len(measured)} updates beyond)" if len(measured) > 1 else "")
-    interval = _ci(*clopper_pearson(round(misplaced), images))
-    word = LEAKS if labels_clear(error, null, images) else NO_EVIDENCE
-    if word != LEAKS and not labels_clear(0.0, null, images):  # not even exact counts could clear the prior
-        need = label_images_needed(null)
+    e = strongest_labels(measured)
+    images = label_images(e)
+    hits = sum(m["clears"] for m in measured)
+    figure = f"error {e['error']:.1%}" + (f" ({hits} of {len(measured)} updates beyond)" if len(measured) > 1 else "")
+    interval = _ci(*clopper_pearson(round(e["error"] * images), images))
+    word = LEAKS if hits else NO_EVIDENCE
+    if not hits and not any(labels_clear(0.0, m["null-error"], label_images(m)) for m in measured):
+        need = label_images_needed(e["null-error"])
         figure += (f"; not resolvable with {images} image{'s' * (images > 1)}: " + (
             "the prior is within the margin of exact" if need is None else f"exact counts need ≥ {need} to clear "
             "the prior"))  # fmt: skip
         word = NOT_RESOLVABLE
-    return Finding(word, figure, f"{null:.1%} (the prior)", interval)
+    return Finding(word, figure, f"{e['null-error']:.1%} (the prior)", interval)
 
 
-def label_pool(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[int, float, float]:
-    """Updates' label evidence pooled: images, images misplaced, and the prior's error weighted by images."""
-    sizes = [int(e.get("images") or u.get("examples") or 1) for u, e in measured]
-    images = sum(sizes)
-    misplaced = sum(e["error"] * n for (_, e), n in zip(measured, sizes, strict=True))
-    null = sum(e["null-error"] * n for (_, e), n in zip(measured, sizes, strict=True)) / images
-    return images, misplaced, null
+def label_images(e: dict[str, Any]) -> int:
+    """The images an update's label evidence was judged on."""
+    return int(e.get("images") or 1)
+
+
+def strongest_labels(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """The update whose label counts lie furthest below the prior (the upper end of their interval)."""
+    return min(measured, key=lambda e: clopper_pearson(round(e["error"] * label_images(e)), label_images(e))[1]
+               - e["null-error"])  # fmt: skip
 
 
 def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] | None) -> Finding:
@@ -149,8 +152,9 @@ def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] |
 
 
 def image_finding(updates: list[dict[str, Any]]) -> Finding:
-    """Images: the best attack's re-identification (top-1) against the same reconstructions among unseen images,
-    judged by :func:`fedvit.audit.evidence.images_clear` on the client's images pooled."""
+    """Images: the best attack's re-identification (top-1) against the same reconstructions among unseen images, of
+    the client's strongest update (its updates hold the same images, so they are not pooled), judged by
+    :func:`fedvit.audit.evidence.images_clear`."""
     found = [u["leakage"]["images"] for u in updates]
     measured = [e for e in found if e["status"] == MEASURED]
     if not measured:
@@ -159,24 +163,16 @@ def image_finding(updates: list[dict[str, Any]]) -> Finding:
         if skipped:  # no image attack ran: say why the inversions were not attempted
             why = skipped[0].split("not attempted: ", 1)[1]
         return Finding(NOT_MEASURED, why=short_reason(why))
-    images, hits, null, chance = image_pool(measured)
-    psnr = [e["psnr"] for e in measured if e.get("psnr") is not None]
-    figure = f"re-identified {hits / images:.0%} top-1" + (f", {sum(psnr) / len(psnr):.1f} dB" if psnr else "")
-    word = LEAKS if images_clear(hits / images, null, chance, images) else NO_EVIDENCE
-    if word != LEAKS and not images_clear(1.0, null, chance, images):  # not even every image re-identified
+    e = max(measured, key=lambda m: (m["clears"], m["top1"] - m["null-top1"]))
+    images = int(e.get("images") or 1)
+    hits = round(e["top1"] * images)
+    figure = f"re-identified {e['top1']:.0%} top-1" + (f", {e['psnr']:.1f} dB" if e.get("psnr") is not None else "")
+    word = LEAKS if e["clears"] else NO_EVIDENCE
+    if word != LEAKS and not any(images_clear(1.0, m["null-top1"], m.get("chance"), int(m.get("images") or 1))
+                                 for m in measured):  # not even every image re-identified would clear  # fmt: skip
         figure += f"; not resolvable with {images} image{'s' * (images > 1)}"
         word = NOT_RESOLVABLE
-    return Finding(word, figure, f"{null:.0%}", _ci(*clopper_pearson(hits, images)))
-
-
-def image_pool(measured: list[dict[str, Any]]) -> tuple[int, int, float, float]:
-    """Updates' image evidence pooled: images, top-1 hits, the null's and chance's rates weighted by images."""
-    sizes = [int(e.get("images") or 1) for e in measured]
-    images = sum(sizes)
-    hits = round(sum(e["top1"] * n for e, n in zip(measured, sizes, strict=True)))
-    null = sum(e["null-top1"] * n for e, n in zip(measured, sizes, strict=True)) / images
-    chance = sum((e.get("chance") or 0.0) * n for e, n in zip(measured, sizes, strict=True)) / images
-    return images, hits, null, chance
+    return Finding(word, figure, f"{e['null-top1']:.0%}", _ci(*clopper_pearson(hits, images)))
 
 
 def dp_finding(updates: list[dict[str, Any]]) -> Finding:
@@ -296,30 +292,37 @@ def short_verdict(findings: list[ClientFinding], nothing: str, secured: bool = F
 def together(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> str:
     """The clients together, where none's own evidence of a leakage type leaks but their pooled evidence does
     (label counts over all their images against the prior's error, re-identification over all their images), by
-    the same rule as each client's: one sentence ("" where nothing is to be said). Each client's images count once
-    per update, as in its own row; the SecAgg+ aggregate is not a client."""
-    own = [u for u in updates if client_of(u) != AGGREGATE_ROW]
-    clients = {client_of(u) for u in own}
-    if len(clients) < 2:
+    the same rule as each client's: one sentence ("" where nothing is to be said). Each client counts once, by its
+    strongest update (its rounds hold the same images); the SecAgg+ aggregate is not a client."""
+    mine: dict[str, list[dict[str, Any]]] = {}
+    for u in updates:
+        if client_of(u) != AGGREGATE_ROW:
+            mine.setdefault(client_of(u), []).append(u)
+    if len(mine) < 2:
         return ""
     said = []
-    labels = [(u, u["leakage"]["labels"]) for u in own if u["leakage"]["labels"]["status"] == MEASURED]
-    if labels and not any(f.labels.word == LEAKS for f in findings):
-        images, misplaced, null = label_pool(labels)
+    measured = lambda us, kind: [u["leakage"][kind] for u in us if u["leakage"][kind]["status"] == MEASURED]  # noqa: E731
+    labels = [strongest_labels(m) for us in mine.values() if (m := measured(us, "labels"))]
+    if len(labels) > 1 and not any(f.labels.word == LEAKS for f in findings):
+        images = sum(label_images(e) for e in labels)
+        misplaced = sum(e["error"] * label_images(e) for e in labels)
+        null = sum(e["null-error"] * label_images(e) for e in labels) / images
         if labels_clear(misplaced / images, null, images):
-            each: dict[str, float] = {}
-            for u, e in labels:
-                each[client_of(u)] = each.get(client_of(u), 0.0) + e["error"]
-            exact = sum(error == 0 for error in each.values())
             low, high = clopper_pearson(round(misplaced), images)
-            said.append(f"labels of the {len(each)} clients together beyond the prior "
-                        f"({round(misplaced)} of {images} images misplaced, 95% CI [{low:.1%}, {high:.1%}], prior "
-                        f"{null:.1%}; {exact} exactly right)")  # fmt: skip
-    pictures = [u["leakage"]["images"] for u in own if u["leakage"]["images"]["status"] == MEASURED]
-    if pictures and not any(f.images.word == LEAKS for f in findings):
-        images, hits, null, chance = image_pool(pictures)
+            said.append(f"labels of the {len(labels)} clients together beyond the prior ({round(misplaced)} of "
+                        f"{images} images misplaced, 95% CI [{low:.1%}, {high:.1%}], prior {null:.1%}; "
+                        f"{sum(e['error'] == 0 for e in labels)} exactly right)")  # fmt: skip
+    pictures = [max(m, key=lambda e: e["top1"] - e["null-top1"]) for us in mine.values()
+                if (m := measured(us, "images"))]
+    if len(pictures) > 1 and not any(f.images.word == LEAKS for f in findings):
+        sizes = [int(e.get("images") or 1) for e in pictures]
+        images = sum(sizes)
+        hits = round(sum(e["top1"] * n for e, n in zip(pictures, sizes, strict=True)))
+        null = sum(e["null-top1"] * n for e, n in zip(pictures, sizes, strict=True)) / images
+        chance = sum((e.get("chance") or 0.0) * n for e, n in zip(pictures, sizes, strict=True)) / images
         if images_clear(hits / images, null, chance, images):
-            said.append(f"images of the clients together re-identified ({hits} of {images} top-1, null {null:.0%})")
+            said.append(f"images of the {len(pictures)} clients together re-identified ({hits} of {images} top-1, "
+                        f"null {null:.0%})")  # fmt: skip
     return ("Together: " + "; ".join(said) + ".") if said else ""
 
 

@@ -632,7 +632,7 @@ def _check_encryption(config: Config) -> None:
 
 def defence_of(config: Config) -> str:
     """A short public label of the defence a run config uses ("none" where none is on; another app's captures are
-    labelled by ``fedvit.attacks.observation.Defence``)."""
+    labelled by ``fedvit.observed.observation.Defence``)."""
     parts = []
     if config.strategy == "masked-fedsgd":
         m = config.mask

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from fedvit.attacks.app_code import CodeRecipe
-from fedvit.attacks.augmentation import Augmentation, AugmentationError
-from fedvit.attacks.augmentation import parse as parse_augmentation
 from fedvit.capture.reader import AuditInputError, Exchange
 from fedvit.clients.adversarial import PGD
 from fedvit.clients.privacy import local_dp_noise_std
+from fedvit.observed.app_code import CodeRecipe
+from fedvit.observed.augmentation import Augmentation, AugmentationError
+from fedvit.observed.augmentation import parse as parse_augmentation
 
 # A reply's per-layer norm against the received weights', ‖sent‖ / ‖received‖, whatever the learning rate: a gradient
 # is small beside the weights (below GRADIENT_RATIO), weights after local training keep their scale or grow (above
@@ -34,7 +34,7 @@ RECIPE_KEYS = {  # recipe value -> names apps use for it (ConfigRecord, run conf
 }
 OPTIMISER_KEYS = ("optimizer", "optimiser", "optim")  # a name: "sgd", "adam", "adamw", ...
 FLOWER_CLIPPING_NORM = "clipping_norm"  # the key Flower's DifferentialPrivacyClientSide*Clipping put in the config
-AUGMENT_KEYS = ("augment", "augmentation")  # e.g. "crop+flip" (fedvit.attacks.augmentation)
+AUGMENT_KEYS = ("augment", "augmentation")  # e.g. "crop+flip" (fedvit.observed.augmentation)
 SIMULATED_OPTIMISERS = ("sgd", "adam", "adamw")  # the step rules of fedvit's simulations of local training
 ADAM_FAMILY = ("adam", "adamw")  # no momentum of SGD's: betas (torch's defaults assumed where no record has them)
 
@@ -340,7 +340,7 @@ def code_augmentation(code: CodeRecipe) -> tuple[Augmentation | None, str] | Non
 def read_recipe(
     ex: Exchange | Records, kind: str, overrides: dict[str, str], code: CodeRecipe | None = None
 ) -> ClientRecipe:
-    """The recipe from (first found) the overrides, the app's code (:mod:`fedvit.attacks.app_code`), the received
+    """The recipe from (first found) the overrides, the app's code (:mod:`fedvit.observed.app_code`), the received
     ConfigRecord, the run config, the reply's metrics; defaults: full batch, one epoch, no momentum; the optimiser
     left open (None: inferred from the update) where nothing states it. ``local-steps`` (when given) fixes the
     images processed to steps × batch size. The recipe holds, per value, where it came from (``sources``)."""

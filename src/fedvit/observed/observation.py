@@ -2,7 +2,7 @@
 
 The attacker boundary: an :class:`Observation` has no field for the client's data; every attack takes one and
 returns a :class:`Reconstruction`. Whatever app the update came from, it holds the attacked model (a
-:class:`~fedvit.attacks.model_spec.ModelSpec`), the client's recipe with the source of each value, the defence the
+:class:`~fedvit.observed.model_spec.ModelSpec`), the client's recipe with the source of each value, the defence the
 run names and what is public. The audit resolves them once, when it reads a capture (fedvit's own runs from their
 run config: :mod:`fedvit.audit.fedvit_run`); the attacks never read a run configuration.
 """
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedvit.attacks.model_spec import ModelSpec
-from fedvit.attacks.recipe import SIMULATED_OPTIMISERS, ClientRecipe
 from fedvit.core.masks import decode
 from fedvit.core.params import HEAD_BIAS, PATCH_EMBED_WEIGHT, POS_EMBED
+from fedvit.observed.model_spec import ModelSpec
+from fedvit.observed.recipe import SIMULATED_OPTIMISERS, ClientRecipe
 
 GRADIENT_STRATEGIES = ("fedsgd", "masked-fedsgd")  # replies carry the gradient of one batch
 WEIGHT_STRATEGIES = ("fedavg", "fedprox", "fedwavg", "scaffold")  # replies carry the new weights, not a gradient
