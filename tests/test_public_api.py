@@ -66,10 +66,18 @@ def test_version_flag_names_fedvit_and_flower():
     assert build_parser().parse_args(["audit", "x", "--out", "y"]).command == "audit"
 
 
-def test_the_command_lines_membership_default_is_the_attacks():
-    from fedvit.app.audit_cli import MEMBERSHIP_REFERENCES
+def test_the_audits_defaults_are_one_set_for_the_command_line_the_api_and_the_attacks():
+    import inspect
+
     from fedvit.app.cli import build_parser
     from fedvit.attacks.membership import REFERENCES
+    from fedvit.audit.api import audit_captures
+    from fedvit.audit.pipeline import AuditOptions
+    from fedvit.core.budget import DEFAULT_DECOYS, MEMBERSHIP_REFERENCES
 
-    assert MEMBERSHIP_REFERENCES == REFERENCES
-    assert build_parser().parse_args(["audit", "x", "--out", "y"]).membership_references == REFERENCES
+    args = build_parser().parse_args(["audit", "x", "--out", "y"])
+    api = inspect.signature(audit_captures).parameters
+    options = AuditOptions()
+    assert args.membership_references == api["membership_references"].default == options.references == REFERENCES
+    assert REFERENCES == MEMBERSHIP_REFERENCES
+    assert args.decoys == api["decoys"].default == options.decoys == DEFAULT_DECOYS

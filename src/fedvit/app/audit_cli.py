@@ -11,6 +11,7 @@ from typing import Any
 
 from fedvit.app.run_config import check_config, merge_overrides, resolved_run_config
 from fedvit.audit.api import SPEC_FILE
+from fedvit.core.budget import DEFAULT_DECOYS, MEMBERSHIP_REFERENCES
 from fedvit.core.config import parse_config
 
 DESCRIPTION = f"""Attack captured updates of any Flower app (fedvit's own included) or, with --benchmark, updates that
@@ -38,8 +39,6 @@ MODEL_FLAGS = ("model", "model_arg", "app_dir", "input", "mean", "std", "loss")
 DATA_FLAGS = ("data", "num_partitions", "data_option", "partition", "decoy_partitions")
 RECIPE_FLAGS = ("sent", "recipe")
 BENCHMARK_FLAGS = ("images", "defences", "batch_sizes", "local_steps", "accuracy_from", "model_from", "keep")
-# = fedvit.attacks.membership.REFERENCES, not imported here (torch); tests/test_public_api.py keeps them equal
-MEMBERSHIP_REFERENCES = 8
 BUDGET_FLAGS = {"iterations": "iterations", "restarts": "restarts", "max_seconds": "max-seconds", "tv": "tv"}
 
 
@@ -93,7 +92,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--canaries", help="package.module:loader, loader(partition_id) -> (images, labels, included): "
                    "canaries planted in that partition's training, each included with probability 1/2; membership "
                    "then scores them (included against left out) and tests the update's DP claim")  # fmt: skip
-    g.add_argument("--decoys", type=int, default=99, help="test-split images beside the true one in the "
+    g.add_argument("--decoys", type=int, default=DEFAULT_DECOYS, help="test-split images beside the true one in the "
                    "re-identification gallery of recorded ground truth (default 99: chance 1%%; 0: off)")  # fmt: skip
     g.add_argument("--membership-references", type=int, default=MEMBERSHIP_REFERENCES, metavar="K",
                    help="shadow updates behind the shadow-alignment membership score (the client's local "

@@ -44,6 +44,7 @@ from fedvit.attacks.membership_stats import (
 )
 from fedvit.attacks.reidentification import evenly_spaced
 from fedvit.attacks.simulation import Simulation, simulate
+from fedvit.core.budget import MEMBERSHIP_REFERENCES
 from fedvit.core.model import classify, normalize
 from fedvit.observed.augmentation import VIEWS, Augmentation, augmented, banked
 from fedvit.observed.observation import (
@@ -56,7 +57,7 @@ from fedvit.observed.observation import (
 )
 
 BATCH = 256  # candidates per forward pass
-REFERENCES = 8  # shadow updates per multi-step update (fewer where REFERENCE_SECONDS runs out)
+REFERENCES = MEMBERSHIP_REFERENCES  # shadow updates per multi-step update (fewer where REFERENCE_SECONDS runs out)
 REFERENCE_SECONDS = 60.0
 ALIGNMENT_POINTS = 3  # weights along the local training where the candidates' gradients are taken
 PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is cleared of

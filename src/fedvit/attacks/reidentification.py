@@ -20,7 +20,6 @@ SIMILARITY = (
     "zero-mean normalised cross-correlation (Pearson r over all pixels and channels after removing each image's "
     "per-channel mean; a flat image scores 0 against every image)"
 )
-DEFAULT_DECOYS = 99  # gallery of 100: chance 1%
 SAME_IMAGE_TOLERANCE = 0.5 / 255  # a pool image this close (max abs pixel difference) to a batch image is that image
 _FLAT = 1e-9  # norm below which an image has no structure
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedvit.core.budget import DEFAULT_DECOYS, MEMBERSHIP_REFERENCES
+
 if TYPE_CHECKING:  # the summary's types load numpy and scipy: not at `fedvit --help`
     from fedvit.audit.summary import ClientFinding
 
@@ -61,8 +63,8 @@ def audit_captures(
     sent: str = "auto",
     recipe: Mapping[str, Any] | None = None,
     fit_check: bool = True,
-    decoys: int = 99,
-    membership_references: int = 8,
+    decoys: int = DEFAULT_DECOYS,
+    membership_references: int = MEMBERSHIP_REFERENCES,
     budgets: Iterable[int] | None = None,
     device: str | None = None,
     title: str | None = None,

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from fedvit.attacks.reidentification import DEFAULT_DECOYS
 from fedvit.audit.frontier import write_frontier
 from fedvit.audit.metrics import as_batch
 from fedvit.audit.pipeline import AuditOptions, Reader, audit_exchanges
@@ -29,6 +28,7 @@ from fedvit.capture.writer import capture_stem, direction_entry, write_direction
 from fedvit.clients import runner
 from fedvit.clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from fedvit.clients.privacy import privatize_offline
+from fedvit.core.budget import DEFAULT_DECOYS
 from fedvit.core.config import Config, parse_config
 from fedvit.core.data import client_data, load_dataset
 from fedvit.core.model import build_model, get_weights

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES
 from fedvit.attacks.membership_stats import Roc
-from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery
+from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import ModelInputError, trial_logits
 from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict_detail
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
@@ -48,7 +48,7 @@ from fedvit.capture.reader import (
     unreadable_links,
 )
 from fedvit.capture.writer import FEDVIT_SWITCH
-from fedvit.core.budget import AuditConfig
+from fedvit.core.budget import DEFAULT_DECOYS, AuditConfig
 from fedvit.core.config import Config, ConfigError, parse_config
 from fedvit.core.params import HEAD_BIAS
 from fedvit.core.results import atomic_write

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from fedvit.attacks.holdings import Auxiliary, Candidates
-from fedvit.attacks.reidentification import DEFAULT_DECOYS, Gallery, evenly_spaced
+from fedvit.attacks.reidentification import Gallery, evenly_spaced
 from fedvit.capture.reader import AuditInputError, Exchange
 from fedvit.capture.writer import FEDVIT_SWITCH
+from fedvit.core.budget import DEFAULT_DECOYS
 from fedvit.core.config import Config, is_dataset_name, parse_config_cached
 from fedvit.observed.model_spec import import_callable
 from fedvit.observed.observation import Observation, input_shape, recipe

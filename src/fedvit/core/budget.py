@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the audit's defaults, defined once here (light: the command line reads them without importing torch)
+DEFAULT_DECOYS = 99  # test-split decoys beside each true image: a gallery of 100, chance 1%
+MEMBERSHIP_REFERENCES = 8  # shadow updates per multi-step update (fewer where their time runs out)
+
 
 @dataclass(frozen=True)
 class AuditConfig:
