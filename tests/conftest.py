@@ -2,6 +2,7 @@
 the runtime."""
 
 import os
+from pathlib import Path
 
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
@@ -76,14 +77,25 @@ def _reports_print_possible_figures(tmp_path_factory):
     yield
     from tests.report_checks import impossible_figures
 
-    root = tmp_path_factory.getbasetemp()
-    for path in [*root.rglob("audit.md"), *root.rglob("audit.html")]:
+    for path in written_reports(tmp_path_factory.getbasetemp()):
         try:
-            stamp = path.stat().st_mtime_ns
+            stamp = os.stat(path).st_mtime_ns
         except OSError:  # removed by its test's own clean-up
             continue
-        if _REPORTS_READ.get(str(path)) == stamp:
+        if _REPORTS_READ.get(path) == stamp:
             continue
-        _REPORTS_READ[str(path)] = stamp
-        found = impossible_figures(path.read_text(errors="replace"))
+        _REPORTS_READ[path] = stamp
+        found = impossible_figures(Path(path).read_text(errors="replace"))
         assert not found, f"{path} prints figures no AUC or TPR can take: {found[:5]}"
+
+
+NOT_REPORTS = {"site-packages", "__pycache__", "node_modules", ".git", "chromium-profile"}  # large trees, no report
+
+
+def written_reports(root: os.PathLike) -> list[str]:
+    """Every audit.md and audit.html under ``root`` (one walk, skipping installed environments and caches)."""
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in NOT_REPORTS and not d.startswith(".venv")]
+        found += [os.path.join(folder, f) for f in files if f in ("audit.md", "audit.html")]
+    return found

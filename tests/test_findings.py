@@ -140,3 +140,17 @@ def test_images_leak_by_one_rule_in_the_report_and_the_frontier(top1, null, chan
     assert judged == leaks(row) == images_clear(top1, null, chance, images)
     expected = {(1.0, 2): True, (0.5, 2): False, (0.3, 40): False, (0.45, 40): True, (0.12, 8): False}
     assert judged == expected.get((top1, images), False)
+
+
+def test_the_suite_wide_check_finds_every_report_a_test_writes(tmp_path):
+    """tests/conftest.py reads every audit.md and audit.html under pytest's temporary folders after each test, skipping
+    installed environments (a report written there would not be found: none is)."""
+    from tests.conftest import written_reports
+
+    (tmp_path / "run" / "audit").mkdir(parents=True)
+    (tmp_path / "run" / "audit" / "audit.md").write_text("null: clears at AUC > 0.930\n")
+    (tmp_path / "run" / "audit" / "audit.html").write_text("<p>AUC 0.700</p>\n")
+    (tmp_path / ".venv" / "lib").mkdir(parents=True)
+    (tmp_path / ".venv" / "lib" / "audit.md").write_text("AUC 1.500\n")
+    found = sorted(written_reports(tmp_path))
+    assert found == [str(tmp_path / "run" / "audit" / name) for name in ("audit.html", "audit.md")]
