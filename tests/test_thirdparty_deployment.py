@@ -207,8 +207,12 @@ def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_th
     cleared = [u["update"] for u in report["updates"] if u["leakage"]["labels"]["clears"]]
     assert cleared == [u["update"] for u in report["updates"]
                        if u["examples"] >= u["leakage"]["labels"]["images-needed"]], report["updates"]
-    assert cleared and report["verdict-detail"].startswith(f"LEAKS: labels beyond the null in {len(cleared)} of 4")
+    # 1 and 4 images: no update alone can clear its prior (the intervals reach it), the two clients together do
+    assert not cleared and report["verdict-detail"].startswith("no evidence at this budget: labels beyond the null in "
+                                                               "0 of 4"), report["verdict-detail"]  # fmt: skip
     assert "4 of 4 exactly right" in report["verdict-detail"]
+    assert "Together: labels of the 2 clients together beyond the prior (0 of 5 images misplaced" in report[
+        "verdict"], report["verdict"]  # fmt: skip
     assert (out / "grid.png").exists() and "Verdict" in (out / "audit.md").read_text()
     from fedvit.audit.report import TOP_LEVEL_KEYS
 
