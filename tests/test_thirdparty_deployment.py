@@ -208,8 +208,8 @@ def test_tap_records_a_third_party_deployment_that_trains_bit_identically_and_th
     assert cleared == [u["update"] for u in report["updates"]
                        if u["examples"] >= u["leakage"]["labels"]["images-needed"]], report["updates"]
     # 1 and 4 images: no update alone can clear its prior (the intervals reach it), the two clients together do
-    assert not cleared and report["verdict-detail"].startswith("no evidence at this budget: labels beyond the null in "
-                                                               "0 of 4"), report["verdict-detail"]  # fmt: skip
+    assert not cleared and "labels beyond the null in 0 of 4 update(s)" in report["verdict-detail"], report[
+        "verdict-detail"]  # fmt: skip
     assert "4 of 4 exactly right" in report["verdict-detail"]
     assert "Together: labels of the 2 clients together beyond the prior (0 of 5 images misplaced" in report[
         "verdict"], report["verdict"]  # fmt: skip

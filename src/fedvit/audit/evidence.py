@@ -240,7 +240,7 @@ def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
                   f"{np.mean([e['null-error'] for e in measured]):.1%}, margin {LABEL_MARGIN:.0%}; "
                   f"{sum(e['error'] == 0 for e in measured)} of {len(measured)} exactly right")  # fmt: skip
     elif kind == "membership":
-        detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f}; the null "
+        detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f}; null: "
                   f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest update")  # fmt: skip
         resolved = [e for e in measured if e.get("tpr@0.01") is not None]
         if resolved:
@@ -285,7 +285,7 @@ def rounds_part(clients: list[dict[str, Any]]) -> tuple[str, bool | None]:
         return "membership over rounds not measured", None
     hits = sum(e["clears"] for e in measured)
     return (f"membership over each client's updates beyond the null for {hits} of {len(measured)} client(s) "
-            f"(AUC {np.mean([e['auc'] for e in measured]):.3f}; the null "
+            f"(AUC {np.mean([e['auc'] for e in measured]):.3f}; null: "
             f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest)", hits > 0)  # fmt: skip
 
 
