@@ -94,6 +94,11 @@ def images_clear(top1: float, null: float | None, chance: float | None, images: 
     return float(binom.sf(hits - 1, images, p0)) < REID_SIGNIFICANCE
 
 
+def out_of_reach(value: float | None) -> bool:
+    """Whether a null threshold sits at or above the largest value its figure takes (AUC 1, TPR 100%)."""
+    return value is not None and value >= 1.0 - 1e-12
+
+
 def membership_reach(result: dict[str, Any]) -> dict[str, Any]:
     """Whether a membership null can be cleared at all: each null is a threshold (the 99.9% quantile of
     within-class shuffles, mapped back from the family's standardised maximum), so it can sit at or above the
@@ -102,8 +107,7 @@ def membership_reach(result: dict[str, Any]) -> dict[str, Any]:
     (:func:`fedvit.attacks.membership_stats.members_needed`)."""
     at = "tpr@0.01" if result.get("tpr@0.01") is not None else "tpr@resolution"
     null = result["null"]
-    blocked = [name for name, value in (("AUC", null["auc"]), ("TPR", null.get(at))) if value is not None
-               and value >= 1.0 - 1e-12]  # fmt: skip
+    blocked = [name for name, value in (("AUC", null["auc"]), ("TPR", null.get(at))) if out_of_reach(value)]
     if not blocked:
         return {"resolvable": True}
     need = max(int(result.get("members-needed") or 0), int(result["members"]) + 1)
@@ -112,18 +116,21 @@ def membership_reach(result: dict[str, Any]) -> dict[str, Any]:
 
 def needed_text(reach: dict[str, Any], members: int) -> str:
     """How many members a null out of reach would need (:func:`membership_reach`), as the report says it."""
-    return f"not resolvable with {members} {plural(members)}: at least about {reach['members-needed']} needed"
+    return f"not resolvable with {counted(members, 'member')}: at least about {reach['members-needed']} needed"
 
 
-def plural(members: int) -> str:
-    return "member" if members == 1 else "members"
+def counted(n: int, noun: str) -> str:
+    """"1 member", "2 members"."""
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
-def threshold_text(value: float | None, figure: str) -> str | None:
-    """A null as what it is, the threshold a figure must exceed ("AUC > 0.930", "TPR > 94.3%"); None where it sits
-    at or above the figure's largest value (AUC 1, TPR 100%), so that no figure can clear it."""
-    if value is None or value >= 1.0 - 1e-12:
-        return None
+def threshold_text(value: float | None, figure: str) -> str:
+    """A null as what it is, the threshold a figure must exceed ("AUC > 0.930", "TPR > 94.3%"), or "no AUC can
+    clear it" where it is :func:`out_of_reach`."""
+    if value is None:
+        return f"no {figure} null"
+    if out_of_reach(value):
+        return f"no {figure} can clear it"
     return f"{figure} > " + (f"{value:.3f}" if figure == "AUC" else f"{value:.1%}")
 
 
@@ -131,11 +138,12 @@ def null_text(null: dict[str, Any], at: str | None = None, members: int | None =
     """A membership null's AUC and (at ``at``, e.g. "tpr@0.01") TPR thresholds in one phrase: "clears at AUC >
     0.930, TPR > 94.3%", or "no AUC can clear it with 2 members" where a threshold is out of reach."""
     figures = [("AUC", null["auc"])] + ([("TPR", null[at])] if at is not None and null.get(at) is not None else [])
-    reachable = [text for name, value in figures if (text := threshold_text(value, name)) is not None]
-    blocked = [name for name, value in figures if threshold_text(value, name) is None]
+    reachable = [threshold_text(value, name) for name, value in figures if not out_of_reach(value)]
+    blocked = [name for name, value in figures if out_of_reach(value)]
     if not blocked:
         return "clears at " + ", ".join(reachable)
-    text = f"no {' or '.join(blocked)} can clear it" + ("" if members is None else f" with {members} {plural(members)}")
+    text = f"no {' or '.join(blocked)} can clear it"
+    text += "" if members is None else f" with {counted(members, 'member')}"
     return text + (f" ({', '.join(reachable)})" if reachable else "")
 
 
@@ -246,7 +254,7 @@ def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
         if resolved:
             hardest = max(e["null"]["tpr@0.01"] for e in resolved)
             detail += (f", TPR@1% FPR {np.mean([e['tpr@0.01'] for e in resolved]):.1%} (null: "
-                       f"{threshold_text(hardest, 'TPR') or 'no TPR can clear it'} in the hardest)")  # fmt: skip
+                       f"{threshold_text(hardest, 'TPR')} in the hardest)")  # fmt: skip
         if unresolvable := sum(not e.get("resolvable", True) for e in measured):
             detail += f"; not resolvable in {unresolvable} (too few members for any figure to clear the null)"
         if len(resolved) < len(measured):  # the verdict read TPR at the resolution there

@@ -194,8 +194,8 @@ def parametric_text(e: dict[str, Any]) -> str:
     passed = f"{check['found']:.2%} of the non-members pass its {check['target']:.0%} threshold"
     if not check["agrees"]:
         return f"; a per-class Gaussian fit disagrees with the empirical CDF ({passed}): no parametric figure"
-    null = threshold_text(e["null"]["tpr@0.001-parametric"], "TPR") or "no TPR can clear it"
-    return (f"; parametric {value:.1%} (null: {null}; a per-class Gaussian fit of the "
+    return (f"; parametric {value:.1%} (null: {threshold_text(e['null']['tpr@0.001-parametric'], 'TPR')}; a "
+            f"per-class Gaussian fit of the "
             f"non-members, LiRA's offline test, agreeing with the empirical CDF: {passed})")  # fmt: skip
 
 
@@ -224,7 +224,7 @@ def tpr_text(e: dict[str, Any], target: str) -> str:
             parametric_text(e) if target == "0.001" else "")
     low, high = e[f"tpr@{target}-ci"]
     return (f"{name} {e[f'tpr@{target}']:.1%} [{low:.1%}, {high:.1%}] at FPR {e[f'fpr@{target}']:.2%} "
-            f"(null: {threshold_text(e['null'][f'tpr@{target}'], 'TPR') or 'no TPR can clear it'})")  # fmt: skip
+            f"(null: {threshold_text(e['null'][f'tpr@{target}'], 'TPR')})")  # fmt: skip
 
 
 GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)

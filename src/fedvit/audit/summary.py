@@ -19,10 +19,10 @@ from fedvit.attacks.membership_stats import clopper_pearson
 from fedvit.audit.evidence import (
     MEASURED,
     NOT_MEASURED,
+    counted,
     images_clear,
     label_images_needed,
     labels_clear,
-    membership_reach,
     needed_text,
     null_text,
 )
@@ -98,7 +98,7 @@ def label_finding(updates: list[dict[str, Any]]) -> Finding:
     word = LEAKS if hits else NO_EVIDENCE
     if not hits and not any(labels_clear(0.0, m["null-error"], label_images(m)) for m in measured):
         need = label_images_needed(e["null-error"])
-        figure += (f"; not resolvable with {images} image{'s' * (images > 1)}: " + (
+        figure += (f"; not resolvable with {counted(images, 'image')}: " + (
             "the prior is within the margin of exact" if need is None else f"exact counts need ≥ {need} to clear "
             "the prior"))  # fmt: skip
         word = NOT_RESOLVABLE
@@ -136,9 +136,8 @@ def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] |
     null = null_text(e["null"], f"tpr@{at}", e["members"])
     ci = e.get(f"tpr@{at}-ci")
     power, word = "—", LEAKS if e["clears"] else NO_EVIDENCE
-    reach = membership_reach(e)
-    if not e["clears"] and not reach["resolvable"]:
-        figure += f"; {needed_text(reach, e['members'])}"
+    if not e["clears"] and not e["resolvable"]:  # membership_evidence's reach of the null
+        figure += f"; {needed_text(e, e['members'])}"
         word = NOT_RESOLVABLE
     powers = [m["power"] for m in ([e] if combined is not e else measured) if (m.get("power") or {}).get("status")
               == MEASURED]  # fmt: skip
@@ -163,16 +162,21 @@ def image_finding(updates: list[dict[str, Any]]) -> Finding:
         if skipped:  # no image attack ran: say why the inversions were not attempted
             why = skipped[0].split("not attempted: ", 1)[1]
         return Finding(NOT_MEASURED, why=short_reason(why))
-    e = max(measured, key=lambda m: (m["clears"], m["top1"] - m["null-top1"]))
+    e = strongest_images(measured)
     images = int(e.get("images") or 1)
     hits = round(e["top1"] * images)
     figure = f"re-identified {e['top1']:.0%} top-1" + (f", {e['psnr']:.1f} dB" if e.get("psnr") is not None else "")
     word = LEAKS if e["clears"] else NO_EVIDENCE
     if word != LEAKS and not any(images_clear(1.0, m["null-top1"], m.get("chance"), int(m.get("images") or 1))
                                  for m in measured):  # not even every image re-identified would clear  # fmt: skip
-        figure += f"; not resolvable with {images} image{'s' * (images > 1)}"
+        figure += f"; not resolvable with {counted(images, 'image')}"
         word = NOT_RESOLVABLE
     return Finding(word, figure, f"{e['null-top1']:.0%}", _ci(*clopper_pearson(hits, images)))
+
+
+def strongest_images(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """The update whose re-identification clears its null, else lies furthest above it."""
+    return max(measured, key=lambda m: (m["clears"], m["top1"] - m["null-top1"]))
 
 
 def dp_finding(updates: list[dict[str, Any]]) -> Finding:
@@ -312,8 +316,7 @@ def together(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> st
             said.append(f"labels of the {len(labels)} clients together beyond the prior ({round(misplaced)} of "
                         f"{images} images misplaced, 95% CI [{low:.1%}, {high:.1%}], prior {null:.1%}; "
                         f"{sum(e['error'] == 0 for e in labels)} exactly right)")  # fmt: skip
-    pictures = [max(m, key=lambda e: e["top1"] - e["null-top1"]) for us in mine.values()
-                if (m := measured(us, "images"))]
+    pictures = [strongest_images(m) for us in mine.values() if (m := measured(us, "images"))]
     if len(pictures) > 1 and not any(f.images.word == LEAKS for f in findings):
         sizes = [int(e.get("images") or 1) for e in pictures]
         images = sum(sizes)
