@@ -229,3 +229,21 @@ def test_audit_and_deploy_commands_merge_overrides_key_by_key(tmp_path, capsys):
     assert main(["keygen", "--out", str(tmp_path / "key"), *pairs]) == 2
     assert capsys.readouterr().err.count("data.name='bogus-dataset'") == 3
     assert not (tmp_path / "deploy").exists()  # refused before any process started
+
+
+def test_a_failed_run_prints_the_end_of_its_log_that_the_stream_missed():
+    """A SuperLink restart cuts ``flwr run --stream`` before the ServerApp's last lines (the reason it stopped);
+    ``fedvit run`` prints the log from the first line it did not relay, matched in order (a repeated line such as an
+    empty INFO line must not hide what follows it), and nothing once the stream had it all."""
+    from fedvit.app.cli import unprinted_tail
+
+    log = ["INFO :", "[ROUND 1/2]", "INFO :", "[ROUND 2/2]", "INFO :", "ERROR : round 2: all 3 clients failed"]
+    printed = ["$ flwr run . --stream", "Successfully started run 7", "INFO : Starting logstream for run_id `7`"]
+    printed += log[:4]
+    shown = ["Using SuperLink: local (127.0.0.1:39091)", "INFO : Printing logstream for run_id `7`", *log]
+    assert unprinted_tail(shown, printed) == log[4:]  # flwr log --show's own header is not the run's
+    assert unprinted_tail(log, printed) == log[4:]
+    assert unprinted_tail(log, printed + log[4:]) == []
+    reattached = printed + ["fedvit: the log stream of run 7 ended while it is running; re-attaching", *log]
+    assert unprinted_tail(log, reattached) == []
+    assert unprinted_tail(log, []) == log

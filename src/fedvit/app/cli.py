@@ -75,23 +75,30 @@ def run(args: argparse.Namespace) -> int:
             print(f"fedvit: the files of {app_dir} that its bundle (FAB) can hold, staged in {staged}", flush=True)
         cmd = flwr_run_command(args, Path(tmp) / "run-config.toml", staged)
         print("$", " ".join(cmd), flush=True)
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        run_id = None
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            if run_id is None and (match := RUN_STARTED.search(line)):
-                run_id = match.group(1)
-        proc.wait()
+        printed: list[str] = []
+        code = relay(cmd, env, printed)
+        run_id = next((m.group(1) for line in printed if (m := RUN_STARTED.search(line))), None)
     if run_id is None:  # nothing was submitted: flwr's own error is above
-        return proc.returncode or 1
-    status = follow_run(run_id, args.superlink, env)
+        return code or 1
+    status = follow_run(run_id, args.superlink, env, printed)
+    if status != "finished:completed":
+        print_missed_log(run_id, args.superlink, env, printed)
     print(f"fedvit: run {run_id} {status}", flush=True)
     return 0 if status == "finished:completed" else 1
 
 
-def follow_run(run_id: str, superlink: str | None, env: dict[str, str]) -> str:
+def relay(cmd: list[str], env: dict[str, str], printed: list[str]) -> int:
+    """Run ``cmd``, printing its output line by line as it comes and keeping each line in ``printed``."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        printed.append(line.rstrip("\n"))
+    return proc.wait()
+
+
+def follow_run(run_id: str, superlink: str | None, env: dict[str, str], printed: list[str]) -> str:
     """The run's final status. When the log stream ended before the run did (the SuperLink restarted, the network
     dropped), the run may go on without us: ask for its status until the SuperLink answers again and re-attach to
     its log; give up only after :data:`REATTACH_S` without an answer."""
@@ -105,8 +112,36 @@ def follow_run(run_id: str, superlink: str | None, env: dict[str, str]) -> str:
             continue
         unanswered_since = None
         print(f"fedvit: the log stream of run {run_id} ended while it is {status}; re-attaching", flush=True)
-        subprocess.run([flwr_executable(), "log", run_id, *([superlink] if superlink else []), "--stream"], env=env)
+        relay([flwr_executable(), "log", run_id, *([superlink] if superlink else []), "--stream"], env, printed)
     return status
+
+
+def print_missed_log(run_id: str, superlink: str | None, env: dict[str, str], printed: list[str]) -> None:
+    """A run that did not complete: print the end of its log that the stream missed (a stream cut by a SuperLink
+    restart ends before the ServerApp's last lines, which say why it stopped)."""
+    cmd = [flwr_executable(), "log", run_id, *([superlink] if superlink else []), "--show"]
+    try:
+        shown = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=60).stdout
+    except subprocess.TimeoutExpired:
+        print(f"fedvit: the log of run {run_id} did not come within 60 s; see 'flwr log {run_id} --show'", flush=True)
+        return
+    missed = unprinted_tail(shown.splitlines(), printed)
+    if missed:
+        print(f"fedvit: the end of run {run_id}'s log, which the stream missed:", flush=True)
+        print("\n".join(missed), flush=True)
+
+
+def unprinted_tail(log: list[str], printed: list[str]) -> list[str]:
+    """The lines of ``log`` from the first one the stream did not print: ``log``'s lines are matched in order
+    against ``printed`` (which also holds the CLI's own lines, and the log again after a re-attach)."""
+    header = next((i for i, line in enumerate(log) if "logstream for run_id" in line), -1)  # flwr's, not the run's
+    log, at = log[header + 1 :], 0
+    for i, line in enumerate(log):
+        try:
+            at = printed.index(line.rstrip("\n"), at) + 1
+        except ValueError:
+            return [rest for rest in log[i:] if rest.strip()]
+    return []
 
 
 def join_ray_cluster(address: str, local: bool, env: dict[str, str]) -> int:
