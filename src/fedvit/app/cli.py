@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 
 import fedvit
-from fedvit.app import audit_cli
+from fedvit.app import audit_app, audit_cli
 from fedvit.app.deployment import cli as deployment_cli
 from fedvit.app.flower_processes import (
     flower_env,
     flwr_executable,
     flwr_home,
+    relay,
     run_status,
     stop_local_superlink,
     superlink_pids,
@@ -85,17 +86,6 @@ def run(args: argparse.Namespace) -> int:
         print_missed_log(run_id, args.superlink, env, printed)
     print(f"fedvit: run {run_id} {status}", flush=True)
     return 0 if status == "finished:completed" else 1
-
-
-def relay(cmd: list[str], env: dict[str, str], printed: list[str]) -> int:
-    """Run ``cmd``, printing its output line by line as it comes and keeping each line in ``printed``."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        printed.append(line.rstrip("\n"))
-    return proc.wait()
 
 
 def follow_run(run_id: str, superlink: str | None, env: dict[str, str], printed: list[str]) -> str:
@@ -235,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_dec.add_argument("--out", type=Path, required=True, help="where the decrypted model goes")
 
     audit_cli.add_parser(sub)
+    audit_app.add_parser(sub)
 
     p_tap = sub.add_parser("tap", help="eavesdrop on a Flower deployment: a Fleet API proxy recording what it relays")
     p_tap.add_argument("--listen", required=True, help="HOST:PORT the SuperNodes dial (their --superlink)")
@@ -273,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         return keys(args)
     if args.command == "audit":
         return audit_cli.main(args)
+    if args.command == "audit-app":
+        return audit_app.main(args)
     if args.command == "tap":
         from fedvit.app.tap import main as serve_tap
 

@@ -127,6 +127,17 @@ def stop_local_superlink(home: Path | None = None, timeout: float = 10.0) -> int
     return len(pids)
 
 
+def relay(cmd: list[str], env: dict[str, str], printed: list[str]) -> int:
+    """Run ``cmd``, printing its output line by line as it comes and keeping each line in ``printed``."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        printed.append(line.rstrip("\n"))
+    return proc.wait()
+
+
 def run_status(run_id: str, superlink: str | None, env: dict[str, str]) -> str:
     """Final status of a run as Flower reports it, e.g. ``finished:completed`` or ``finished:failed``."""
     cmd = [flwr_executable(), "ls", *([superlink] if superlink else []), "--run-id", run_id, "--format", "json"]

@@ -69,6 +69,7 @@ def audit_captures(
     device: str | None = None,
     title: str | None = None,
     leakage: str | Iterable[str] | None = None,
+    app_facts: Iterable[Mapping[str, str]] = (),
     **budget: Any,
 ) -> AuditResult:
     """Audit every captured train exchange under ``captures`` and write the report under ``out``.
@@ -89,6 +90,8 @@ def audit_captures(
       comma-separated string as ``--leakage`` takes it (default: all); the others are reported "not asked for".
       The label estimate still runs where a membership figure rests on its simulation (the shadow updates and the
       power twin, neither of which runs where canaries are scored).
+    - ``app_facts``: rows of what ``fedvit audit-app`` read from the app (``what``, ``value``, ``source``,
+      ``side``), printed in the report.
 
     Raises ``ValueError`` (or its subclasses: fedvit's ``AuditInputError``, ``SpecError``) saying what to change.
     """
@@ -131,6 +134,7 @@ def audit_captures(
         device=device,
         title=title,
         leakage=kinds,
+        app_facts=tuple(dict(f) for f in app_facts),
     )
     report = run_audit(captures, out, options)
     log.info(f"audit: {report['verdict']}")
@@ -222,7 +226,11 @@ def user_data(
     from fedvit.audit.user_data import UserData
     from fedvit.core.config import is_dataset_name, parse_selection
 
-    source = reference(data, "data") if data is not None else table.get("loader") or table.get("name")
+    loader = data if callable(data) and hasattr(data, "reference") else None  # audit-app's AppLoader, in-process
+    if loader is not None:
+        source = loader.reference
+    else:
+        source = reference(data, "data") if data is not None else table.get("loader") or table.get("name")
     if not source:
         named = [n for n, v in (("partitions (--partition)", partitions), ("num_partitions (--num-partitions)",
                  num_partitions), ("data_options (--data-option)", data_options), ("decoy_partitions "
@@ -250,6 +258,7 @@ def user_data(
         source, mapping, tuple(sorted(chosen or ())), spec.app_dir if spec else (None if app_dir is None else
         str(app_dir)), settings, None if count is None else int(count), shape[1] if shape else 32,
         None if canaries is None else reference(canaries, "canaries") if not isinstance(canaries, str) else canaries,
+        loader=loader,
     )  # fmt: skip
     if found.named:
         found.config()  # a wrong data.* setting fails here, before any attack runs

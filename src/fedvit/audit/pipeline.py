@@ -117,6 +117,7 @@ class AuditOptions:
     dataset_mean: np.ndarray | None = None  # the benchmark's "dataset mean image" reference
     gallery: Gallery | None = None  # decoys for every update (default: each run's test split, ``decoys`` of them)
     leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types measured (--leakage); the others say "not asked for"
+    app_facts: tuple[dict[str, str], ...] = ()  # ``fedvit audit-app``: what it read from the app, with sources
 
 
 class Audited(NamedTuple):
@@ -465,6 +466,7 @@ def audit_exchanges(
     report = {
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "— (no update was readable: nothing attacked)",
+        "read-from-app": [dict(f) for f in options.app_facts],
         "threat-model": threat_model(observers, any(u["assumptions"] for u in updates), tls_links),
         "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds),
                                  jointly=together(updates, findings)),

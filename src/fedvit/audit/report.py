@@ -17,8 +17,8 @@ from fedvit.audit.summary import ClientFinding, summary_table
 from fedvit.observed.observation import Observation, Reconstruction
 
 TOP_LEVEL_KEYS = (
-    "title", "model", "threat-model", "verdict", "findings", "verdict-detail", "metrics", "budget", "updates",
-    "clients", "rows", "summary", "notes", "secure-aggregation",
+    "title", "model", "read-from-app", "threat-model", "verdict", "findings", "verdict-detail", "metrics", "budget",
+    "updates", "clients", "rows", "summary", "notes", "secure-aggregation",
 )  # fmt: skip
 NOT_APPLICABLE = "not applicable: "
 
@@ -32,7 +32,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines += secure_lines(report["secure-aggregation"])
     lines += ["## Detail", "", f"In full: {report['verdict-detail']}", "", f"Threat model: {report['threat-model']}",
               ""]  # fmt: skip
-    lines += [f"Model: {report['model']}", "", f"Budget: {'; '.join(report['budget'])}", ""]
+    lines += [f"Model: {report['model']}", ""]
+    lines += app_fact_lines(report["read-from-app"])
+    lines += [f"Budget: {'; '.join(report['budget'])}", ""]
     lines += update_lines(report["updates"])
     lines += client_lines(report["clients"])
     lines += [
@@ -52,6 +54,15 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
     lines += [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def app_fact_lines(facts: list[dict[str, str]]) -> list[str]:
+    """``fedvit audit-app``: what it read from the app's code and data, each with its source and whose side used it."""
+    if not facts:
+        return []
+    lines = ["Read from the app (`fedvit audit-app`):", "", "| what | value | source | used by |", "|---|---|---|---|"]
+    lines += [f"| {f['what']} | {f['value']} | {f['source']} | {f['side']} |" for f in facts]
+    return [*lines, ""]
 
 
 def secure_lines(secure: dict[str, Any] | None) -> list[str]:

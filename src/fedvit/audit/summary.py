@@ -294,17 +294,23 @@ def short_verdict(findings: list[ClientFinding], nothing: str, secured: bool = F
 
 
 def together(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> str:
+    """:func:`jointly_leaking` as the verdict's sentence ("" where nothing is to be said)."""
+    said = jointly_leaking(updates, findings)
+    return ("Together: " + "; ".join(said.values()) + ".") if said else ""
+
+
+def jointly_leaking(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> dict[str, str]:
     """The clients together, where none's own evidence of a leakage type leaks but their pooled evidence does
     (label counts over all their images against the prior's error, re-identification over all their images), by
-    the same rule as each client's: one sentence ("" where nothing is to be said). Each client counts once, by its
-    strongest update (its rounds hold the same images); the SecAgg+ aggregate is not a client."""
+    the same rule as each client's: the leakage type → what was found. Each client counts once, by its strongest
+    update (its rounds hold the same images); the SecAgg+ aggregate is not a client."""
     mine: dict[str, list[dict[str, Any]]] = {}
     for u in updates:
         if client_of(u) != AGGREGATE_ROW:
             mine.setdefault(client_of(u), []).append(u)
     if len(mine) < 2:
-        return ""
-    said = []
+        return {}
+    said: dict[str, str] = {}
     measured = lambda us, kind: [u["leakage"][kind] for u in us if u["leakage"][kind]["status"] == MEASURED]  # noqa: E731
     labels = [strongest_labels(m) for us in mine.values() if (m := measured(us, "labels"))]
     if len(labels) > 1 and not any(f.labels.word == LEAKS for f in findings):
@@ -313,9 +319,9 @@ def together(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> st
         null = sum(e["null-error"] * label_images(e) for e in labels) / images
         if labels_clear(misplaced / images, null, images):
             low, high = clopper_pearson(round(misplaced), images)
-            said.append(f"labels of the {len(labels)} clients together beyond the prior ({round(misplaced)} of "
-                        f"{images} images misplaced, 95% CI [{low:.1%}, {high:.1%}], prior {null:.1%}; "
-                        f"{sum(e['error'] == 0 for e in labels)} exactly right)")  # fmt: skip
+            said["labels"] = (f"labels of the {len(labels)} clients together beyond the prior ({round(misplaced)} "
+                              f"of {images} images misplaced, 95% CI [{low:.1%}, {high:.1%}], prior {null:.1%}; "
+                              f"{sum(e['error'] == 0 for e in labels)} exactly right)")  # fmt: skip
     pictures = [strongest_images(m) for us in mine.values() if (m := measured(us, "images"))]
     if len(pictures) > 1 and not any(f.images.word == LEAKS for f in findings):
         sizes = [int(e.get("images") or 1) for e in pictures]
@@ -324,9 +330,9 @@ def together(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> st
         null = sum(e["null-top1"] * n for e, n in zip(pictures, sizes, strict=True)) / images
         chance = sum((e.get("chance") or 0.0) * n for e, n in zip(pictures, sizes, strict=True)) / images
         if images_clear(hits / images, null, chance, images):
-            said.append(f"images of the {len(pictures)} clients together re-identified ({hits} of {images} top-1, "
-                        f"null {null:.0%})")  # fmt: skip
-    return ("Together: " + "; ".join(said) + ".") if said else ""
+            said["images"] = (f"images of the {len(pictures)} clients together re-identified ({hits} of {images} "
+                              f"top-1, null {null:.0%})")  # fmt: skip
+    return said
 
 
 def summary_table(findings: list[ClientFinding]) -> list[str]:

@@ -365,6 +365,19 @@ def capture_mod(msg: Message, context: Context, call_next: Callable[[Message, Co
     return reply
 
 
+def captured(client_app: Any) -> Any:
+    """``client_app`` with :func:`capture_mod` outermost, as ``ClientApp(mods=[capture_mod])`` would have it, built
+    without editing the app (``fedvit audit-app``'s staged copy): every message, of any type and of the legacy
+    ``client_fn`` API too, goes through the mod and then the app's own ``__call__`` (its lifespan and mods)."""
+    from flwr.clientapp import ClientApp
+
+    class CapturedClientApp(ClientApp):
+        def __call__(self, message: Message, context: Context) -> Message:
+            return capture_mod(message, context, client_app)
+
+    return CapturedClientApp()
+
+
 def _record_client(msg: Message, context: Context, where: tuple[Path, int, str], received: tuple, reply: Any) -> None:
     """Write one exchange :func:`capture_mod` saw: ``received`` as it arrived, ``reply`` the reply Message or, for a
     client that raised, (no arrays, the error's manifest entry). Logs instead of raising."""

@@ -309,12 +309,15 @@ class App:
         expression, the expression, the calling module, the call)."""
         sites = []
         offset = 1 if function.args.args and function.args.args[0].arg in ("self", "cls") else 0
+        called = function.name
+        if called == "__init__" and isinstance(owner := module.parents.get(function), ast.ClassDef):
+            called = owner.name  # a constructor's arguments are given where the class is called
         for caller in self.modules.values():
             for call in ast.walk(caller.tree):
                 if not isinstance(call, ast.Call):
                     continue
                 name, args, keywords = self.callee(caller, call)  # a partial's own construction: "partial"
-                if name != function.name:
+                if name != called:
                     continue
                 arg = next((k.value for k in keywords if k.arg == param), None)
                 if arg is None and 0 <= index - offset < len(args):
