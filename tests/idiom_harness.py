@@ -123,10 +123,11 @@ def reply_arrays(shape: Shape, reply: Any) -> dict[str, torch.Tensor]:
     return {n: torch.as_tensor(a) for n, a in zip(names, arrays, strict=True)}
 
 
-def run_app(shape: Shape, out: Path, partitions: tuple[int, ...] = (0, 1), rounds: int = 1, seed: int = 0) -> None:
-    """``rounds`` FedAvg rounds of ``shape``'s own ClientApp on ``partitions`` (node 21 + p), each train message
-    answered through ``capture_mod`` into ``out``; the server's part (FedAvg of the replies by their examples) is
-    done here. Each client keeps its own Context across rounds (its ``context.state``)."""
+def run_app(shape: Shape, out: Path, partitions: tuple[int, ...] = (0, 1), rounds: int = 1, seed: int = 0,
+            client: Any = None) -> None:  # fmt: skip
+    """``rounds`` FedAvg rounds of ``shape``'s own ClientApp (or ``client``) on ``partitions`` (node 21 + p), each
+    train message answered through ``capture_mod`` into ``out``; the server's part (FedAvg of the replies by their
+    examples) is done here. Each client keeps its own Context across rounds (its ``context.state``)."""
     from flwr.app import Context, Message, RecordDict
 
     from fedvit.capture.writer import capture_mod
@@ -137,7 +138,7 @@ def run_app(shape: Shape, out: Path, partitions: tuple[int, ...] = (0, 1), round
     contexts = {p: Context(run_id=9 + seed, node_id=21 + p, state=RecordDict(), run_config=run_config,
                            node_config={"partition-id": p, "num-partitions": len(partitions)})
                 for p in partitions}  # fmt: skip
-    app = client_app(shape)
+    app = client or client_app(shape)
     for server_round in range(1, rounds + 1):
         replies = []
         for p in partitions:

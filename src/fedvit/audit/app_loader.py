@@ -91,8 +91,11 @@ def to_arrays(data: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(data, tuple | list) and len(data) == 2 and all(hasattr(x, "shape") or isinstance(x, list)
                                                                  for x in data):  # fmt: skip
         return _images_labels(*data, what=what)
-    if hasattr(data, "batch_size") and hasattr(data, "dataset"):  # a DataLoader: its batches
-        pairs = [_pair(batch, what) for batch in data]
+    if hasattr(data, "batch_size") and hasattr(data, "dataset"):  # a DataLoader: its dataset in order, unshuffled
+        from torch.utils.data import DataLoader
+
+        ordered = DataLoader(data.dataset, batch_size=data.batch_size or 1, shuffle=False, collate_fn=data.collate_fn)
+        pairs = [_pair(batch, what) for batch in ordered]
     elif hasattr(data, "__len__") and hasattr(data, "__getitem__"):  # a Dataset: its items, one image each
         pairs = [_pair(data[i], what) for i in range(len(data))]
         pairs = [(_as_numpy(x)[None], np.atleast_1d(_as_numpy(y))) for x, y in pairs]

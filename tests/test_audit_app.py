@@ -1,0 +1,202 @@
+"""``fedvit audit-app``: what it reads from an app's code (model, arguments, Normalize, the clients' loader), the
+loader's results as the audit's arrays, the staged copy that captures the app's own ClientApp, the CI gate, and an
+audit of a capture whose figures equal those of the flag-driven audit of the same capture."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fedvit.app.audit_app import AuditAppError, audit_app, discover, read_project, stage_with_capture
+from fedvit.audit.app_loader import pick_split, to_arrays
+from fedvit.audit.gate import judge, parse_fail_on
+from fedvit.audit.summary import LEAKS, NO_EVIDENCE, UNSEEABLE, ClientFinding, Finding
+from fedvit.capture.reader import AuditInputError
+from fedvit.observed.app_code import load_app
+from fedvit.observed.app_facts import LoaderCall, read_loader, read_model, read_normalisation
+from tests.idiom_harness import LEGACY, QUICKSTART, SHAPES, STATEFUL, run_app
+from tests.test_flower_idioms import line_of
+
+HEADAPP = Path(__file__).parent / "headapp"
+BUDGET = {"iterations": 5, "restarts": 1, "max_seconds": 20}
+
+
+# ---------------------------------------------------------------------------- read from the code
+
+
+def test_the_model_its_arguments_and_normalize_are_read_with_their_sources():
+    """quickstart-pytorch's ``Net()`` and ``Normalize((0.5, 0.5, 0.5), …)``; the legacy app's ``Net(num_classes=10)``
+    and grey ``Normalize((0.5,), (0.5,))``; the head example's ``get_model(int(context.run_config["num-classes"]))``
+    read from the run config; ``Normalize(*FM_NORMALIZATION)`` through its module constant."""
+    model = read_model(load_app(QUICKSTART), {})
+    assert model.read and model.factory.value == "qsapp.task:Net" and model.args == {}
+    assert model.factory.source == line_of(QUICKSTART, "client_app.py", "model = Net()")
+    mean, std = read_normalisation(load_app(QUICKSTART), {})
+    assert mean.value == std.value == (0.5, 0.5, 0.5) and mean.source == line_of(QUICKSTART, "task.py", "Normalize(")
+
+    legacy = read_model(load_app(LEGACY), {})
+    assert legacy.factory.value == "legacyapp.task:Net" and legacy.args["num_classes"].value == 10
+    assert read_normalisation(load_app(LEGACY), {})[0].value == (0.5,)
+
+    head = read_model(load_app(HEADAPP), {"num-classes": 7})
+    assert head.factory.value == "vithead.task:get_model"
+    assert head.args["num_classes"].value == 7 and "num-classes" in head.args["num_classes"].how
+    assert read_normalisation(load_app(STATEFUL), {})[0].value == (0.286,)
+
+
+def test_the_clients_loader_is_the_call_that_takes_the_partition():
+    quickstart = read_loader(load_app(QUICKSTART))
+    assert isinstance(quickstart, LoaderCall) and quickstart.function == "qsapp.task:load_data"
+    assert quickstart.source == line_of(QUICKSTART, "client_app.py", "load_data(partition_id")
+    args, _ = quickstart.arguments(1, 4, {"batch-size": 16})
+    assert args == [1, 4, 16]
+    head = read_loader(load_app(HEADAPP))  # local_data(context): the Context is built per partition
+    assert isinstance(head, LoaderCall) and head.function == "vithead.client_app:local_data" and head.context_params
+
+
+def app_copy(tmp_path: Path, old: str, new: str) -> Path:
+    folder = tmp_path / "app"
+    shutil.copytree(QUICKSTART, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    client = folder / "qsapp" / "client_app.py"
+    assert old in client.read_text()
+    client.write_text(client.read_text().replace(old, new))
+    return folder
+
+
+def test_a_model_built_behind_a_helper_is_one_line_naming_model(tmp_path):
+    """The model comes out of a helper that takes the Context: what it builds is decided at run time, so the
+    audit refuses in one line that names --model instead of guessing."""
+    folder = app_copy(tmp_path, "    model = Net()\n", "    model = build_model(context)\n")
+    found = read_model(load_app(folder), {})
+    assert not found.read and "context" in found.unread_reason()
+    run_app(SHAPES["quickstart"], tmp_path / "cap")
+    with pytest.raises(AuditAppError, match="give --model package.module:factory"):
+        discover(folder, tmp_path / "cap", {})
+    assert discover(folder, tmp_path / "cap", {"model": "qsapp.task:Net"}).keywords["model"] == "qsapp.task:Net"
+
+
+# ---------------------------------------------------------------------------- the loader's results as arrays
+
+
+class Items(Dataset):
+    def __init__(self, n: int = 6):
+        self.x = torch.rand(n, 3, 8, 8)
+        self.y = torch.arange(n) % 3
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"img": self.x[i], "label": int(self.y[i])}
+
+
+def test_dataloaders_datasets_and_arrays_become_the_audits_images_and_labels():
+    items = Items()
+    for data in (DataLoader(items, batch_size=4, shuffle=True), items):
+        images, labels = to_arrays(data, "test")
+        np.testing.assert_allclose(images, items.x.numpy(), rtol=0, atol=1e-7)  # in order, never shuffled
+        assert labels.tolist() == items.y.tolist()
+    pairs = DataLoader(list(zip(items.x, items.y, strict=True)), batch_size=4)  # (x, y) batches
+    assert to_arrays(pairs, "test")[1].tolist() == items.y.tolist()
+    images, labels = to_arrays((items.x.numpy(), items.y.numpy()), "test")
+    assert images.shape == (6, 3, 8, 8) and labels.dtype == np.int64
+    loaders = (DataLoader(items), DataLoader(Items(2)))
+    assert pick_split(loaders, 1, "test") is loaders[1]
+    with pytest.raises(AuditInputError, match="no held-out split"):
+        pick_split((items.x, items.y), 1, "test")
+    with pytest.raises(AuditInputError, match="cannot read images"):
+        to_arrays(42, "test")
+
+
+# ---------------------------------------------------------------------------- the staged copy
+
+
+def test_the_staged_copy_wraps_the_users_clientapp_and_leaves_the_users_files_alone(tmp_path):
+    """The copy's clientapp component is a module that wraps the user's ClientApp; it answers a train message
+    through capture_mod (recorded) and the app's own handler (the reply the user's app gives)."""
+    before = {p: p.read_bytes() for p in QUICKSTART.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    staged = stage_with_capture(read_project(QUICKSTART), tmp_path / "stage")
+    assert {p: p.read_bytes() for p in before} == before
+    project = read_project(staged)
+    assert project.clientapp == "fedvit_audited_clientapp:app" and "fedvit-capture-dir" in project.config
+    spec = importlib.util.spec_from_file_location("wrapped", staged / "fedvit_audited_clientapp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from flwr.clientapp import ClientApp
+
+    assert isinstance(module.app, ClientApp)
+    sys.modules["tests.staged_wrapper"] = module
+    run_app(SHAPES["quickstart"], tmp_path / "cap", client=module.app)
+    assert len(list((tmp_path / "cap").rglob("node-*.json"))) == 4  # capture_mod in run_app, and the wrapper's
+
+
+def test_the_supernodes_come_from_the_apps_federation_else_flowers_default(tmp_path):
+    assert read_project(QUICKSTART).supernodes == (2, "pyproject.toml [tool.flwr.federations.local-simulation]")
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    with pytest.raises(AuditAppError, match="no pyproject.toml"):
+        read_project(folder)
+
+
+# ---------------------------------------------------------------------------- the gate
+
+
+def findings(labels: str, membership: str = NO_EVIDENCE) -> list[ClientFinding]:
+    cell = lambda word: Finding(word)  # noqa: E731
+    return [ClientFinding("partition 0", ("u",), cell(labels), cell(membership), cell(NO_EVIDENCE),
+                          Finding("not measured", why="no DP claim on record"))]  # fmt: skip
+
+
+def test_fail_on_fails_on_a_named_leak_and_on_unverified_only_when_asked():
+    assert judge(parse_fail_on("labels"), findings(LEAKS), [])[0]
+    assert not judge(parse_fail_on("membership"), findings(LEAKS), [])[0]
+    assert judge(parse_fail_on("any"), findings(NO_EVIDENCE, LEAKS), [])[0]
+    failed, lines = judge(parse_fail_on("labels"), findings(UNSEEABLE), [])
+    assert not failed and lines == ["not verified: labels: partition 0: could not have seen"]
+    assert judge(parse_fail_on("labels,unverified"), findings(UNSEEABLE), [])[0]
+    assert not judge(parse_fail_on("dp,unverified"), findings(NO_EVIDENCE), [])[0]  # no claim: nothing to verify
+    with pytest.raises(ValueError, match="--fail-on takes"):
+        parse_fail_on("labels,pixels")
+
+
+# ---------------------------------------------------------------------------- the audit, read from the app
+
+
+def test_an_audit_of_a_capture_read_from_the_app_equals_the_flag_driven_audit(tmp_path):
+    """The quickstart-shaped app's capture, audited by ``audit_app(captures=…)`` with no other input, gives the
+    figures of ``audit_captures`` with every flag written out (the model, its input, Normalize's mean and std, a
+    hand-written loader of the same images, the decoys), and its report lists each read value with its source."""
+    from fedvit.audit.api import audit_captures
+
+    run_app(SHAPES["quickstart"], tmp_path / "cap")
+    found = audit_app(QUICKSTART, captures=tmp_path / "cap", out=tmp_path / "read", **BUDGET)
+    flags = audit_captures(
+        tmp_path / "cap", out=tmp_path / "flags", model="qsapp.task:Net", input_shape=[3, 32, 32],
+        mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5], app_dir=QUICKSTART, data="tests.idiom_harness:qs_partition",
+        decoy_partitions="2-3", app=QUICKSTART, **BUDGET,
+    )  # fmt: skip
+    assert found.report["findings"] == flags.report["findings"]
+    for mine, theirs in zip(found.report["updates"], flags.report["updates"], strict=True):
+        assert mine["labels"] == theirs["labels"] and mine["recipe"] == theirs["recipe"]
+        for kind in ("labels", "membership", "images"):
+            a, b = mine["leakage"][kind], theirs["leakage"][kind]
+            assert a.keys() == b.keys()
+            for key in a:
+                if isinstance(a[key], float):
+                    assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (kind, key)
+    facts = {f["what"]: f for f in found.report["read-from-app"]}
+    assert facts["model"]["source"] == line_of(QUICKSTART, "client_app.py", "model = Net()")
+    assert facts["mean"]["source"].startswith(line_of(QUICKSTART, "task.py", "Normalize("))
+    assert facts["clients' data"]["source"] == line_of(QUICKSTART, "client_app.py", "load_data(partition_id")
+    assert facts["input"]["value"] == "3×32×32"
+    markdown = (tmp_path / "read" / "audit.md").read_text()
+    assert "Read from the app" in markdown and facts["model"]["source"] in markdown
+    assert json.loads((tmp_path / "flags" / "audit.json").read_text())["read-from-app"] == []

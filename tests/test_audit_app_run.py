@@ -1,0 +1,87 @@
+"""``fedvit audit-app`` end to end: a real ``flwr run`` simulation of a Flower-shaped app with capture_mod wrapped
+around its ClientApp in a staged copy, then the audit, in one command with no other flag; and ``--fail-on labels``
+as a CI gate on a skewed-label app and under LocalDpMod.
+
+Marked ``deployment`` (CI runs it beside the loopback tests, and again on Flower 1.42) to keep the default suite
+within its time budget.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedvit.app.flower_processes import flower_env
+
+# xdist: a running Ray cluster is joined by any local ray.init()
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("ray"), pytest.mark.long]
+TESTS = Path(__file__).parent
+QUICKSTART = TESTS / "flower_idioms" / "quickstart"
+CNNAPP = TESTS / "thirdparty_app"
+
+
+def fedvit(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = flower_env() | {"PYTHONPATH": str(TESTS.parent)}  # the hand-written loader of the flag-driven audit
+    done = subprocess.run([sys.executable, "-m", "fedvit.app.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)  # fmt: skip
+    print(done.stdout[-4000:], done.stderr[-3000:])
+    return done
+
+
+def numbers(values: dict, prefix: str = "") -> dict[str, float]:
+    """Every number in a nested figure dict, by its path (text, such as where the data came from, left out)."""
+    found: dict[str, float] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            found |= numbers(value, f"{prefix}{key}.")
+        elif isinstance(value, int | float) and not isinstance(value, bool) and key != "seconds":
+            found[prefix + key] = float(value)
+    return found
+
+
+def test_audit_app_with_no_flag_runs_captures_and_audits_a_quickstart_shaped_app(tmp_path):
+    """``fedvit audit-app tests/flower_idioms/quickstart`` and nothing else: the app's simulation runs (its own
+    federation's 2 SuperNodes, 1 round), the capture lands in ./fedvit-audit, the report lists what was read from
+    the app; the flag-driven audit of the same capture (every value written out) gives the same label and
+    membership figures and findings."""
+    app = tmp_path / "quickstart"
+    shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
+    done = fedvit("audit-app", str(app), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "fedvit-audit"
+    report = json.loads((out / "audit.json").read_text())
+    assert len(report["updates"]) == 2
+    assert {f["what"] for f in report["read-from-app"]} >= {"model", "mean", "std", "clients' data", "input"}
+    assert "fedvit audit-app: model: qsapp.task:Net()" in done.stdout
+    flags = fedvit("audit", str(out / "captures"), "--out", str(tmp_path / "flags"), "--model", "qsapp.task:Net",
+                   "--app-dir", str(app), "--input", "3,32,32", "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5",
+                   "--data", "tests.idiom_harness:qs_partition", "--decoy-partitions", "2-3", "--app", str(app),
+                   "--leakage", "labels,membership", cwd=tmp_path)  # fmt: skip
+    assert flags.returncode == 0, flags.stderr[-3000:]
+    theirs = json.loads((tmp_path / "flags" / "audit.json").read_text())
+    for mine, other in zip(report["updates"], theirs["updates"], strict=True):
+        assert mine["labels"] == other["labels"]
+        for kind in ("labels", "membership"):
+            a, b = numbers(mine["leakage"][kind]), numbers(other["leakage"][kind])
+            assert a.keys() == b.keys() and a == pytest.approx(b, rel=1e-6, abs=1e-9), kind
+    for mine, other in zip(report["findings"], theirs["findings"], strict=True):
+        assert (mine["labels"], mine["membership"]) == (other["labels"], other["membership"])
+
+
+SKEWED, UNDER_DP = "dirichlet-alpha=0.2", "dirichlet-alpha=0.2 local-dp-epsilon=0.02"
+
+
+@pytest.mark.parametrize(("setting", "code"), [(SKEWED, 1), (UNDER_DP, 0)])
+def test_fail_on_labels_fails_a_skewed_label_app_and_passes_it_under_local_dp(tmp_path, setting, code):
+    """The third-party CNN app, 2 clients of 24 images with Dirichlet(0.2) class shares: the label counts leak and
+    ``--fail-on labels`` exits 1. The same app under LocalDpMod at ε = 0.02 (noise far above the update): exit 0."""
+    config = f"partition-sizes='24,24' {setting}"
+    done = fedvit("audit-app", str(CNNAPP), "--out", str(tmp_path / "out"), "-c", config, "--leakage", "labels",
+                  "--fail-on", "labels", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == code, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"--fail-on labels: {'FAILED' if code else 'passed'}" in done.stdout
