@@ -21,15 +21,17 @@ def loaded_after(code: str) -> list[str]:
 
 
 def test_the_public_names_resolve_to_their_homes():
+    from fedvit.app.audit_app import audit_app
     from fedvit.audit.api import AuditResult, audit_captures
     from fedvit.capture.writer import CapturingStrategy, capture_mod
 
-    assert sorted(fedvit.__all__) == ["AuditResult", "CapturingStrategy", "__version__", "audit_captures",
-                                      "capture_mod"]  # fmt: skip
+    assert sorted(fedvit.__all__) == ["AuditResult", "CapturingStrategy", "__version__", "audit_app",
+                                      "audit_captures", "capture_mod"]  # fmt: skip
+    assert fedvit.audit_app is audit_app
     assert fedvit.capture_mod is capture_mod and fedvit.CapturingStrategy is CapturingStrategy
     assert fedvit.audit_captures is audit_captures and fedvit.AuditResult is AuditResult
     assert fedvit.__version__ == version("fedvit")
-    for name in ("capture_mod", "CapturingStrategy", "audit_captures", "AuditResult"):
+    for name in ("capture_mod", "CapturingStrategy", "audit_captures", "AuditResult", "audit_app"):
         assert getattr(fedvit, name).__doc__, name
 
 
@@ -47,7 +49,7 @@ def test_the_capture_path_and_the_command_line_import_no_torch():
     assert loaded_after("from fedvit import capture_mod, CapturingStrategy") == []
     assert loaded_after("import fedvit.capture.wire_tap, fedvit.capture.reader, fedvit.app.tap") == []
     assert loaded_after("from fedvit.app.cli import build_parser; build_parser()") == []
-    assert loaded_after("from fedvit import audit_captures, AuditResult") == []  # torch loads when it runs
+    assert loaded_after("from fedvit import audit_captures, AuditResult, audit_app") == []  # torch: when it runs
     # `fedvit run`'s config check and staging, before flwr run (the run's own processes import torch)
     root = str(Path(__file__).resolve().parents[1])
     assert loaded_after(f"from pathlib import Path; from fedvit.app.run_config import check_config; "

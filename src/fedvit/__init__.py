@@ -6,7 +6,8 @@ The public API (stable within a minor version; docs/reference/api.md) is what ``
 - :func:`capture_mod` and :class:`CapturingStrategy` record a Flower app's exchanges for the audit
   (light: importing them loads Flower and NumPy, never torch);
 - :func:`audit_captures` runs the audit from Python with plain types and returns an :class:`AuditResult` (torch
-  loads when it runs, not at import).
+  loads when it runs, not at import);
+- :func:`audit_app` runs a Flower app as a captured simulation and audits it with what its code states.
 
 Everything else under ``fedvit`` is internal and may change between releases.
 """
@@ -33,7 +34,7 @@ def _version() -> str:
 
 __version__ = _version()
 
-__all__ = ["AuditResult", "CapturingStrategy", "__version__", "audit_captures", "capture_mod"]
+__all__ = ["AuditResult", "CapturingStrategy", "__version__", "audit_app", "audit_captures", "capture_mod"]
 
 # name -> module that defines it; imported on first use, so `import fedvit` stays cheap
 _PUBLIC = {
@@ -41,9 +42,11 @@ _PUBLIC = {
     "CapturingStrategy": "fedvit.capture.writer",
     "audit_captures": "fedvit.audit.api",
     "AuditResult": "fedvit.audit.api",
+    "audit_app": "fedvit.app.audit_app",
 }
 
 if TYPE_CHECKING:
+    from fedvit.app.audit_app import audit_app
     from fedvit.audit.api import AuditResult, audit_captures
     from fedvit.capture.writer import CapturingStrategy, capture_mod
 
