@@ -19,7 +19,7 @@ from fedvit.app.audit_app import AuditAppError, audit_app, discover, read_projec
 from fedvit.audit.app_loader import pick_split, to_arrays
 from fedvit.audit.gate import judge, parse_fail_on
 from fedvit.audit.summary import LEAKS, NO_EVIDENCE, UNSEEABLE, ClientFinding, Finding
-from fedvit.capture.reader import AuditInputError
+from fedvit.capture.reader import AuditInputError, Exchange
 from fedvit.observed.app_code import load_app
 from fedvit.observed.app_facts import LoaderCall, read_loader, read_model, read_normalisation
 from tests.idiom_harness import LEGACY, QUICKSTART, SHAPES, STATEFUL, run_app
@@ -200,3 +200,76 @@ def test_an_audit_of_a_capture_read_from_the_app_equals_the_flag_driven_audit(tm
     markdown = (tmp_path / "read" / "audit.md").read_text()
     assert "Read from the app" in markdown and facts["model"]["source"] in markdown
     assert json.loads((tmp_path / "flags" / "audit.json").read_text())["read-from-app"] == []
+
+
+# ---------------------------------------------------------------------------- nodes without partition ids (a tap)
+
+
+def trained_exchange(node: int, images: torch.Tensor, labels: torch.Tensor, seed: int) -> Exchange:
+    """One client's FedAvg update of quickstart's Net (1 epoch, batch 8, SGD lr 0.05 with momentum), as a tap would
+    record it: the arrays and the reply's metrics, no node config."""
+    from qsapp.task import Net
+
+    torch.manual_seed(seed)
+    model = Net()
+    received = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for start in range(0, len(labels), 8):
+        optimiser.zero_grad()
+        torch.nn.functional.cross_entropy(model(images[start:start + 8]), labels[start:start + 8]).backward()
+        optimiser.step()
+    sent = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    return Exchange(Path(f"node-{node}"), 1, 1, node, None, None, received, sent, {}, {"num-examples": len(labels)},
+                    {})  # fmt: skip
+
+
+def client_data(labels_of: list[np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return {p: (rng.random((len(y), 3, 32, 32)).astype(np.float32), y) for p, y in enumerate(labels_of)}
+
+
+def test_four_tapped_nodes_with_dirichlet_partitions_are_each_matched_to_their_own():
+    """4 clients of 32 images with Dirichlet(0.3) class shares, captured without partition ids and shuffled:
+    every node is matched to the partition it trained on, each with its fit and runner-up."""
+    from fedvit.audit.node_matching import match_nodes
+
+    rng = np.random.default_rng(3)
+    data = client_data([rng.choice(10, 32, p=rng.dirichlet([0.3] * 10)) for _ in range(4)])
+    truth = {100 + 7 * p: p for p in data}
+    exchanges = [trained_exchange(n, torch.from_numpy(data[p][0]), torch.from_numpy(data[p][1]), seed=p)
+                 for n, p in reversed(list(truth.items()))]  # fmt: skip
+    matches = match_nodes(exchanges, "fc3.bias", list(data), lambda p: data[p])
+    assert {m.node: m.partition for m in matches} == {str(n): p for n, p in truth.items()}
+    assert all(m.fit > m.runner_up_fit for m in matches)
+    assert "inferred, fit" in matches[0].described() and "runner-up partition" in matches[0].described()
+
+
+def test_iid_partitions_of_equal_size_are_said_to_be_ambiguous_instead_of_guessed():
+    """Each partition holds the same count of every class (IID, equal size): the updates cannot tell them apart,
+    and the audit refuses in one line that names --partition."""
+    from fedvit.audit.node_matching import match_nodes
+
+    rng = np.random.default_rng(4)
+    data = client_data([rng.permutation(np.repeat(np.arange(10), 3)) for _ in range(4)])
+    exchanges = [trained_exchange(200 + p, torch.from_numpy(x), torch.from_numpy(y), seed=p)
+                 for p, (x, y) in data.items()]  # fmt: skip
+    with pytest.raises(AuditInputError, match="cannot be told apart.*give --partition NODE=PARTITION"):
+        match_nodes(exchanges, "fc3.bias", list(data), lambda p: data[p])
+
+
+def test_audit_app_matches_the_nodes_of_a_capture_without_partition_ids(tmp_path):
+    """The quickstart-shaped app's capture with every partition id taken out (what a tap records): the nodes are
+    matched by their updates, and the report says the map was inferred."""
+    run_app(SHAPES["quickstart"], tmp_path / "cap")
+    for manifest in (tmp_path / "cap").rglob("node-*.json"):
+        head = json.loads(manifest.read_text())
+        head["partition"] = None
+        head["node-config"] = {}
+        for side in ("received", "sent"):
+            if isinstance(head.get(side), dict):
+                head[side].pop("node-config", None)
+        manifest.write_text(json.dumps(head))
+    found = discover(QUICKSTART, tmp_path / "cap", {"supernodes": 2})
+    assert found.keywords["partitions"] == {"21": 0, "22": 1}  # run_app's nodes 21 + p
+    row = next(f for f in found.facts if f["what"] == "node → partition")
+    assert "inferred, fit" in row["value"] and "label fit" in row["source"]

@@ -203,9 +203,12 @@ def discover(app_dir: Path, captures: Path, given: Mapping[str, Any]) -> Discove
         else:
             keywords[name] = list(value.value)
             fact(name, value.value, f"{value.source}, {value.how}", ATTACKER)
-    partitions = max((ex.num_partitions or 0 for ex in exchanges), default=0) or (
-        1 + max(ex.partition for ex in exchanges if ex.partition is not None))  # fmt: skip
-    held = sorted({int(ex.partition) for ex in exchanges if ex.partition is not None})
+    recorded = [int(ex.partition) for ex in exchanges if ex.partition is not None]
+    partitions = max((ex.num_partitions or 0 for ex in exchanges), default=0) or int(given.get("supernodes") or 0) \
+        or (1 + max(recorded) if recorded else 0)  # fmt: skip
+    if partitions < 1:
+        raise AuditAppError("the capture records no partitions and no SuperNode count is known: give --supernodes")
+    held = sorted(set(recorded)) or list(range(partitions))
     if given.get("data"):
         keywords["data"] = given["data"]
         fact("clients' data", given["data"], "--data", AUDITOR)
@@ -243,10 +246,36 @@ def discover(app_dir: Path, captures: Path, given: Mapping[str, Any]) -> Discove
     if len(keywords["mean"]) == 1 and keywords["input_shape"][0] > 1:  # Normalize((0.5,), (0.5,)) broadcasts
         keywords["mean"] = keywords["mean"] * keywords["input_shape"][0]
         keywords["std"] = keywords["std"] * keywords["input_shape"][0]
-    nodes = {str(ex.node): ex.partition for ex in exchanges if ex.partition is not None}
-    fact("node → partition", ", ".join(f"{n} → {p}" for n, p in sorted(nodes.items(), key=lambda x: x[1])),
-         "the capture (capture_mod records each node's partition-id)", AUDITOR)  # fmt: skip
+    if given.get("partitions"):
+        keywords["partitions"] = dict(given["partitions"])
+        fact("node → partition", ", ".join(f"{n} → {p}" for n, p in keywords["partitions"].items()), "--partition",
+             AUDITOR)  # fmt: skip
+    elif all(ex.partition is not None for ex in exchanges):
+        nodes = {str(ex.node): ex.partition for ex in exchanges}
+        fact("node → partition", ", ".join(f"{n} → {p}" for n, p in sorted(nodes.items(), key=lambda x: x[1])),
+             "the capture (capture_mod records each node's partition-id)", AUDITOR)  # fmt: skip
+    else:  # a tap's capture: no node config; each node matched to the partition its update fits
+        matches = matched_partitions(exchanges, keywords, partitions)
+        keywords["partitions"] = {m.node: m.partition for m in matches}
+        fact("node → partition", "; ".join(m.described() for m in matches), "the label fit of each node's update "
+             f"to each of partitions 0–{partitions - 1} (fedvit.audit.node_matching)", AUDITOR)  # fmt: skip
     return Discovered(keywords, facts)
+
+
+def matched_partitions(exchanges: list[Any], keywords: dict[str, Any], partitions: int) -> list[Any]:
+    """The nodes of a capture without partition ids, matched to the loader's partitions by their updates."""
+    from fedvit.audit.api import model_spec
+    from fedvit.audit.node_matching import match_nodes
+    from fedvit.observed.model_spec import head_bias
+
+    if not callable(keywords.get("data")) or partitions < 1:
+        raise AuditAppError("the capture does not say which partition each node holds: give --partition NODE=P")
+    spec = model_spec({}, keywords["model"], keywords.get("model_args"), keywords["input_shape"], keywords["mean"],
+                      keywords["std"], None, keywords["app_dir"])  # fmt: skip
+    bias = head_bias(spec.build())
+    if bias is None:
+        raise AuditAppError("the model has no classifier bias to match nodes by: give --partition NODE=P")
+    return match_nodes(exchanges, bias, list(range(partitions)), keywords["data"])
 
 
 def audit_app(
@@ -263,6 +292,7 @@ def audit_app(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     data: str | None = None,
+    partitions: Mapping[str, int] | None = None,
     **audit: Any,
 ) -> Any:
     """Run the Flower app at ``app_dir`` as a simulation with ``capture_mod`` around its ClientApp (``rounds`` of
@@ -288,7 +318,8 @@ def audit_app(
         run_captured(project, captures, rounds, count, list(run_config))
     captures = Path(captures)
     given = {"model": model, "model_args": model_args, "input_shape": input_shape, "mean": mean, "std": std,
-             "data": data}  # fmt: skip
+             "data": data, "partitions": partitions,
+             "supernodes": supernodes if supernodes is not None else project.supernodes[0]}  # fmt: skip
     found = discover(app_dir, captures, given)
     for f in found.facts:
         print(f"fedvit audit-app: {f['what']}: {f['value']} ({f['source']}; {f['side']})", flush=True)
@@ -319,6 +350,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--mean", help="per-channel mean of the app's Normalize")
     g.add_argument("--std", help="per-channel std of the app's Normalize")
     g.add_argument("--data", help="package.module:loader, loader(partition_id) -> (images in [0, 1], labels)")
+    g.add_argument("--partition", action="append", default=[], help="NODE=PARTITION: which partition a node holds "
+                   "(default: the capture's partition-id, else matched by each update's label fit)")  # fmt: skip
     g = p.add_argument_group("budget")
     g.add_argument("--iterations", type=int, help="Adam steps per restart (default 1500)")
     g.add_argument("--restarts", type=int, help="random starts (default 2)")
@@ -346,7 +379,8 @@ def main(args: argparse.Namespace) -> int:
             run_config=args.run_config, model=args.model,
             model_args={k: _toml_value(v) for k, v in _pairs(args.model_arg, "--model-arg").items()} or None,
             input_shape=None if not args.input else [int(v) for v in args.input.split(",")],
-            mean=floats(args.mean), std=floats(args.std), data=args.data, **budget,
+            mean=floats(args.mean), std=floats(args.std), data=args.data,
+            partitions={k: int(v) for k, v in _pairs(args.partition, "--partition").items()} or None, **budget,
         )  # fmt: skip
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"fedvit audit-app: {err}", file=sys.stderr)
