@@ -5,8 +5,10 @@ the timings and the capture's disk use.
     uv run --frozen python docs/build_tutorial.py                      # the page's run: 1,000 and 1,200 images
     uv run --frozen python docs/build_tutorial.py --sizes 100,120 --out /tmp/tutorial   # a quick run elsewhere
 
-It copies the test app (tests/thirdparty_app: Flower's quickstart CNN, nothing of fedvit) to a work folder and runs
-there, in order: a SuperLink, ``fedvit tap`` in front of it, two SuperNodes (partitions 0 and 1 of 2) dialling the
+First, the page's opening: ``fedvit audit-app`` on the quickstart-shaped test app (tests/flower_idioms/quickstart),
+the one command, whose own lines (what it read from the app, the verdict) go to audit-app.txt. Then it copies the
+test app (tests/thirdparty_app: Flower's quickstart CNN, nothing of fedvit) to a work folder and runs there, in
+order: a SuperLink, ``fedvit tap`` in front of it, two SuperNodes (partitions 0 and 1 of 2) dialling the
 tap, ``flwr run``, then ``fedvit audit`` with each node mapped to the partition its reply's size shows. The ports are
 the page's; the run fails if one is taken.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "thirdparty_app"
+QUICKSTART = REPO / "tests" / "flower_idioms" / "quickstart"
 STATIC = REPO / "docs" / "_static" / "tutorial"
 LINK, TAP, NODES = 8000, 9100, (9094, 9095)
 SIZES = "1000,1200"
@@ -154,6 +157,25 @@ def build(out: Path, work: Path, sizes: str, loader: str) -> dict:
     return facts
 
 
+def audit_app_lines(work: Path, extra: list[str]) -> str:
+    """``fedvit audit-app`` on a copy of the quickstart-shaped app: the lines it prints of its own (what it ran and
+    read, the verdict, where the report went), without Flower's log stream."""
+    app = work / "quickstart"
+    shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
+    bin_dir = str(Path(sys.executable).parent)
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    done = subprocess.run([str(Path(bin_dir) / "fedvit"), "audit-app", *extra], cwd=app, env=env,
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"fedvit audit-app failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    lines, verdict = [], False
+    for line in done.stdout.splitlines():
+        verdict = verdict or line == "verdict:"
+        if line.startswith("fedvit audit-app:") or verdict:
+            lines.append(line.replace(str(work), "…"))
+    return "$ fedvit audit-app\n" + "\n".join(lines) + "\n"
+
+
 def facts_text(facts: dict) -> str:
     """The page's sentence on cost: the run, the audit per update, the capture's disk use."""
     per_update = ", ".join(f"{s:.0f} s" for s in facts["update-seconds"])
@@ -168,13 +190,17 @@ def main(argv: list[str] | None = None) -> int:
                         "(default %(default)s)")
     parser.add_argument("--out", type=Path, default=STATIC, help="where the page's files go (default: the page's)")
     parser.add_argument("--work", type=Path, help="work folder (default: a temporary one, removed afterwards)")
+    parser.add_argument("--audit-app-args", default="", help="extra flags for the opening's fedvit audit-app (a "
+                        "test's smaller budget; the page's run gives none)")
     args = parser.parse_args(argv)
     if args.sizes not in LOADERS:
         raise SystemExit(f"--sizes {args.sizes}: the test app has loaders for {', '.join(LOADERS)} only")
     loader = LOADERS[args.sizes]
     work = args.work or Path(tempfile.mkdtemp(prefix="fedvit-tutorial-"))
     try:
+        opening = audit_app_lines(work, shlex.split(args.audit_app_args))
         facts = build(args.out.resolve(), work, args.sizes, loader)
+        (args.out / "audit-app.txt").write_text(opening)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

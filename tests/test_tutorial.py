@@ -26,7 +26,8 @@ def normalised(commands: str, facts: dict, loader: str) -> str:
 def test_the_tutorial_script_runs_the_pages_commands_and_writes_its_files(tmp_path):
     script = tutorial_script()
     out, work = tmp_path / "out", tmp_path / "work"
-    assert script.main(["--sizes", "100,120", "--out", str(out), "--work", str(work)]) == 0
+    assert script.main(["--sizes", "100,120", "--out", str(out), "--work", str(work),
+                        "--audit-app-args=--iterations 20 --restarts 1"]) == 0
     committed = DOCS / "_static" / "tutorial"
     assert {f.name for f in out.iterdir()} == {f.name for f in committed.iterdir()}
     facts = json.loads((out / "facts.json").read_text())
@@ -39,3 +40,6 @@ def test_the_tutorial_script_runs_the_pages_commands_and_writes_its_files(tmp_pa
     report = check_markdown(work / "app" / "audit")
     assert report["verdict"].startswith("LEAKS: labels (2 of 2 clients)"), report["verdict"]
     assert facts["verdict"] == report["verdict"]
+    reads = lambda text: [line.split(" (")[0] for line in text.splitlines() if ": model:" in line or ": mean:" in  # noqa: E731
+                          line or ": clients' data:" in line or ": input:" in line]  # fmt: skip
+    assert reads((out / "audit-app.txt").read_text()) == reads((committed / "audit-app.txt").read_text()) != []
