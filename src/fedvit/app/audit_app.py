@@ -114,6 +114,10 @@ def run_captured(project: Project, captures: Path, rounds: int | None, supernode
         if "num-server-rounds" not in project.config:
             raise AuditAppError("--rounds: the app's config has no num-server-rounds key; set its own key with -c")
         values["num-server-rounds"] = rounds
+    elif "num-server-rounds" in project.config and "num-server-rounds" not in values:
+        values["num-server-rounds"] = 1  # a laptop's default: one round of the app's own settings
+    told = values.get("num-server-rounds", "the app's own count of")
+    print(f"fedvit audit-app: {told} round(s), captured to {captures}", flush=True)
     values[CAPTURE_DIR_KEY] = str(captures.resolve())
     with tempfile.TemporaryDirectory(prefix="fedvit-audit-app-") as tmp:
         work = Path(tmp)
@@ -283,7 +287,7 @@ def audit_app(
     *,
     out: str | Path = "fedvit-audit",
     captures: str | Path | None = None,
-    rounds: int | None = 1,
+    rounds: int | None = None,
     supernodes: int | None = None,
     run_config: Iterable[str] = (),
     model: str | None = None,
@@ -296,7 +300,8 @@ def audit_app(
     **audit: Any,
 ) -> Any:
     """Run the Flower app at ``app_dir`` as a simulation with ``capture_mod`` around its ClientApp (``rounds`` of
-    it, on ``supernodes`` SuperNodes, ``run_config`` as ``-c``), or take ``captures``, and audit it with what its
+    it, default 1 where the app declares ``num-server-rounds``, else its own count; on ``supernodes`` SuperNodes;
+    ``run_config`` as ``-c``), or take ``captures``, and audit it with what its
     code states (see the module docstring); the flags' values (``model``, ``mean``, ...) win over what is read.
     ``audit``: further keywords of :func:`fedvit.audit_captures` (budget, leakage, ...). Returns its
     :class:`fedvit.AuditResult`; raises ``ValueError`` saying what to give."""
@@ -308,9 +313,7 @@ def audit_app(
         count, where = (supernodes, "--supernodes") if supernodes is not None else project.supernodes
         if count < 1:
             raise AuditAppError("--supernodes must be at least 1")
-        print(f"fedvit audit-app: running {app_dir.name} on {count} simulated SuperNodes ({where}), "
-              f"{rounds if rounds is not None else 'its own count of'} round(s), captured to {out / 'captures'}",
-              flush=True)  # fmt: skip
+        print(f"fedvit audit-app: running {app_dir.name} on {count} simulated SuperNodes ({where})", flush=True)
         captures = out / "captures"
         if captures.exists() and any(captures.iterdir()):
             raise AuditAppError(f"{captures} holds an earlier capture: audit it with --captures {captures}, or "
@@ -337,7 +340,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(default: ./fedvit-audit)")  # fmt: skip
     p.add_argument("--captures", type=Path, help="audit this capture (a capture_mod folder or a `fedvit tap` "
                    "output) instead of running the app")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=1, help="num-server-rounds of the run (default 1)")
+    p.add_argument("--rounds", type=int, help="num-server-rounds of the run (default 1; an app without that key "
+                   "runs its own count)")  # fmt: skip
     p.add_argument("--supernodes", type=int, help="simulated SuperNodes (default: as the app's federation or Flower's "
                    "local configuration states, else Flower's default, 2)")  # fmt: skip
     p.add_argument("-c", "--run-config", action="append", default=[], help="KEY=VALUE of the app's config (repeatable)")
