@@ -62,6 +62,27 @@ def test_the_clients_loader_is_the_call_that_takes_the_partition():
     assert isinstance(head, LoaderCall) and head.function == "vithead.client_app:local_data" and head.context_params
 
 
+def test_a_loader_that_takes_the_context_is_called_with_one_built_per_partition():
+    """The head example's ``local_data(context)`` (partition from the node config, sizes and seed from the run
+    config): the auditor's call gives the images the user's own loader gives, in [0, 1]."""
+    import tomllib
+
+    from fedvit.audit.app_loader import AppLoader
+
+    sys.path.insert(0, str(HEADAPP))
+    from vithead_data import partition
+
+    run_config = tomllib.loads((HEADAPP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    loader = AppLoader(read_loader(load_app(HEADAPP)), str(HEADAPP), run_config, 2, (0.0,), (1.0,))
+    for p in (0, 1):
+        images, labels = loader(p)
+        want, want_labels = partition(p)
+        np.testing.assert_allclose(images, want.numpy(), rtol=0, atol=1e-7)
+        assert labels.tolist() == want_labels
+    with pytest.raises(AuditInputError, match="no held-out split"):
+        loader(2)
+
+
 def app_copy(tmp_path: Path, old: str, new: str) -> Path:
     folder = tmp_path / "app"
     shutil.copytree(QUICKSTART, folder, ignore=shutil.ignore_patterns("__pycache__"))
