@@ -155,17 +155,18 @@ class Discovered:
     """The audit's inputs as read from the app (or given by flags), and the report's rows saying where from."""
 
     keywords: dict[str, Any]
-    facts: list[dict[str, str]]
+    facts: list[dict[str, str]] = dataclasses.field(default_factory=list)
+
+    def fact(self, what: str, value: Any, source: str, side: str) -> None:
+        self.facts.append({"what": what, "value": str(value), "source": source, "side": side})
 
 
 def discover(app_dir: Path, captures: Path, given: Mapping[str, Any]) -> Discovered:
     """:func:`fedvit.audit_captures`'s model and data keywords from the app's code and the capture; ``given`` (the
-    flags the user gave: model, model_args, mean, std, input_shape, data, ...) wins. An AuditAppError names the flag
-    for each value that could be read neither way."""
-    from fedvit.audit.app_loader import AppLoader
+    flags the user gave: model, model_args, mean, std, input_shape, data, partitions, supernodes) wins. An
+    AuditAppError names the flag for each value that could be read neither way."""
     from fedvit.capture.reader import load_exchanges
     from fedvit.observed.app_code import AppCodeError, load_app
-    from fedvit.observed.app_facts import LoaderCall, read_loader, read_model, read_normalisation
 
     exchanges, _ = load_exchanges(captures)
     if not exchanges:
@@ -176,94 +177,117 @@ def discover(app_dir: Path, captures: Path, given: Mapping[str, Any]) -> Discove
         app = load_app(app_dir)
     except AppCodeError as err:
         raise AuditAppError(str(err)) from None
-    facts: list[dict[str, str]] = []
-    keywords: dict[str, Any] = {"app_dir": str(app_dir), "app": app_dir}
-
-    def fact(what: str, value: Any, source: str, side: str) -> None:
-        facts.append({"what": what, "value": str(value), "source": source, "side": side})
-
-    if given.get("model"):
-        keywords["model"], keywords["model_args"] = given["model"], given.get("model_args")
-        fact("model", given["model"], "--model", ATTACKER)
-    else:
-        model = read_model(app, run_config)
-        if not model.read:
-            raise AuditAppError(f"the model the ClientApp trains is not read from its code ({model.factory.source}: "
-                                f"{model.unread_reason()}): give --model package.module:factory "
-                                "(and --model-arg KEY=VALUE)")  # fmt: skip
-        args = {k: v.value for k, v in model.args.items()} | dict(given.get("model_args") or {})
-        keywords["model"], keywords["model_args"] = model.factory.value, args or None
-        call = ", ".join(f"{k}={v!r}" for k, v in args.items())
-        fact("model", f"{model.factory.value}({call})", model.factory.source, ATTACKER)
-    mean, std = read_normalisation(app, run_config)
-    for name in ("mean", "std"):
-        value = {"mean": mean, "std": std}[name]
-        if given.get(name) is not None:
-            keywords[name] = list(given[name])
-            fact(name, tuple(given[name]), f"--{name}", ATTACKER)
-        elif not value.read:
-            raise AuditAppError(f"the app's normalisation is not read from its code ({value.source}: {value.how}): "
-                                "give --mean and --std")  # fmt: skip
-        else:
-            keywords[name] = list(value.value)
-            fact(name, value.value, f"{value.source}, {value.how}", ATTACKER)
+    found = Discovered({"app_dir": str(app_dir), "app": app_dir})
+    discover_model(found, app, run_config, given)
+    discover_normalisation(found, app, run_config, given)
     recorded = [int(ex.partition) for ex in exchanges if ex.partition is not None]
     partitions = max((ex.num_partitions or 0 for ex in exchanges), default=0) or int(given.get("supernodes") or 0) \
         or (1 + max(recorded) if recorded else 0)  # fmt: skip
     if partitions < 1:
         raise AuditAppError("the capture records no partitions and no SuperNode count is known: give --supernodes")
-    held = sorted(set(recorded)) or list(range(partitions))
+    discover_data(found, app, run_config, given, partitions, sorted(set(recorded)) or list(range(partitions)))
+    discover_partitions(found, exchanges, given, partitions)
+    return found
+
+
+def discover_model(found: Discovered, app: Any, run_config: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """The model the ClientApp trains and its arguments (``--model`` wins)."""
+    from fedvit.observed.app_facts import read_model
+
+    if given.get("model"):
+        found.keywords["model"], found.keywords["model_args"] = given["model"], given.get("model_args")
+        found.fact("model", given["model"], "--model", ATTACKER)
+        return
+    model = read_model(app, run_config)
+    if not model.read:
+        raise AuditAppError(f"the model the ClientApp trains is not read from its code ({model.factory.source}: "
+                            f"{model.unread_reason()}): give --model package.module:factory "
+                            "(and --model-arg KEY=VALUE)")  # fmt: skip
+    args = {k: v.value for k, v in model.args.items()} | dict(given.get("model_args") or {})
+    found.keywords["model"], found.keywords["model_args"] = model.factory.value, args or None
+    call = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    found.fact("model", f"{model.factory.value}({call})", model.factory.source, ATTACKER)
+
+
+def discover_normalisation(found: Discovered, app: Any, run_config: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """The mean and std of the app's Normalize (``--mean``/``--std`` win)."""
+    from fedvit.observed.app_facts import read_normalisation
+
+    for name, value in zip(("mean", "std"), read_normalisation(app, run_config), strict=True):
+        if given.get(name) is not None:
+            found.keywords[name] = list(given[name])
+            found.fact(name, tuple(given[name]), f"--{name}", ATTACKER)
+        elif not value.read:
+            raise AuditAppError(f"the app's normalisation is not read from its code ({value.source}: {value.how}): "
+                                "give --mean and --std")  # fmt: skip
+        else:
+            found.keywords[name] = list(value.value)
+            found.fact(name, value.value, f"{value.source}, {value.how}", ATTACKER)
+
+
+def discover_data(found: Discovered, app: Any, run_config: dict[str, Any], given: Mapping[str, Any],
+                  partitions: int, held: list[int]) -> None:  # fmt: skip
+    """The clients' loader, the decoys and non-members, and the input size from the loader's images (``--data``
+    and ``--input`` win); a one-channel Normalize broadcast over the input's channels."""
+    from fedvit.audit.app_loader import AppLoader
+    from fedvit.observed.app_facts import LoaderCall, read_loader
+
+    keywords = found.keywords
     if given.get("data"):
         keywords["data"] = given["data"]
-        fact("clients' data", given["data"], "--data", AUDITOR)
+        found.fact("clients' data", given["data"], "--data", AUDITOR)
     else:
         call = read_loader(app)
         if not isinstance(call, LoaderCall):
             raise AuditAppError(f"the clients' data loader is not read from the app's code ({call.source}: "
                                 f"{call.how}): give --data package.module:loader")  # fmt: skip
-        loader = AppLoader(call, str(app_dir), run_config, partitions, tuple(keywords["mean"]), tuple(keywords["std"]))
+        loader = AppLoader(call, str(keywords["app_dir"]), run_config, partitions, tuple(keywords["mean"]),
+                           tuple(keywords["std"]))  # fmt: skip
         keywords["data"] = loader
-        fact("clients' data", f"{call.function}, called with each partition", call.source, AUDITOR)
+        found.fact("clients' data", f"{call.function}, called with each partition", call.source, AUDITOR)
         unsampled = [p for p in range(partitions) if p not in held]
         decoys = list(unsampled)
         try:
             loader(partitions + held[0])
             decoys += [partitions + p for p in range(partitions)]
-            fact("decoys and non-members", f"partitions no sampled client held: {unsampled or 'none'}; the held-out "
-                 f"split (the loader's second value) of every partition, as partitions {partitions}–"
-                 f"{2 * partitions - 1}", call.source, AUDITOR)  # fmt: skip
+            found.fact("decoys and non-members", f"partitions no sampled client held: {unsampled or 'none'}; the "
+                       f"held-out split (the loader's second value) of every partition, as partitions {partitions}–"
+                       f"{2 * partitions - 1}", call.source, AUDITOR)  # fmt: skip
         except ValueError as err:
-            fact("decoys and non-members", f"partitions no sampled client held: {unsampled or 'none'} ({err})",
-                 call.source, AUDITOR)  # fmt: skip
+            found.fact("decoys and non-members", f"partitions no sampled client held: {unsampled or 'none'} ({err})",
+                       call.source, AUDITOR)  # fmt: skip
         if decoys:
             keywords["decoy_partitions"] = decoys
-        images, _ = loader(held[0])
         if given.get("input_shape") is None:
+            images, _ = loader(held[0])
             keywords["input_shape"] = list(images.shape[1:])
-            fact("input", "×".join(map(str, images.shape[1:])), f"the first partition's images from {call.function}",
-                 ATTACKER)  # fmt: skip
+            found.fact("input", "×".join(map(str, images.shape[1:])), f"the first partition's images from "
+                       f"{call.function}", ATTACKER)  # fmt: skip
     if given.get("input_shape") is not None:
         keywords["input_shape"] = list(given["input_shape"])
-        fact("input", tuple(given["input_shape"]), "--input", ATTACKER)
+        found.fact("input", tuple(given["input_shape"]), "--input", ATTACKER)
     elif "input_shape" not in keywords:
         raise AuditAppError("the input size is read from the app's loader, which --data replaced: give --input C,H,W")
     if len(keywords["mean"]) == 1 and keywords["input_shape"][0] > 1:  # Normalize((0.5,), (0.5,)) broadcasts
         keywords["mean"] = keywords["mean"] * keywords["input_shape"][0]
         keywords["std"] = keywords["std"] * keywords["input_shape"][0]
+
+
+def discover_partitions(found: Discovered, exchanges: list[Any], given: Mapping[str, Any], partitions: int) -> None:
+    """Which partition each node held: ``--partition``, else the capture's partition ids, else matched."""
     if given.get("partitions"):
-        keywords["partitions"] = dict(given["partitions"])
-        fact("node → partition", ", ".join(f"{n} → {p}" for n, p in keywords["partitions"].items()), "--partition",
-             AUDITOR)  # fmt: skip
+        found.keywords["partitions"] = dict(given["partitions"])
+        found.fact("node → partition", ", ".join(f"{n} → {p}" for n, p in found.keywords["partitions"].items()),
+                   "--partition", AUDITOR)  # fmt: skip
     elif all(ex.partition is not None for ex in exchanges):
         nodes = {str(ex.node): ex.partition for ex in exchanges}
-        fact("node → partition", ", ".join(f"{n} → {p}" for n, p in sorted(nodes.items(), key=lambda x: x[1])),
-             "the capture (capture_mod records each node's partition-id)", AUDITOR)  # fmt: skip
+        found.fact("node → partition", ", ".join(f"{n} → {p}" for n, p in sorted(nodes.items(), key=lambda x: x[1])),
+                   "the capture (capture_mod records each node's partition-id)", AUDITOR)  # fmt: skip
     else:  # a tap's capture: no node config; each node matched to the partition its update fits
-        matches = matched_partitions(exchanges, keywords, partitions)
-        keywords["partitions"] = {m.node: m.partition for m in matches}
-        fact("node → partition", "; ".join(m.described() for m in matches), "the label fit of each node's update "
-             f"to each of partitions 0–{partitions - 1} (fedvit.audit.node_matching)", AUDITOR)  # fmt: skip
-    return Discovered(keywords, facts)
+        matches = matched_partitions(exchanges, found.keywords, partitions)
+        found.keywords["partitions"] = {m.node: m.partition for m in matches}
+        how = f"the label fit of each node's update to each of partitions 0–{partitions - 1} (node_matching)"
+        found.fact("node → partition", "; ".join(m.described() for m in matches), how, AUDITOR)
 
 
 def matched_partitions(exchanges: list[Any], keywords: dict[str, Any], partitions: int) -> list[Any]:
