@@ -294,3 +294,14 @@ def test_audit_app_matches_the_nodes_of_a_capture_without_partition_ids(tmp_path
     assert found.keywords["partitions"] == {"21": 0, "22": 1}  # run_app's nodes 21 + p
     row = next(f for f in found.facts if f["what"] == "node → partition")
     assert "inferred, fit" in row["value"] and "label fit" in row["source"]
+
+
+def test_fail_on_fails_where_only_the_clients_together_leak(monkeypatch):
+    """No client's own labels leak but their pooled evidence does: the gate fails on it, and says nothing of the
+    clients' own unresolvable figures (the type was found)."""
+    import fedvit.audit.gate as gate
+
+    monkeypatch.setattr(gate, "jointly_leaking", lambda updates, found: {"labels": "0 of 3 images misplaced"})
+    failed, lines = judge(parse_fail_on("labels"), findings("not resolvable"), [])
+    assert failed and lines == ["fail: labels leak for the clients together (0 of 3 images misplaced)"]
+    assert not judge(parse_fail_on("membership"), findings("not resolvable"), [])[0]

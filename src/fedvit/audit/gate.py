@@ -41,17 +41,18 @@ def judge(gate: Gate, findings: Iterable[ClientFinding], updates: list[dict[str,
     """(whether the gate fails, one line per reason and per finding the gate did not verify)."""
     findings = list(findings)
     failed, lines = False, []
+    joint = jointly_leaking(updates, findings)
     for kind in gate.kinds:
         leaking = [f.client for f in findings if f.by_kind()[kind].word == LEAKS]
         if leaking:
             failed = True
             lines.append(f"fail: {kind} leaks ({', '.join(leaking)})")
-        elif kind in (joint := jointly_leaking(updates, findings)):
+        elif kind in joint:
             failed = True
             lines.append(f"fail: {kind} leak for the clients together ({joint[kind]})")
         gaps = [f"{f.client}: {cell.word}" for f in findings if (cell := f.by_kind()[kind]).word in (
             UNSEEABLE, NOT_RESOLVABLE, NOT_MEASURED) and not any(w in cell.why for w in NOT_A_GAP)]  # fmt: skip
-        if gaps and not leaking:
+        if gaps and not leaking and kind not in joint:  # a type found leaking needs no word on what was unverified
             if gate.unverified:
                 failed = True
             lines.append(f"{'fail' if gate.unverified else 'not verified'}: {kind}: " + "; ".join(gaps))
