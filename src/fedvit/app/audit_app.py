@@ -104,10 +104,10 @@ def run_captured(project: Project, captures: Path, rounds: int | None, supernode
         relay,
         stop_local_superlink,
     )
-    from fedvit.app.run_config import merge_overrides, write_overrides
+    from fedvit.app.run_config import flatten, merge_overrides, write_overrides
 
     values = merge_overrides(overrides)
-    unknown = sorted(set(values) - set(flat(project.config)))
+    unknown = sorted(set(values) - set(flatten(project.config)))
     if unknown:
         raise AuditAppError(f"-c {', '.join(unknown)}: not in the app's [tool.flwr.app.config] (Flower refuses them)")
     if rounds is not None:
@@ -135,16 +135,6 @@ def run_captured(project: Project, captures: Path, rounds: int | None, supernode
             stop_local_superlink(home)
     if code != 0 or not any(captures.rglob("node-*.json")):
         raise AuditAppError(f"the app's simulation did not complete (flwr run exit {code}; its output is above)")
-
-
-def flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            out |= flat(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 # ---------------------------------------------------------------------------- what the audit reads from the app
@@ -392,23 +382,18 @@ def main(args: argparse.Namespace) -> int:
     """Exit 0 (the gate passed or none was asked), 1 (``--fail-on`` found a named leakage type), 2 (bad input)."""
     import logging
 
-    from fedvit.app.audit_cli import _pairs, _toml_value
+    from fedvit.app.audit_cli import model_flags
     from fedvit.audit.gate import judge, parse_fail_on
     from fedvit.audit.summary import ClientFinding
 
     try:
         gate = parse_fail_on(args.fail_on) if args.fail_on else None
-        floats = lambda text: None if not text else [float(v) for v in text.split(",") if v.strip()]  # noqa: E731
         budget = {k: getattr(args, k) for k in ("iterations", "restarts", "max_seconds", "leakage",
                                                 "membership_references") if getattr(args, k) is not None}  # fmt: skip
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         result = audit_app(
             args.app, out=args.out, captures=args.captures, rounds=args.rounds, supernodes=args.supernodes,
-            run_config=args.run_config, model=args.model,
-            model_args={k: _toml_value(v) for k, v in _pairs(args.model_arg, "--model-arg").items()} or None,
-            input_shape=None if not args.input else [int(v) for v in args.input.split(",")],
-            mean=floats(args.mean), std=floats(args.std), data=args.data,
-            partitions={k: int(v) for k, v in _pairs(args.partition, "--partition").items()} or None, **budget,
+            run_config=args.run_config, model=args.model, data=args.data, **model_flags(args), **budget,
         )  # fmt: skip
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"fedvit audit-app: {err}", file=sys.stderr)

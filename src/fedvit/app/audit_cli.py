@@ -207,20 +207,14 @@ def audit_captures(args: argparse.Namespace, budgets: list[int] | None) -> None:
     from fedvit.audit.api import audit_captures as run
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the audit's progress and notes
-    model_args = {k: _toml_value(v) for k, v in _pairs(args.model_arg, "--model-arg").items()}
-    floats = lambda text: None if not text else [float(v) for v in text.split(",") if v.strip()]  # noqa: E731
     result = run(
         args.captures,
         out=args.out,
         model=args.model,
-        model_args=model_args or None,
-        input_shape=None if not args.input else [int(v) for v in args.input.split(",")],
-        mean=floats(args.mean),
-        std=floats(args.std),
+        **model_flags(args),
         loss=args.loss,
         app_dir=args.app_dir,
         data=args.data,
-        partitions={k: int(v) for k, v in _pairs(args.partition, "--partition").items()} or None,
         decoy_partitions=args.decoy_partitions,
         num_partitions=args.num_partitions,
         data_options={k: _toml_value(v) for k, v in _pairs(args.data_option, "--data-option").items()} or None,
@@ -270,6 +264,19 @@ def benchmark(args: argparse.Namespace, budgets: list[int] | None) -> int:
     run_benchmark(config, images, args.out.resolve(), defences, settings, accuracy, args.decoys, budgets, args.keep)
     print(f"audit written to {args.out / 'audit.md'}")
     return 0
+
+
+def model_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``--model-arg``, ``--input``, ``--mean``, ``--std`` and ``--partition`` as the audit's keywords (None: not
+    given), for ``fedvit audit`` and ``fedvit audit-app``."""
+    floats = lambda text: None if not text else [float(v) for v in text.split(",") if v.strip()]  # noqa: E731
+    return {
+        "model_args": {k: _toml_value(v) for k, v in _pairs(args.model_arg, "--model-arg").items()} or None,
+        "input_shape": None if not args.input else [int(v) for v in args.input.split(",")],
+        "mean": floats(args.mean),
+        "std": floats(args.std),
+        "partitions": {k: int(v) for k, v in _pairs(args.partition, "--partition").items()} or None,
+    }
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:

@@ -30,12 +30,19 @@ class AppLoader:
     partitions: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    _loaded: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def reference(self) -> str:
         return f"{self.call.function} ({self.call.source})"
 
     def __call__(self, partition: int) -> tuple[np.ndarray, np.ndarray]:
+        """The partition's images and labels, loaded once (audit-app's set-up and the audit both ask for them)."""
+        if partition not in self._loaded:
+            self._loaded[partition] = self._load(partition)
+        return self._loaded[partition]
+
+    def _load(self, partition: int) -> tuple[np.ndarray, np.ndarray]:
         import torch
 
         held_out, own = divmod(int(partition), self.partitions)

@@ -89,7 +89,7 @@ def library_constant(module: Module, name: str) -> Any:
     importing the library (never the app); Unread where the name is not a library's."""
     origin = module.imports.get(name, "")
     owner, _, attr = origin.rpartition(".")
-    if not owner or owner.split(".")[0] in {_module_name(module.path).split(".")[0]}:
+    if not owner or owner.split(".")[0] == _module_name(module.path).split(".")[0]:  # the app's own module
         raise Unread(f"`{name}` is not bound where the code could read it")
     try:
         return getattr(importlib.import_module(owner), attr)
@@ -268,15 +268,13 @@ def read_loader(app: App) -> LoaderCall | Value:
     if not handlers:
         return Value(None, app.where, "no @app.train() handler and no fit method found")
     found: dict[str, LoaderCall] = {}
-    for depth, reached in enumerate(_by_depth(app, handlers)):
+    for reached in _by_depth(app, handlers):
         for module, node in reached:
             for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
                 loader = _loader_call(app, module, call)
                 if loader is not None:
                     found.setdefault(loader.function, loader)
         if found:
-            break
-        if depth > 3:
             break
     if not found:
         return Value(None, app.where, "no call passes the node config's partition-id to a function of the app")
