@@ -64,6 +64,7 @@ PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is 
 GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the pool and the chunks on large models
 GRAM_BLOCK = 500  # rows per block of the pool gradients' Gram matrix (only the blocks on and above its diagonal)
 RANK_ONE_TOLERANCE = 1e-4  # relative error a linear layer's per-image weight gradient may have against δ aᵀ
+RANK_ONE_PROBES = 8  # random directions the rank-one miss is measured along
 
 
 @torch.no_grad()
@@ -299,18 +300,20 @@ def linear_spans(model: torch.nn.Module, names: list[str] | None) -> list[tuple[
 def rank_one_factors(weight: torch.Tensor, delta: torch.Tensor, chunk: int = BATCH) -> torch.Tensor | None:
     """The inputs a [n, in] with each image's weight gradient [n, out, in] equal to δ aᵀ (δ its bias gradient [n,
     out]): a linear layer applied once per image. None where any image's gradient is not that outer product to
-    :data:`RANK_ONE_TOLERANCE` (the layer runs on several tokens or positions per image)."""
+    :data:`RANK_ONE_TOLERANCE` (the layer runs on several tokens or positions per image). The miss ‖W − δ aᵀ‖_F is
+    taken as ‖(W − δ aᵀ) U‖_F / √k on k = :data:`RANK_ONE_PROBES` Gaussian columns U (its expectation, seeded):
+    one read of W by a matrix product, where forming W − δ aᵀ would write it twice."""
     n = len(weight)
     rows = torch.arange(n)
     top = delta.abs().argmax(1)
     scale = delta[rows, top]
     inputs = torch.where(scale[:, None] != 0, weight[rows, top] / scale[:, None], torch.zeros(()))
+    probes = torch.randn(weight.shape[2], RANK_ONE_PROBES, generator=torch.Generator().manual_seed(0))
     for first in range(0, n, chunk):
-        block = weight[first : first + chunk].contiguous()
-        block -= delta[first : first + chunk, :, None] * inputs[first : first + chunk, None, :]
-        miss = torch.linalg.vector_norm(block.view(len(block), -1), dim=1)
-        size = torch.linalg.vector_norm(delta[first : first + chunk], dim=1) * torch.linalg.vector_norm(
-            inputs[first : first + chunk], dim=1)  # fmt: skip
+        block, d, a = weight[first : first + chunk], delta[first : first + chunk], inputs[first : first + chunk]
+        missed = block @ probes - d[:, :, None] * (a @ probes)[:, None, :]
+        miss = torch.linalg.vector_norm(missed.flatten(1), dim=1) / math.sqrt(RANK_ONE_PROBES)
+        size = torch.linalg.vector_norm(d, dim=1) * torch.linalg.vector_norm(a, dim=1)
         if (miss > RANK_ONE_TOLERANCE * size + 1e-30).any():
             return None
     return inputs

@@ -309,14 +309,16 @@ def null_mid_ranks(values: np.ndarray, reference: np.ndarray, groups: np.ndarray
     ranks = np.empty(reference.shape)
     for group in np.unique(groups):
         order = np.flatnonzero(groups == group)
-        order = order[np.argsort(values[order], kind="stable")]
+        order = order[np.argsort(values[order])]  # any order within a tie: only run ends are read
         ordered = values[order]
         starts = np.r_[0, np.flatnonzero(np.diff(ordered)) + 1]  # each run of tied values
-        sizes = np.diff(np.r_[starts, len(ordered)])
-        first, last = np.repeat(starts, sizes), np.repeat(starts + sizes, sizes)
         counts = np.zeros((len(reference), len(ordered) + 1))
         np.cumsum(reference[:, order], axis=1, out=counts[:, 1:])
-        below, through = counts[:, first], counts[:, last]
+        if len(starts) == len(ordered):  # no ties: each value's run is itself
+            below, through = counts[:, :-1], counts[:, 1:]
+        else:
+            sizes = np.diff(np.r_[starts, len(ordered)])
+            below, through = counts[:, np.repeat(starts, sizes)], counts[:, np.repeat(starts + sizes, sizes)]
         ranks[:, order] = (below + 0.5 * (through - below)) / np.maximum(counts[:, -1:], 1)
     return ranks
 
@@ -335,11 +337,12 @@ def null_calibrated(values: np.ndarray, classes: np.ndarray, members: np.ndarray
 
 def null_judged(score: Score | RoundsScore, classes: np.ndarray, members: np.ndarray) -> np.ndarray:
     """The values :meth:`Score.judged` (or :meth:`RoundsScore.judged`) gives on each draw's split, [draws, N] over
-    the pooled candidates (members first, as :meth:`Score.resplit` pools them)."""
+    the pooled candidates (members first, as :meth:`Score.resplit` pools them); [N] for a raw score, the same in
+    every draw."""
     if isinstance(score, Score):
         pooled = np.concatenate([score.members, score.non_members])
         if not score.per_class:
-            return np.broadcast_to(pooled, members.shape)
+            return pooled
         return null_calibrated(pooled, classes, members)
     floor = 0.5 / max(int((~members[0]).sum()), 1)
     total = np.zeros(members.shape)
@@ -354,24 +357,34 @@ def null_judged(score: Score | RoundsScore, classes: np.ndarray, members: np.nda
 
 
 def null_roc_figures(values: np.ndarray, members: np.ndarray, resolution: float) -> dict[str, np.ndarray | None]:
-    """:func:`roc_figures` of every draw at once (``values``, ``members``: [draws, N]): the ROC's points are the
-    last image of each run of tied values in descending order; the AUC is the trapezoid between consecutive
-    points (from the origin), and a TPR at an FPR target the last point's within it (the TPR never falls)."""
-    draws, n = values.shape
+    """:func:`roc_figures` of every draw at once (``members``: [draws, N]; ``values``: [draws, N], or [N] where
+    every draw ranks alike: one sort). The ROC's points are the last image of each run of tied values in
+    descending order; a TPR at an FPR target is the last point's within it (the TPR never falls). The AUC, the
+    trapezoids between consecutive points from the origin, is Σ over runs of (non-members in the run) × (TP before
+    the run + TP at its end) / (2 · members · non-members): a sum of counts, exact in integers (the Mann–Whitney U
+    with ties counted half)."""
+    draws, n = members.shape
     inside = int(members[0].sum())
-    order = np.argsort(-values, axis=1, kind="stable")
-    ordered = np.take_along_axis(values, order, 1)
-    true_positives = np.cumsum(np.take_along_axis(members, order, 1), axis=1)
+    # any order within a tie: only the runs' ends are points, and the counts there are the same
+    if values.ndim == 1:
+        order = np.argsort(-values)
+        ordered, hits = values[order][None], members[:, order]
+    else:
+        order = np.argsort(-values, axis=1)
+        ordered, hits = np.take_along_axis(values, order, 1), np.take_along_axis(members, order, 1)
+    true_positives = np.cumsum(hits, axis=1)
     tpr = true_positives / max(inside, 1)
     fpr = (np.arange(1, n + 1) - true_positives) / max(n - inside, 1)
-    point = np.ones((draws, n), bool)
+    point = np.ones(ordered.shape, bool)
     point[:, :-1] = ordered[:, 1:] != ordered[:, :-1]
-    # each point's predecessor: the last point before it (-1: the origin)
-    latest = np.maximum.accumulate(np.where(point, np.arange(n), -1), axis=1)
-    previous = np.c_[np.full((draws, 1), -1), latest[:, :-1]]
-    fpr_before = np.where(previous >= 0, np.take_along_axis(fpr, np.maximum(previous, 0), 1), 0.0)
-    tpr_before = np.where(previous >= 0, np.take_along_axis(tpr, np.maximum(previous, 0), 1), 0.0)
-    auc = np.where(point, (fpr - fpr_before) * (tpr + tpr_before), 0.0).sum(1) / 2
+    # per image, the TP count at its run's end (the first point at or after it) and before its run (the last
+    # point before it; 0 at the origin)
+    at_end = np.minimum.accumulate(np.where(point, true_positives, n + 1)[:, ::-1], axis=1)[:, ::-1]
+    before = np.zeros_like(true_positives)
+    np.maximum.accumulate(np.where(point, true_positives, 0)[:, :-1], axis=1, out=before[:, 1:])
+    twice_u = np.where(hits, 0, before + at_end).sum(1)
+    auc = twice_u / (2 * max(inside, 1) * max(n - inside, 1))
+    point = np.broadcast_to(point, (draws, n))
 
     def tpr_at(target: float) -> np.ndarray:
         return np.where(point & (fpr <= target + 1e-12), tpr, 0.0).max(1)

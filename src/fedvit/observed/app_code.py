@@ -240,6 +240,9 @@ class App:
         self.modules = {p: m for p, t in python.items() if (m := parse_module(p, t)) is not None}
         self.unparsed = sorted(set(python) - set(self.modules))
         self.components = components(sources.get(PYPROJECT))
+        # the trees never change: what a call reaches and what a name was last bound to, per node, read once
+        self._callees: dict[int, tuple[str, list[ast.expr], list[ast.keyword]]] = {}
+        self._assignments: dict[int, ast.expr | None] = {}
 
     def component_modules(self, kind: str) -> list[Module]:
         """The modules of the app's ``serverapp`` or ``clientapp`` component as its pyproject.toml names it
@@ -278,6 +281,12 @@ class App:
         import train as train_fn`` is ``train``; ``task.train``'s is ``train``; a ``functools.partial`` bound to a
         local name is its function; ``partial(train, …)`` itself is ``partial``), and the positional and keyword
         arguments it gets (a partial's first)."""
+        if id(call) not in self._callees:
+            self._callees[id(call)] = self._callee(module, call)
+        name, args, keywords = self._callees[id(call)]
+        return name, list(args), list(keywords)
+
+    def _callee(self, module: Module, call: ast.Call) -> tuple[str, list[ast.expr], list[ast.keyword]]:
         func = call.func
         if isinstance(func, ast.Name):
             bound = self.local_assignment(module, func)
@@ -526,6 +535,11 @@ class App:
 
     def local_assignment(self, module: Module, name: ast.Name) -> ast.expr | None:
         """The last ``name = …`` in the enclosing function before ``name`` is used (None: none)."""
+        if id(name) not in self._assignments:
+            self._assignments[id(name)] = self._local_assignment(module, name)
+        return self._assignments[id(name)]
+
+    def _local_assignment(self, module: Module, name: ast.Name) -> ast.expr | None:
         function = self.enclosing_function(module, name)
         if function is None:
             return None
