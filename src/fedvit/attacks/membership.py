@@ -205,10 +205,12 @@ def residual(obs: Observation, shadows: list[Simulation]) -> torch.Tensor:
     return torch.cat([torch.as_tensor(mean[n] - sent[n], dtype=torch.float64).flatten() for n in names])
 
 
-# (key, factorised G Gᵀ) of the pool gradients at the received weights. Every update's first alignment point is the
-# weights the server sent, the same for every client of a round, and so is the pool: its Gram matrix (O(pool² ×
-# parameters), the alignment score's costliest step) is computed and factorised once per round, not once per update.
-_received_projection: dict[str, GramFactor] = {}
+# key -> (G, factorised G Gᵀ) of the pool gradients at the received weights. Every update's first alignment point is
+# the weights the server sent, the same for every client of a round, and so is the pool: its per-image gradients and
+# Gram matrix (O(pool² × parameters), the alignment score's costliest step) are computed and factorised once per
+# round, not once per update. G (up to half of GRADIENT_BYTES) is held until the next round or
+# forget_received_projection.
+_received_projection: dict[str, tuple[torch.Tensor, GramFactor]] = {}
 SOLVE_TOLERANCE = 1e-8  # relative residual of the normal equations a Cholesky solve must meet, else the pseudo-inverse
 PINV_RTOL = 1e-10
 
@@ -357,17 +359,24 @@ def residual_direction(
     model = model_with(obs, point).float().eval()
     names = trained_names(obs)
     chosen = evenly(pool.images, pool.labels, projection_pool(model, names))
-    g = gradient_matrix(model, *chosen, names)
     key = projection_key(model, chosen, names) if received else None
-    factor = _received_projection.get(key)  # a None key is never stored
-    if factor is None:
+    if key in _received_projection:  # a None key is never stored
+        g, factor = _received_projection[key]
+    else:
+        if key is not None:
+            _received_projection.clear()  # the last round's G goes before this one's is computed
+        g = gradient_matrix(model, *chosen, names)
         factor = factorised(pool_gram(model, g, names))
         if key is not None:
-            _received_projection.clear()
-            _received_projection[key] = factor
+            _received_projection[key] = (g, factor)
     # G's products in float32, the accuracy G Gᵀ has (its float32 product), the solve in float64
     a, _ = factor.solve((g @ r.float()).double())
     return model, (r - (g.T @ a.float()).double()).float()
+
+
+def forget_received_projection() -> None:
+    """Release the received weights' pool gradients and factor (:func:`residual_direction` keeps the last round's)."""
+    _received_projection.clear()
 
 
 def alignment_points(obs: Observation, shadows: list[Simulation]) -> list[dict[str, np.ndarray]]:

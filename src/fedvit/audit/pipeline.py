@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fedvit.attacks.holdings import Auxiliary, Candidates
-from fedvit.attacks.membership import REFERENCES
+from fedvit.attacks.membership import REFERENCES, forget_received_projection
 from fedvit.attacks.membership_stats import Roc
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import ModelInputError, trial_logits
@@ -454,6 +454,7 @@ def audit_exchanges(
             "unscored" if update["psnr"] is None else
             f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
         ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
+    forget_received_projection()
     models = dict.fromkeys(
         f"fedvit's {a.obs.spec.factory.removeprefix('fedvit ')} (run config)"
         if a.obs.defence.fedvit
