@@ -312,13 +312,11 @@ def null_mid_ranks(values: np.ndarray, reference: np.ndarray, groups: np.ndarray
         order = order[np.argsort(values[order])]  # any order within a tie: only run ends are read
         ordered = values[order]
         starts = np.r_[0, np.flatnonzero(np.diff(ordered)) + 1]  # each run of tied values
+        sizes = np.diff(np.r_[starts, len(ordered)])
+        first, last = np.repeat(starts, sizes), np.repeat(starts + sizes, sizes)
         counts = np.zeros((len(reference), len(ordered) + 1))
         np.cumsum(reference[:, order], axis=1, out=counts[:, 1:])
-        if len(starts) == len(ordered):  # no ties: each value's run is itself
-            below, through = counts[:, :-1], counts[:, 1:]
-        else:
-            sizes = np.diff(np.r_[starts, len(ordered)])
-            below, through = counts[:, np.repeat(starts, sizes)], counts[:, np.repeat(starts + sizes, sizes)]
+        below, through = counts[:, first], counts[:, last]
         ranks[:, order] = (below + 0.5 * (through - below)) / np.maximum(counts[:, -1:], 1)
     return ranks
 
