@@ -159,6 +159,47 @@ def test_flower_env_finds_this_environments_flower_commands_without_activation()
     assert flower_env({"PATH": env["PATH"]})["PATH"] == env["PATH"]  # not added twice
 
 
+def test_the_local_superlink_is_started_before_flwr_run_with_a_longer_wait_and_its_failure_is_one_line(tmp_path):
+    """flwr run waits 15 s for the local SuperLink it starts, which a loaded machine outlasted (CI failed so): fedvit
+    starts Flower's own first, with a longer wait, at the same FLWR_HOME and ports, where flwr run then finds it."""
+    import httpx
+
+    from fedvit.app.flower_processes import (
+        flower_env,
+        local_address,
+        private_superlink_env,
+        start_local_superlink,
+        stop_local_superlink,
+        superlink_pids,
+    )
+
+    home = tmp_path / "home"
+    env = flower_env(private_superlink_env(home))
+    try:
+        start_local_superlink(env, wait=120)
+        pids = superlink_pids(home)
+        assert pids, "no SuperLink runs for this FLWR_HOME"
+        port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).is_success
+        start_local_superlink(env, wait=120)  # one answers: none more is started
+        assert sorted(superlink_pids(home)) == sorted(pids)
+    finally:
+        stop_local_superlink(home)
+    assert not superlink_pids(home)
+
+    no_flower = flower_env(private_superlink_env(tmp_path / "other")) | {"PATH": "/nonexistent"}
+    with pytest.raises(RuntimeError, match="the local SuperLink did not start: Unable to launch `flower-superlink`"):
+        start_local_superlink(no_flower, wait=5)
+
+    config = tmp_path / "config"
+    assert local_address(config) == ":local:"  # no config: flwr writes its default, a local connection
+    config.mkdir()
+    (config / "config.toml").write_text('[superlink]\ndefault = "mem"\n[superlink.mem]\naddress = ":local-in-memory:"\n'
+                                        '[superlink.lab]\naddress = "10.0.0.1:9093"\n')  # fmt: skip
+    assert local_address(config) == ":local-in-memory:"
+    assert local_address(config, "lab") is None and local_address(config, "missing") is None
+
+
 # -c strings that touch the same table: every command path merges them key by key (Flower's own merge drops keys).
 BOTH_DATA = ["data.name='bogus-dataset'", "data.partitioner='iid'"]
 

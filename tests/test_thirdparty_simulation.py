@@ -16,7 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedvit.app.flower_processes import executable, flower_env, private_superlink_env, stop_local_superlink
+from fedvit.app.flower_processes import (
+    executable,
+    flower_env,
+    private_superlink_env,
+    start_local_superlink,
+    stop_local_superlink,
+)
 
 # xdist: a running Ray cluster is joined by any local ray.init()
 pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("ray"), pytest.mark.long]
@@ -51,6 +57,7 @@ def test_capture_mod_and_server_wrapper_record_a_simulation_that_the_audit_reads
     argv = [executable("flwr"), "run", str(app), "--stream", "--federation-config",
             "num-supernodes=4 client-resources-num-cpus=1", "-c", f"fedvit-capture-dir='{captures}'"]  # fmt: skip
     try:
+        start_local_superlink(env)
         done = subprocess.run(argv, env=env, cwd=app, capture_output=True, text=True, timeout=600)
     finally:
         stop_local_superlink(home)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedvit.app.flower_processes import private_superlink_env, superlink_pids
+from fedvit.app.flower_processes import private_superlink_env, start_local_superlink, superlink_pids
 
 pytestmark = [pytest.mark.deployment, pytest.mark.long]
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +128,7 @@ def test_the_wheel_installs_beside_a_users_core_and_strategies_and_captures_and_
         "PYTHONPATH": "",
     }
     try:
+        start_local_superlink(env, python=bin_dir / "python")  # with a longer wait than flwr run's 15 s
         done = subprocess.run(
             [bin_dir / "flwr", "run", app, "--stream", "--federation-config",
              "num-supernodes=2 client-resources-num-cpus=1", "-c", f"fedvit-capture-dir='{captures}'"],

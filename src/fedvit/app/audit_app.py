@@ -102,6 +102,7 @@ def run_captured(project: Project, captures: Path, rounds: int | None, supernode
         flwr_executable,
         private_superlink_env,
         relay,
+        start_local_superlink,
         stop_local_superlink,
     )
     from fedvit.app.run_config import flatten, merge_overrides, write_overrides
@@ -130,7 +131,10 @@ def run_captured(project: Project, captures: Path, rounds: int | None, supernode
         print("$", " ".join(cmd), flush=True)
         printed: list[str] = []
         try:
+            start_local_superlink(env)  # flwr run's own wait for it (15 s) is too short on a busy laptop
             code = relay(cmd, env, printed)
+        except RuntimeError as error:
+            raise AuditAppError(str(error)) from error
         finally:
             stop_local_superlink(home)
     if code != 0 or not any(captures.rglob("node-*.json")):

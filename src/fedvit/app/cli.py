@@ -17,8 +17,10 @@ from fedvit.app.flower_processes import (
     flower_env,
     flwr_executable,
     flwr_home,
+    local_address,
     relay,
     run_status,
+    start_local_superlink,
     stop_local_superlink,
     superlink_pids,
 )
@@ -67,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
         code = join_ray_cluster(args.ray_address, local, env)
         if code:
             return code
+    address = local_address(flwr_home(), args.superlink) if local else None
+    if address is not None:
+        try:  # before flwr run, whose own wait for it (15 s) a busy machine outlasts
+            start_local_superlink(env, in_memory=address == ":local-in-memory:")
+        except RuntimeError as error:
+            print(f"fedvit run: {error}", file=sys.stderr)
+            return 1
     with tempfile.TemporaryDirectory(prefix="fedvit-run-") as tmp:
         staged = None
         if app_dir.is_dir():  # flwr run would list every file under the folder, virtual environments included

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 # Safe defaults for every flwr call made through this CLI (a user's explicit setting wins):
@@ -44,6 +45,50 @@ def private_superlink_env(home: Path, base: dict[str, str] | None = None) -> dic
         FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http),
         FLWR_LOCAL_CONTROL_API_PORT=str(control),
     )
+
+
+SUPERLINK_START_WAIT = 180.0  # seconds; flwr run's own wait is 15 s, too short on a loaded 2-core machine
+
+# Flower's own start of the local SuperLink (the command `flwr run` would launch), with a longer wait: flwr finds it
+# healthy at the same ports and uses it. On a busy machine importing `flower-superlink` alone took over 15 s, and
+# `flwr run` failed with "Failed to start local SuperLink within 15s" (seen in CI while docker images were built).
+_START = """
+import sys
+import flwr.cli.local_superlink as local
+local.LOCAL_SUPERLINK_STARTUP_TIMEOUT = float(sys.argv[1])
+try:
+    if not local._is_local_superlink_started():
+        local._start_local_superlink(in_memory=sys.argv[2] == "in-memory")
+except Exception as error:  # Flower's own message (a click exception), in one line
+    sys.exit(str(error))
+"""
+
+
+def start_local_superlink(env: dict[str, str], python: str | Path | None = None, in_memory: bool = False,
+                          wait: float = SUPERLINK_START_WAIT) -> None:  # fmt: skip
+    """Start the local SuperLink that ``flwr run`` starts for a ``:local:`` connection (``in_memory``: for
+    ``:local-in-memory:``) at ``env``'s FLWR_HOME and ports, unless one answers there, waiting up to ``wait``
+    seconds for it; ``python``: the interpreter of the environment whose Flower runs it (default: this one).
+    Raises RuntimeError with Flower's message where it does not start."""
+    mode = "in-memory" if in_memory else "database"
+    # stdout passes through: Flower's "Starting local SuperLink" line shows where flwr run's would have
+    done = subprocess.run([str(python or sys.executable), "-c", _START, str(wait), mode], env=env,
+                          stderr=subprocess.PIPE, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the local SuperLink did not start: {done.stderr.strip().splitlines()[-1][-2000:]}")
+
+
+def local_address(home: Path, name: str | None = None) -> str | None:
+    """``:local:`` or ``:local-in-memory:`` where ``flwr run`` with connection ``name`` (default: the config's
+    default) runs on a local SuperLink it starts itself, per ``home``'s config.toml (no config: flwr writes its
+    default, whose connection is ``:local:``); None for any other connection."""
+    config = home / "config.toml"
+    if not config.is_file():
+        return ":local:"
+    links = tomllib.loads(config.read_text()).get("superlink", {})
+    entry = links.get(name or links.get("default", ""), {})
+    address = str(entry.get("address", "")) if isinstance(entry, dict) else ""
+    return address if address in (":local:", ":local-in-memory:") else None
 
 
 def free_ports(count: int) -> list[int]:
