@@ -1091,3 +1091,28 @@ def test_a_declared_augmentation_is_in_the_recipe_and_the_loss_scores_take_its_v
     plain, views = ({k: v["auc"] for k, v in r["leakage"]["membership"]["scores"].items()} for r in runs.values())
     assert plain != views
     assert row["leakage"]["membership"]["power"]["status"] == "measured"
+
+
+def test_without_decoy_partitions_each_clients_others_are_the_other_clients_partitions():
+    """Two clients whose capture records their partition ids, a loader with no partition beyond theirs: each
+    client's auxiliary images and non-members are the other client's (they were uniform noise and no membership
+    at all, as if --data were missing); with decoy partitions those are taken instead."""
+    from fedvit.audit.user_data import Truths
+
+    def loader(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(partition_id)
+        return rng.random((6 + partition_id, 3, 8, 8)), rng.integers(0, 3, 6 + partition_id)
+
+    from fedvit.capture.reader import Exchange
+
+    exchanges = [Exchange(Path(f"node-{n}"), 1, 1, n, p, 2, {}, {}, {}, {}, {}) for n, p in ((11, 0), (12, 1))]
+    truths = Truths(UserData("test:loader", {}, loader=loader), decoys=99)
+    assert truths.others(exchanges[0], None) is None  # before the audit says which partitions it holds
+    truths = Truths(UserData("test:loader", {}, loader=loader), decoys=99)
+    truths.hold(exchanges)
+    for ex, other in zip(exchanges, (1, 0), strict=True):
+        images, labels, source = truths.others(ex, None)
+        assert len(images) == 6 + other and source.endswith(f"of partition {other} (test:loader)"), source
+    decoyed = Truths(UserData("test:loader", {}, decoy_partitions=(2,), loader=loader), decoys=99)
+    decoyed.hold(exchanges)
+    assert decoyed.others(exchanges[0], None)[2].endswith("of partition 2 (test:loader)")

@@ -52,6 +52,26 @@ def test_the_model_its_arguments_and_normalize_are_read_with_their_sources():
     assert read_normalisation(load_app(STATEFUL), {})[0].value == (0.286,)
 
 
+def test_a_normalisation_written_out_and_constants_unpacked_from_a_tuple_are_read(tmp_path):
+    """The head app writes its normalisation out, ``(x - torch.tensor(MEAN).view(…)) / torch.tensor(STD).view(…)``
+    with ``MEAN, STD = (…), (…)``: read with its line (it was read as no normalisation at all: mean 0, std 1). An
+    arithmetic ``(n - 1) / 2`` is not pixels; a written-out pair that disagrees with a Normalize is refused."""
+    mean, std = read_normalisation(load_app(HEADAPP), {})
+    assert mean.value == std.value == (0.5, 0.5, 0.5) and "written out" in mean.how
+    assert mean.source == line_of(HEADAPP, "task.py", "return (x - torch.tensor(MEAN)")
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text((QUICKSTART / "pyproject.toml").read_text())
+    shutil.copytree(QUICKSTART / "qsapp", folder / "qsapp", ignore=shutil.ignore_patterns("__pycache__"))
+    task = folder / "qsapp" / "task.py"
+    text = task.read_text()
+    task.write_text(text + "\n\ndef middle(n):\n    return (n - 1) / 2\n")
+    assert read_normalisation(load_app(folder), {})[0].value == (0.5, 0.5, 0.5)
+    task.write_text(text + "\n\ndef norm(x):\n    return (x - np.array([0.4, 0.4, 0.4])) / np.array([0.2, 0.2, 0.2])\n")
+    mean, _ = read_normalisation(load_app(folder), {})
+    assert mean.value is None and "several Normalize settings" in mean.how
+
+
 def test_the_clients_loader_is_the_call_that_takes_the_partition():
     quickstart = read_loader(load_app(QUICKSTART))
     assert isinstance(quickstart, LoaderCall) and quickstart.function == "qsapp.task:load_data"
@@ -81,6 +101,10 @@ def test_a_loader_that_takes_the_context_is_called_with_one_built_per_partition(
         assert labels.tolist() == want_labels
     with pytest.raises(AuditInputError, match="no held-out split"):
         loader(2)
+    # its normalisation is written out for the batches it trains on: the loader's images are raw, not undone
+    mean, std = (m.value for m in read_normalisation(load_app(HEADAPP), {}))
+    raw = AppLoader(read_loader(load_app(HEADAPP)), str(HEADAPP), run_config, 2, mean, std, undo=False)
+    np.testing.assert_allclose(raw(1)[0], partition(1)[0].numpy(), rtol=0, atol=1e-7)
 
 
 def app_copy(tmp_path: Path, old: str, new: str) -> Path:

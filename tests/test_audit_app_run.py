@@ -22,6 +22,7 @@ from fedvit.app.flower_processes import flower_env
 pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("ray"), pytest.mark.long]
 TESTS = Path(__file__).parent
 QUICKSTART = TESTS / "flower_idioms" / "quickstart"
+HEADAPP = TESTS / "headapp"
 CNNAPP = TESTS / "thirdparty_app"
 
 
@@ -44,25 +45,39 @@ def numbers(values: dict, prefix: str = "") -> dict[str, float]:
     return found
 
 
-def test_audit_app_with_no_flag_runs_captures_and_audits_a_quickstart_shaped_app(tmp_path):
-    """``fedvit audit-app tests/flower_idioms/quickstart`` and nothing else: the app's simulation runs (its own
-    federation's 2 SuperNodes, 1 round), the capture lands in ./fedvit-audit, the report lists what was read from
-    the app; the flag-driven audit of the same capture (every value written out) gives the same label and
-    membership figures and findings."""
-    app = tmp_path / "quickstart"
-    shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
+# Each app's flag-driven audit: every value audit-app reads from the code written out by hand, as before audit-app.
+WRITTEN_OUT = {
+    "quickstart": ("qsapp.task:Net()", ["--model", "qsapp.task:Net", "--input", "3,32,32", "--mean", "0.5,0.5,0.5",
+                   "--std", "0.5,0.5,0.5", "--data", "tests.idiom_harness:qs_partition", "--decoy-partitions", "2-3"]),
+    # the ViT head example's shape: get_model(num_classes) from the run config, a normalisation written out,
+    # Adam and random crops; its loader has no held-out split: each client's others are the other client's images
+    "headapp": ("vithead.task:get_model(num_classes=10)", ["--model", "vithead.task:get_model", "--model-arg",
+                "num_classes=10", "--input", "3,32,32", "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5", "--data",
+                "vithead_data:partition"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(WRITTEN_OUT))
+def test_audit_app_with_no_flag_runs_captures_and_audits_a_flower_shaped_app(tmp_path, name):
+    """``fedvit audit-app APP`` and nothing else: the app's simulation runs (2 SuperNodes, 1 round), the capture
+    lands in ./fedvit-audit, the report lists what was read from the app; the flag-driven audit of the same capture
+    (every value written out) gives the same label and membership figures and findings."""
+    app = tmp_path / name
+    shutil.copytree(QUICKSTART if name == "quickstart" else HEADAPP, app, ignore=shutil.ignore_patterns("__pycache__"))
     done = fedvit("audit-app", str(app), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "fedvit-audit"
     report = json.loads((out / "audit.json").read_text())
     assert len(report["updates"]) == 2
     assert {f["what"] for f in report["read-from-app"]} >= {"model", "mean", "std", "clients' data", "input"}
-    assert "fedvit audit-app: model: qsapp.task:Net()" in done.stdout
-    flags = fedvit("audit", str(out / "captures"), "--out", str(tmp_path / "flags"), "--model", "qsapp.task:Net",
-                   "--app-dir", str(app), "--input", "3,32,32", "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5",
-                   "--data", "tests.idiom_harness:qs_partition", "--decoy-partitions", "2-3", "--app", str(app),
-                   "--leakage", "labels,membership", cwd=tmp_path)  # fmt: skip
-    assert flags.returncode == 0, flags.stderr[-3000:]
+    model, flags = WRITTEN_OUT[name]
+    assert f"fedvit audit-app: model: {model}" in done.stdout
+    for update in report["updates"]:  # every figure measured: the others are known without decoys
+        assert update["leakage"]["membership"]["status"] == "measured", update["leakage"]["membership"]
+        assert "noise" not in update["attacks"]["labels (head-bias gradient)"]
+    flagged = fedvit("audit", str(out / "captures"), "--out", str(tmp_path / "flags"), *flags, "--app-dir", str(app),
+                     "--app", str(app), "--leakage", "labels,membership", cwd=tmp_path)  # fmt: skip
+    assert flagged.returncode == 0, flagged.stderr[-3000:]
     theirs = json.loads((tmp_path / "flags" / "audit.json").read_text())
     for mine, other in zip(report["updates"], theirs["updates"], strict=True):
         assert mine["labels"] == other["labels"]

@@ -150,6 +150,9 @@ class Discovered:
 
     keywords: dict[str, Any]
     facts: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    # the loader's images come normalised (a Normalize transform, or --mean/--std): undone for scoring; a
+    # normalisation the code writes out, (x - MEAN) / STD, is applied to batches, not in the loader
+    normalised_by_loader: bool = True
 
     def fact(self, what: str, value: Any, source: str, side: str) -> None:
         self.facts.append({"what": what, "value": str(value), "source": source, "side": side})
@@ -217,6 +220,7 @@ def discover_normalisation(found: Discovered, app: Any, run_config: dict[str, An
         else:
             found.keywords[name] = list(value.value)
             found.fact(name, value.value, f"{value.source}, {value.how}", ATTACKER)
+            found.normalised_by_loader = found.normalised_by_loader and "written out" not in value.how
 
 
 def discover_data(found: Discovered, app: Any, run_config: dict[str, Any], given: Mapping[str, Any],
@@ -236,7 +240,7 @@ def discover_data(found: Discovered, app: Any, run_config: dict[str, Any], given
             raise AuditAppError(f"the clients' data loader is not read from the app's code ({call.source}: "
                                 f"{call.how}): give --data package.module:loader")  # fmt: skip
         loader = AppLoader(call, str(keywords["app_dir"]), run_config, partitions, tuple(keywords["mean"]),
-                           tuple(keywords["std"]))  # fmt: skip
+                           tuple(keywords["std"]), undo=found.normalised_by_loader)  # fmt: skip
         keywords["data"] = loader
         found.fact("clients' data", f"{call.function}, called with each partition", call.source, AUDITOR)
         unsampled = [p for p in range(partitions) if p not in held]
@@ -248,8 +252,9 @@ def discover_data(found: Discovered, app: Any, run_config: dict[str, Any], given
                        f"held-out split (the loader's second value) of every partition, as partitions {partitions}–"
                        f"{2 * partitions - 1}", call.source, AUDITOR)  # fmt: skip
         except ValueError as err:
-            found.fact("decoys and non-members", f"partitions no sampled client held: {unsampled or 'none'} ({err})",
-                       call.source, AUDITOR)  # fmt: skip
+            instead = "" if unsampled else "; each client's are the other sampled clients' partitions"
+            found.fact("decoys and non-members", f"partitions no sampled client held: {unsampled or 'none'} ({err})"
+                       f"{instead}", call.source, AUDITOR)  # fmt: skip
         if decoys:
             keywords["decoy_partitions"] = decoys
         if given.get("input_shape") is None:

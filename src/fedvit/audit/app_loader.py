@@ -1,7 +1,8 @@
 """The auditor's side of ``fedvit audit-app``: the app's own data loader, called for scoring on the user's machine
 (the attacker's side never runs the app's code). :class:`AppLoader` turns whatever the loader returns (DataLoaders
 of dict or tuple batches, datasets, arrays, a (train, test) pair of any of these) into the audit's
-``loader(partition) -> (images [N, C, H, W] in [0, 1], labels)``, undoing the app's ``Normalize``.
+``loader(partition) -> (images [N, C, H, W] in [0, 1], labels)``, undoing the app's ``Normalize``
+(not a normalisation the code writes out for its batches: the loader's images are then raw pixels).
 
 Partitions ``0 … P-1`` are the clients' training data; ``P + p`` is partition ``p``'s held-out split (the second
 value a loader returns, e.g. its test loader), which the audit uses as decoys and non-members.
@@ -30,6 +31,7 @@ class AppLoader:
     partitions: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    undo: bool = True  # the images come out of the app's Normalize transform (False: raw pixels, normalised later)
     _loaded: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
@@ -63,11 +65,12 @@ class AppLoader:
         channels = images.shape[1]
         mean = np.asarray(self.mean * (channels if len(self.mean) == 1 else 1), np.float64).reshape(1, -1, 1, 1)
         std = np.asarray(self.std * (channels if len(self.std) == 1 else 1), np.float64).reshape(1, -1, 1, 1)
-        pixels = images * std + mean  # the app's Normalize undone: the audit applies the model's own
+        pixels = images * std + mean if self.undo else images  # the audit applies the model's normalisation itself
         if pixels.min() < -1e-3 or pixels.max() > 1 + 1e-3:
-            raise AuditInputError(f"{self.reference}: images with the app's Normalize{self.mean}/{self.std} undone "
-                                  f"span [{pixels.min():.2f}, {pixels.max():.2f}], not [0, 1]: give --mean/--std "
-                                  "or --data")  # fmt: skip
+            what = f"with the app's Normalize{self.mean}/{self.std} undone" if self.undo else "(the app normalises " \
+                   "them later, in its own code)"
+            raise AuditInputError(f"{self.reference}: images {what} span [{pixels.min():.2f}, {pixels.max():.2f}], "
+                                  "not [0, 1]: give --mean/--std or --data")  # fmt: skip
         return np.clip(pixels, 0.0, 1.0), labels
 
     def context(self, partition: int) -> Any:

@@ -423,6 +423,7 @@ def audit_exchanges(
     read)."""
     out.mkdir(parents=True, exist_ok=True)
     reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
+    truths.hold(exchanges)
     rows, updates, attacked, grid_ranks, budgets, observers = [], [], [], [], {}, []
     rocs: dict[str, list[tuple[str, Roc]]] = {}
     by_client: dict[str, list[tuple[str, Any]]] = {}

@@ -168,13 +168,15 @@ def normalized(images: Any, labels: Any, what: str) -> tuple[np.ndarray, np.ndar
     return array, np.ascontiguousarray(targets, dtype=np.int64)
 
 
-def gallery_for(data: UserData, own: frozenset[int], size: tuple[int, ...]) -> Gallery:
+def gallery_for(data: UserData, own: frozenset[int], size: tuple[int, ...],
+                held: frozenset[int] = frozenset()) -> Gallery:  # fmt: skip
     """Decoys for the partitions ``own`` (one client's, or an aggregate's): a named dataset's test split (99
-    images), else every image of the other partitions (mapped and decoy), at most 99."""
+    images), else every image of the other partitions (mapped, ``held`` by the audited updates, and decoy), at
+    most 99."""
     if data.named:  # the same decoys for every partition
         return gallery_from_test_split(data.config(), int(size[-1]))
     decoys = []
-    for pid in sorted(set(data.partitions.values()) | set(data.decoy_partitions)):
+    for pid in sorted(set(data.partitions.values()) | held | set(data.decoy_partitions)):
         if pid not in own:
             images = data.load(pid)[0]
             decoys.extend(im for im in images if im.shape == tuple(size))
@@ -197,13 +199,15 @@ def test_split_sample(config: Config, size: int, count: int = OTHERS) -> tuple[n
     return x.numpy().astype(np.float64), y.numpy().astype(np.int64)
 
 
-def others(data: UserData, own: frozenset[int]) -> tuple[np.ndarray, np.ndarray, str] | None:
-    """Images none of which is of the partitions ``own``: the decoy partitions (else the other mapped partitions)
-    of a loader, a named dataset's test split; at most :data:`OTHERS`, evenly spaced."""
+def others(data: UserData, own: frozenset[int],
+           held: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray, str] | None:  # fmt: skip
+    """Images none of which is of the partitions ``own``: the decoy partitions (else the other partitions mapped or
+    ``held`` by the audited updates) of a loader, a named dataset's test split; at most :data:`OTHERS`, evenly
+    spaced."""
     if data.named:
         x, y = test_split_sample(data.config(), data.image_size)
         return x, y, f"{len(x)} images of the {data.source} test split"
-    pids = sorted(set(data.decoy_partitions) - own) or sorted(set(data.partitions.values()) - own)
+    pids = sorted(set(data.decoy_partitions) - own) or sorted((set(data.partitions.values()) | held) - own)
     if not pids:
         return None
     loaded = [data.load(p) for p in pids]
@@ -228,8 +232,15 @@ class Truths:
         self.galleries: list[Gallery] = []
         self.notes: list[str] = []
         self._others: dict[Any, tuple[np.ndarray, np.ndarray, str] | None] = {}  # by partition (or run config)
+        self.held: frozenset[int] = frozenset()  # the partitions of every audited update (:meth:`hold`)
         # a SecAgg+ aggregate's members: (client name, [start, stop) of its images in the scored truth), by update
         self.slices: dict[str, list[tuple[str, int, int]]] = {}
+
+    def hold(self, exchanges: list[Exchange]) -> None:
+        """Note the partitions every audited update trained on (``--partition`` or the capture's partition ids):
+        with no decoy partitions, each client's others are the other clients' partitions."""
+        if self.data is not None:
+            self.held = frozenset().union(*(self.partitions_of(ex, quiet=True) or () for ex in exchanges))
 
     def of(self, ex: Exchange, obs: Observation) -> tuple[np.ndarray | None, np.ndarray | None, Gallery | None, bool]:
         """(images, labels, gallery, exact): ``exact`` when the images are exactly the update's."""
@@ -244,7 +255,7 @@ class Truths:
                 raise AuditInputError(
                     f"--data {data.source} gives images {list(images.shape[1:])} (C, H, W), the model takes "
                     f"{list(input_shape(obs))} (--input): resize in the loader, or give --input to match")
-            gallery = gallery_for(data, own, images.shape[1:])
+            gallery = gallery_for(data, own, images.shape[1:], self.held)
             exact = len(images) == recipe(obs).examples
             what = partitions_text(sorted(own))
             if not exact:  # which of the partition's images the update used is unknown
@@ -285,7 +296,7 @@ class Truths:
 
     def _gather_others(self, key: Any, obs: Observation) -> tuple[np.ndarray, np.ndarray, str] | None:
         if self.data is not None:
-            return None if key is None else others(self.data, key)
+            return None if key is None else others(self.data, key, self.held)
         if key is None:
             return None
         try:

@@ -212,6 +212,12 @@ def parse_module(path: str, text: str) -> Module | None:
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             constants[node.targets[0].id] = node.value
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple)
+              and isinstance(node.value, ast.Tuple) and len(node.targets[0].elts) == len(node.value.elts)):  # fmt: skip
+            # ``MEAN, STD = (0.485, ...), (0.229, ...)``: element by element
+            for target, value in zip(node.targets[0].elts, node.value.elts, strict=True):
+                if isinstance(target, ast.Name):
+                    constants[target.id] = value
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             constants[node.target.id] = node.value
         elif isinstance(node, ast.FunctionDef):

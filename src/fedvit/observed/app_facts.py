@@ -207,14 +207,20 @@ def parameters(module: Module, name: str) -> list[str] | None:
 
 
 def read_normalisation(app: App, run_config: dict[str, Any]) -> tuple[Value, Value]:
-    """(mean, std) of the app's ``Normalize(mean, std)``: one pair across the code (train and test transforms
-    agree), else unread saying where they differ; "no Normalize" where the code has none (mean 0, std 1: pixels as
-    ``ToTensor`` gives them, which the report states)."""
+    """(mean, std) of the app's ``Normalize(mean, std)`` or of a normalisation it writes out, ``(x - MEAN) / STD``
+    (:func:`_written_normalisation`): one pair across the code (train and test transforms agree), else unread
+    saying where they differ; "no Normalize" where the code has neither (mean 0, std 1: pixels as ``ToTensor``
+    gives them, which the report states)."""
     records = {"run config": run_config}
     pairs: dict[tuple, str] = {}
+    written_out: set[tuple] = set()
     unread: list[str] = []
     for module in app.modules.values():
         for node in ast.walk(module.tree):
+            if (written := _written_normalisation(app, module, node, records)) is not None:
+                pairs.setdefault(written, app.line(module, node))
+                written_out.add(written)
+                continue
             if not (isinstance(node, ast.Call) and _called_name(node) == "Normalize"):
                 continue
             where = app.line(module, node)
@@ -249,7 +255,40 @@ def read_normalisation(app: App, run_config: dict[str, Any]) -> tuple[Value, Val
         how = "no Normalize(...) in the app's code: pixels as ToTensor gives them"
         return Value((0.0,), app.where, how), Value((1.0,), app.where, how)
     (mean, std), where = next(iter(pairs.items()))
-    return Value(mean, where, "Normalize(mean, std)"), Value(std, where, "Normalize(mean, std)")
+    how = "(x - mean) / std, written out" if (mean, std) in written_out else "Normalize(mean, std)"
+    return Value(mean, where, how), Value(std, where, how)
+
+
+TENSOR_BUILDERS = {"tensor", "as_tensor", "Tensor", "array", "asarray"}  # torch.tensor(MEAN), np.array([...])
+SHAPING = {"view", "reshape", "to", "float", "double", "unsqueeze", "type"}  # .view(1, 3, 1, 1) and the like
+
+
+def _written_normalisation(app: App, module: Module, node: ast.AST, records: dict[str, dict]) -> tuple | None:
+    """(mean, std) of a normalisation written out, ``(x - M) / S``, where M and S are constants of the code (a
+    name or a literal tuple or list, possibly through ``torch.tensor(...)``, ``np.array(...)``, ``.view(...)``);
+    None for any other expression (a bare number is not taken: ``(n - 1) / 2`` is arithmetic, not pixels)."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.left, ast.BinOp)
+            and isinstance(node.left.op, ast.Sub)):  # fmt: skip
+        return None
+    values = []
+    for expr in (node.left.right, node.right):
+        while isinstance(expr, ast.Call):
+            if isinstance(expr.func, ast.Attribute) and expr.func.attr in SHAPING:
+                expr = expr.func.value
+            elif _called_name(expr) in TENSOR_BUILDERS and expr.args:
+                expr = expr.args[0]
+            else:
+                return None
+        if not isinstance(expr, ast.Name | ast.Tuple | ast.List | ast.Attribute):
+            return None
+        try:
+            value = _resolved(app, module, expr, records)[0]
+        except FACT_ERRORS:
+            return None
+        if not (isinstance(value, tuple | list) and value and all(isinstance(v, int | float) for v in value)):
+            return None
+        values.append(_floats(value))
+    return tuple(values)
 
 
 def _floats(value: Any) -> tuple[float, ...]:
