@@ -1116,3 +1116,21 @@ def test_without_decoy_partitions_each_clients_others_are_the_other_clients_part
     decoyed = Truths(UserData("test:loader", {}, decoy_partitions=(2,), loader=loader), decoys=99)
     decoyed.hold(exchanges)
     assert decoyed.others(exchanges[0], None)[2].endswith("of partition 2 (test:loader)")
+
+
+def test_an_audit_that_fails_midway_releases_the_rounds_pool_gradients(tmp_path, monkeypatch):
+    """The alignment score keeps the round's pool gradients (up to half of GRADIENT_BYTES) for its other clients:
+    an audit that raises on an update still releases them (a long-lived process, the Python API, would hold them)."""
+    import fedvit.attacks.membership as membership
+    import fedvit.audit.pipeline as pipeline
+
+    capture_exchange(tmp_path / "cap", 21, 2, fedsgd=True)
+
+    def failing(*args, **kwargs):
+        membership._received_projection["round"] = (torch.zeros(1), None)
+        raise RuntimeError("the attack failed")
+
+    monkeypatch.setattr(pipeline, "attack_exchange", failing)
+    with pytest.raises(RuntimeError, match="the attack failed"):
+        audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET)
+    assert not membership._received_projection

@@ -427,35 +427,37 @@ def audit_exchanges(
     rows, updates, attacked, grid_ranks, budgets, observers = [], [], [], [], {}, []
     rocs: dict[str, list[tuple[str, Roc]]] = {}
     by_client: dict[str, list[tuple[str, Any]]] = {}
-    for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
-        obs = reader.observe(ex, k + 1)
-        budget, text = reader.budget(ex, obs)
-        device = options.device or (config.device if (config := run_config(ex)) is not None else None)
-        budgets[budget_text(text, options.budgets)] = None
-        truth = truths.of(ex, obs)
-        aux = truths.auxiliary(ex, obs) if recipe(obs).several_steps else None
-        candidates = truths.candidates(ex, obs, truth[0], truth[1])
-        update_rows, update, recs = attack_exchange(
-            obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates, device
-        )
-        rows += update_rows
-        updates.append(update)
-        observers.append(ex.observer)
-        grid_ranks.append(recs.pop("ranks"))
-        if (roc := recs.pop("membership")) is not None:
-            rocs.setdefault(client_of(update), []).append((f"round {update['round']}", roc))
-        if (scores := recs.pop("scores")) is not None and scores[0]:
-            by_client.setdefault(client_of(update), []).append((update["update"], scores))
-            if slices := truths.slices.get(ex.label):  # a SecAgg+ aggregate: each member's images in it
-                split, power = scores[1], update["leakage"]["membership"].get("power") or {}
-                update["membership-members"] = member_membership(scores[0], split.candidates, split.seed, slices,
-                                                                 power)  # fmt: skip
-        attacked.append(Audited(obs, truth[0], recs))
-        log.info(f"audit: {update['update']}: labels {update['labels']}; " + (
-            "unscored" if update["psnr"] is None else
-            f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
-        ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
-    forget_received_projection()
+    try:  # the round's pool gradients (up to GRADIENT_BYTES / 2) are released however the audit ends
+        for k, ex in enumerate(tqdm(exchanges, desc="audit", unit="update")):
+            obs = reader.observe(ex, k + 1)
+            budget, text = reader.budget(ex, obs)
+            device = options.device or (config.device if (config := run_config(ex)) is not None else None)
+            budgets[budget_text(text, options.budgets)] = None
+            truth = truths.of(ex, obs)
+            aux = truths.auxiliary(ex, obs) if recipe(obs).several_steps else None
+            candidates = truths.candidates(ex, obs, truth[0], truth[1])
+            update_rows, update, recs = attack_exchange(
+                obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates, device
+            )
+            rows += update_rows
+            updates.append(update)
+            observers.append(ex.observer)
+            grid_ranks.append(recs.pop("ranks"))
+            if (roc := recs.pop("membership")) is not None:
+                rocs.setdefault(client_of(update), []).append((f"round {update['round']}", roc))
+            if (scores := recs.pop("scores")) is not None and scores[0]:
+                by_client.setdefault(client_of(update), []).append((update["update"], scores))
+                if slices := truths.slices.get(ex.label):  # a SecAgg+ aggregate: each member's images in it
+                    split, power = scores[1], update["leakage"]["membership"].get("power") or {}
+                    update["membership-members"] = member_membership(scores[0], split.candidates, split.seed, slices,
+                                                                     power)  # fmt: skip
+            attacked.append(Audited(obs, truth[0], recs))
+            log.info(f"audit: {update['update']}: labels {update['labels']}; " + (
+                "unscored" if update["psnr"] is None else
+                f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
+            ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
+    finally:
+        forget_received_projection()
     models = dict.fromkeys(
         f"fedvit's {a.obs.spec.factory.removeprefix('fedvit ')} (run config)"
         if a.obs.defence.fedvit
