@@ -184,8 +184,10 @@ def test_the_fit_needs_the_scale_the_flatness_and_where_checked_the_direction():
 
 def test_a_capture_mod_records_the_folder_of_the_app_whose_module_it_runs_in(tmp_path, monkeypatch):
     """capture_mod and CapturingStrategy record ``app-dir``: the sys.path folder whose pyproject declares the Flower
-    app of a module loaded in the process (a folder with another app's pyproject is passed over); the reader hands
-    it to the audit as the app's code."""
+    app of a module loaded in the process and this run's config keys (a folder with another app's pyproject, or with
+    another app loaded whose config is not this run's, is passed over: a test process that had loaded fedvit's own
+    app recorded fedvit's folder for a ClientApp built in a test, and the audit read the wrong recipe); the reader
+    hands it to the audit as the app's code."""
     import importlib
     import sys
 
@@ -193,25 +195,33 @@ def test_a_capture_mod_records_the_folder_of_the_app_whose_module_it_runs_in(tmp
     from fedvit.capture.writer import app_folder
 
     other = tmp_path / "other"
-    other.mkdir()
-    (other / "pyproject.toml").write_text('[tool.flwr.app.components]\nclientapp = "notloaded.client_app:app"\n')
+    (other / "otherpkg").mkdir(parents=True)
+    (other / "otherpkg" / "__init__.py").write_text("")
+    (other / "otherpkg" / "client_app.py").write_text("app = None\n")
+    (other / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\nclientapp = "otherpkg.client_app:app"\n[tool.flwr.app.config]\nlr = 0.1\n'
+    )
     app = write_app(tmp_path / "app", "torch.optim.SGD(model.parameters(), lr=lr)")
-    (app / "pyproject.toml").write_text('[tool.flwr.app.components]\nclientapp = "pkg.client_app:app"\n')
+    (app / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\nclientapp = "pkg.client_app:app"\n[tool.flwr.app.config]\nlr = 0.1\n'
+        'train.epochs = 1\n'
+    )
     (app / "pkg" / "__init__.py").write_text("")
     (app / "pkg" / "client_app.py").write_text("app = None\n")  # importable stand-in: loaded, not parsed here
     # only these two apps on the path (the checkout's own pyproject declares fedvit's app, whose modules may be loaded)
     kept = [p for p in sys.path if not (Path(p or ".") / "pyproject.toml").is_file()]
     monkeypatch.setattr(sys, "path", [str(other), str(app), *kept])
-    monkeypatch.delitem(sys.modules, "pkg", raising=False)
-    monkeypatch.delitem(sys.modules, "pkg.client_app", raising=False)
-    app_folder.cache_clear()
-    assert app_folder() is None  # no module of either app loaded yet
+    for name in ("pkg", "pkg.client_app", "otherpkg", "otherpkg.client_app"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    run_config = {"lr": 0.05, "train.epochs": 2}  # Flower's fused run config: the app's keys, flattened
+    assert app_folder(run_config) is None  # no module of either app loaded yet
+    importlib.import_module("otherpkg.client_app")
+    assert app_folder(run_config) is None  # another app is loaded: its config is not this run's
+    assert app_folder(None) == str(other.resolve())  # keys not known (a CapturingStrategy given no run_config)
     importlib.import_module("pkg.client_app")
-    app_folder.cache_clear()
-    try:
-        assert app_folder() == str(app.resolve())
-    finally:
-        app_folder.cache_clear()
+    assert app_folder(run_config) == str(app.resolve())  # looked up per call: not the first answer kept
+    assert app_folder({"lr": 0.05}) == str(other.resolve())
+    assert app_folder({"batch-size": 4}) is None  # a ClientApp built outside any app on the path
     stem = tmp_path / "run-1" / "captures" / "round-0001" / "node-1"  # a capture mod's: no run.json beside it
     assert _app_code(*_run_file(stem), {"app-dir": str(app)}) == app
     assert _app_code(*_run_file(stem), {"app-dir": "/no/such"}) is None

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common.config import flatten_dict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -297,20 +298,29 @@ def capture_dir(context: Context) -> Path:
     return Path(str(chosen)).expanduser().resolve()
 
 
-@functools.cache
-def app_folder() -> str | None:
+def app_folder(run_config: Iterable[str] | None) -> str | None:
     """The folder of the Flower app this process runs (its code, which the audit reads the recipe from): the first
     ``sys.path`` entry whose ``pyproject.toml`` declares ``[tool.flwr.app.components]`` of which a module is loaded
     in this process from that folder (Flower puts the app's folder, or its installed FAB's, on the path before it
-    loads the app); None where none is."""
+    loads the app), and whose ``[tool.flwr.app.config]`` keys are those of ``run_config`` (Flower's fused run config
+    has exactly the app's keys: a process that loaded another app's modules too, or a ClientApp built outside any
+    app, does not name the wrong folder; ``None``: not known, not compared); None where none is. Looked up per call:
+    a process may run several apps."""
+    keys = None if run_config is None else set(run_config)
     for entry in sys.path:
         folder = Path(entry or ".").resolve()
         try:
             project = tomllib.loads((folder / "pyproject.toml").read_text())
         except (OSError, tomllib.TOMLDecodeError):
             continue
-        components = project.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
-        for reference in components.values():
+        app = project.get("tool", {}).get("flwr", {}).get("app", {})
+        try:
+            declared = set(flatten_dict(app.get("config", {})))
+        except ValueError:  # a value Flower would refuse too: not this run's app
+            continue
+        if keys is not None and declared != keys:
+            continue
+        for reference in app.get("components", {}).values():
             module = sys.modules.get(str(reference).partition(":")[0])
             path = getattr(module, "__file__", None)
             if path and Path(path).resolve().is_relative_to(folder):
@@ -396,7 +406,7 @@ def _record_client(msg: Message, context: Context, where: tuple[Path, int, str],
             "node-config": dict(context.node_config),
             "observer": "client-mod",
             "run_config": dict(context.run_config),
-            "app-dir": app_folder(),
+            "app-dir": app_folder(context.run_config),
         }
         stem = new_exchange(stem)
         size = write_direction(stem, "received", *received, **head)
@@ -424,6 +434,7 @@ class CapturingStrategy(Strategy):
         self.strategy = strategy
         self.root = Path(out_dir).expanduser().resolve()
         self.run_config = dict(run_config or {})
+        self._config_known = run_config is not None  # the app's folder is then the one declaring these keys
         self.select = select
         self._sent: list[tuple[Message, Path, dict[str, Any]]] = []  # instructions awaiting their replies
         self.errors = 0
@@ -454,7 +465,7 @@ class CapturingStrategy(Strategy):
                 "node": node,
                 "observer": "server",
                 "run_config": self.run_config,
-                "app-dir": app_folder(),
+                "app-dir": app_folder(self.run_config if self._config_known else None),
             }
             stem = new_exchange(self._stem(rnd, msg))
             self._guarded(add_direction, stem, "received", msg, **head)
