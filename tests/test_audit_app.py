@@ -57,7 +57,7 @@ def test_a_normalisation_written_out_and_constants_unpacked_from_a_tuple_are_rea
     with ``MEAN, STD = (…), (…)``: read with its line (it was read as no normalisation at all: mean 0, std 1). An
     arithmetic ``(n - 1) / 2`` is not pixels; a written-out pair that disagrees with a Normalize is refused."""
     mean, std = read_normalisation(load_app(HEADAPP), {})
-    assert mean.value == std.value == (0.5, 0.5, 0.5) and "written out" in mean.how
+    assert mean.value == (0.485, 0.456, 0.406) and std.value == (0.229, 0.224, 0.225) and "written out" in mean.how
     assert mean.source == line_of(HEADAPP, "task.py", "return (x - torch.tensor(MEAN)")
     folder = tmp_path / "app"
     folder.mkdir()

@@ -52,7 +52,8 @@ WRITTEN_OUT = {
     # the ViT head example's shape: get_model(num_classes) from the run config, a normalisation written out,
     # Adam and random crops; its loader has no held-out split: each client's others are the other client's images
     "headapp": ("vithead.task:get_model(num_classes=10)", ["--model", "vithead.task:get_model", "--model-arg",
-                "num_classes=10", "--input", "3,32,32", "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5", "--data",
+                "num_classes=10", "--input", "3,32,32", "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225",
+                "--data",
                 "vithead_data:partition"]),
 }  # fmt: skip
 

@@ -22,6 +22,7 @@ from tests.test_thirdparty_deployment import deploy, fedvit
 pytestmark = [pytest.mark.deployment, pytest.mark.long]
 APP = Path(__file__).parent / "headapp"
 SIZES = {0: 64, 3: 80}  # partition-sizes "64,80": node partitions 0 and 3
+NORMALISATION = ["--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225"]  # the app's ImageNet mean and std
 
 
 def audit(captures: Path, out: Path, swap: bool, *extra: str, updates: int = 4) -> dict:
@@ -32,7 +33,7 @@ def audit(captures: Path, out: Path, swap: bool, *extra: str, updates: int = 4) 
     mapping = [f"--partition={node}={next(p for p, n in SIZES.items() if (n == size) != swap)}"
                for node, size in sizes.items()]  # fmt: skip
     done = fedvit("audit", str(captures), "--out", str(out), "--model", "vithead.task:get_model", "--model-arg",
-                  "num_classes=10", "--app-dir", str(APP), "--data", "vithead_data:partition", *mapping,
+                  "num_classes=10", "--app-dir", str(APP), *NORMALISATION, "--data", "vithead_data:partition", *mapping,
                   "--decoy-partitions", "4-7", "--membership-references", "3", *extra, timeout=1200)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     print(done.stdout[-2000:])

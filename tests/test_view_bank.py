@@ -23,10 +23,10 @@ from fedvit.observed.observation import Observation
 from fedvit.observed.recipe import ClientRecipe
 
 sys.path.insert(0, str(Path(__file__).parent / "headapp"))
-from vithead.task import as_tensors, get_model, load_pixels, train  # noqa: E402
+from vithead.task import MEAN, STD, as_tensors, get_model, load_pixels, train  # noqa: E402
 
 AUGMENT = "crop:0.5+flip"  # the head app's RandomResizedCrop(32, scale=(0.5, 1.0)) and flip
-SPEC = ModelSpec("vithead.task:get_model", mean=(0.5,) * 3, std=(0.5,) * 3, builder=lambda: get_model(10))
+SPEC = ModelSpec("vithead.task:get_model", mean=MEAN, std=STD, builder=lambda: get_model(10))
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_the_bank_holds_each_images_head_input_and_its_seeded_views(head_update,
     obs, aux, _ = head_update
     assert view.obs.client.augment.bank == view.spread.views == 2
     assert view.obs.spec.input_shape == (48, 3, 1)  # D channels; slot 0 the image's own, then its 2 views
-    model = get_model(10).eval()
+    model = SPEC.build().eval()  # the spec's mean and std attached, as the audit builds it
     seen = []
     model.heads.register_forward_hook(lambda m, i, o: seen.append(i[0]))
     x = torch.as_tensor(aux.images, dtype=torch.float32)

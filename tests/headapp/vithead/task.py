@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.transforms import v2
 
-MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's, as a pretrained ViT is fed
 
 
 class ViTClassifier(nn.Module):
