@@ -217,7 +217,7 @@ def test_a_capture_mod_records_the_folder_of_the_app_whose_module_it_runs_in(tmp
     assert app_folder(run_config) is None  # no module of either app loaded yet
     importlib.import_module("otherpkg.client_app")
     assert app_folder(run_config) is None  # another app is loaded: its config is not this run's
-    assert app_folder(None) == str(other.resolve())  # keys not known (a CapturingStrategy given no run_config)
+    assert app_folder({}) == str(other.resolve())  # no config to compare (run_simulation without a FAB)
     importlib.import_module("pkg.client_app")
     assert app_folder(run_config) == str(app.resolve())  # looked up per call: not the first answer kept
     assert app_folder({"lr": 0.05}) == str(other.resolve())

@@ -53,8 +53,7 @@ WRITTEN_OUT = {
     # Adam and random crops; its loader has no held-out split: each client's others are the other client's images
     "headapp": ("vithead.task:get_model(num_classes=10)", ["--model", "vithead.task:get_model", "--model-arg",
                 "num_classes=10", "--input", "3,32,32", "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225",
-                "--data",
-                "vithead_data:partition"]),
+                "--data", "vithead_data:partition"]),
 }  # fmt: skip
 
 

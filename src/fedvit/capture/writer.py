@@ -298,15 +298,16 @@ def capture_dir(context: Context) -> Path:
     return Path(str(chosen)).expanduser().resolve()
 
 
-def app_folder(run_config: Iterable[str] | None) -> str | None:
+def app_folder(run_config: Iterable[str]) -> str | None:
     """The folder of the Flower app this process runs (its code, which the audit reads the recipe from): the first
     ``sys.path`` entry whose ``pyproject.toml`` declares ``[tool.flwr.app.components]`` of which a module is loaded
     in this process from that folder (Flower puts the app's folder, or its installed FAB's, on the path before it
     loads the app), and whose ``[tool.flwr.app.config]`` keys are those of ``run_config`` (Flower's fused run config
     has exactly the app's keys: a process that loaded another app's modules too, or a ClientApp built outside any
-    app, does not name the wrong folder; ``None``: not known, not compared); None where none is. Looked up per call:
-    a process may run several apps."""
-    keys = None if run_config is None else set(run_config)
+    app, does not name the wrong folder; an empty one is not compared: Flower's ``run_simulation`` without a FAB, or
+    a CapturingStrategy given none, carries no config); None where none is. Looked up per call: a process may run
+    several apps."""
+    keys = set(run_config) or None
     for entry in sys.path:
         folder = Path(entry or ".").resolve()
         try:
@@ -434,7 +435,6 @@ class CapturingStrategy(Strategy):
         self.strategy = strategy
         self.root = Path(out_dir).expanduser().resolve()
         self.run_config = dict(run_config or {})
-        self._config_known = run_config is not None  # the app's folder is then the one declaring these keys
         self.select = select
         self._sent: list[tuple[Message, Path, dict[str, Any]]] = []  # instructions awaiting their replies
         self.errors = 0
@@ -465,7 +465,7 @@ class CapturingStrategy(Strategy):
                 "node": node,
                 "observer": "server",
                 "run_config": self.run_config,
-                "app-dir": app_folder(self.run_config if self._config_known else None),
+                "app-dir": app_folder(self.run_config),
             }
             stem = new_exchange(self._stem(rnd, msg))
             self._guarded(add_direction, stem, "received", msg, **head)
