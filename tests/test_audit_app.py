@@ -302,11 +302,9 @@ def test_iid_partitions_of_equal_size_are_said_to_be_ambiguous_instead_of_guesse
         match_nodes(exchanges, "fc3.bias", list(data), lambda p: data[p])
 
 
-def test_audit_app_matches_the_nodes_of_a_capture_without_partition_ids(tmp_path):
-    """The quickstart-shaped app's capture with every partition id taken out (what a tap records): the nodes are
-    matched by their updates, and the report says the map was inferred."""
-    run_app(SHAPES["quickstart"], tmp_path / "cap")
-    for manifest in (tmp_path / "cap").rglob("node-*.json"):
+def strip_partition_ids(captures: Path) -> None:
+    """Take every partition id and node config out of a capture_mod capture: what a ``fedvit tap`` records."""
+    for manifest in captures.rglob("node-*.json"):
         head = json.loads(manifest.read_text())
         head["partition"] = None
         head["node-config"] = {}
@@ -314,10 +312,41 @@ def test_audit_app_matches_the_nodes_of_a_capture_without_partition_ids(tmp_path
             if isinstance(head.get(side), dict):
                 head[side].pop("node-config", None)
         manifest.write_text(json.dumps(head))
+
+
+def test_audit_app_matches_the_nodes_of_a_capture_without_partition_ids(tmp_path):
+    """The quickstart-shaped app's capture with every partition id taken out (what a tap records): the nodes are
+    matched by their updates, and the report says the map was inferred."""
+    run_app(SHAPES["quickstart"], tmp_path / "cap")
+    strip_partition_ids(tmp_path / "cap")
     found = discover(QUICKSTART, tmp_path / "cap", {"supernodes": 2})
     assert found.keywords["partitions"] == {"21": 0, "22": 1}  # run_app's nodes 21 + p
     row = next(f for f in found.facts if f["what"] == "node → partition")
     assert "inferred, fit" in row["value"] and "label fit" in row["source"]
+
+
+def test_the_flag_driven_audit_matches_a_tap_captures_nodes_to_the_loaders_partitions(tmp_path):
+    """``fedvit audit --data LOADER`` with no --partition, on a capture that records no partition ids: each node is
+    matched to its partition by its update (said in the notes, with its fit and runner-up) and scored against it,
+    with the figures of the same audit given the map by hand; a node --partition maps is left as given."""
+    from fedvit.audit.api import audit_captures
+
+    run_app(SHAPES["quickstart"], tmp_path / "cap")
+    strip_partition_ids(tmp_path / "cap")
+    flags = {"model": "qsapp.task:Net", "input_shape": [3, 32, 32], "mean": [0.5] * 3, "std": [0.5] * 3,
+             "app_dir": QUICKSTART, "app": QUICKSTART, "data": "tests.idiom_harness:qs_partition",
+             "decoy_partitions": "2-3", "leakage": "labels"} | BUDGET  # fmt: skip
+    inferred = audit_captures(tmp_path / "cap", out=tmp_path / "inferred", **flags).report
+    (note,) = [n for n in inferred["notes"] if n.startswith("node → partition inferred")]
+    assert "21 → 0 (inferred, fit" in note and "22 → 1 (inferred, fit" in note and "runner-up partition" in note
+    assert [u["partition"] for u in inferred["updates"]] == [0, 1]
+    given = audit_captures(tmp_path / "cap", out=tmp_path / "given", partitions={"21": 0, "22": 1}, **flags).report
+    assert not any(n.startswith("node → partition") for n in given["notes"])
+    for mine, theirs in zip(inferred["updates"], given["updates"], strict=True):
+        assert mine["labels"] == theirs["labels"] and mine["label-accuracy"] == theirs["label-accuracy"]
+    half = audit_captures(tmp_path / "cap", out=tmp_path / "half", partitions={"22": 1}, **flags).report
+    assert "21 → 0 (inferred" in next(n for n in half["notes"] if n.startswith("node → partition"))
+    assert "22 →" not in next(n for n in half["notes"] if n.startswith("node → partition"))
 
 
 def test_fail_on_fails_where_only_the_clients_together_leak(monkeypatch):

@@ -85,7 +85,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "synthetic), partitioned as fedvit partitions it")  # fmt: skip
     g.add_argument("--partition", action="append", default=[], help="NODE=PARTITION: which partition a node holds")
     g.add_argument("--num-partitions", type=int, help="with a dataset name: how many partitions it was split into "
-                   "(default: the num-partitions the captured node config recorded)")  # fmt: skip
+                   "(default: the num-partitions the captured node config recorded); with a loader: the partitions "
+                   "a node the capture does not map is matched to (default: the capture's node count)")  # fmt: skip
     g.add_argument("--data-option", action="append", default=[], help="with a dataset name: KEY=VALUE of fedvit's "
                    "data.* settings or seed, e.g. partitioner=dirichlet (repeatable)")  # fmt: skip
     g.add_argument("--decoy-partitions", help="with a loader: partitions whose images are decoys, e.g. 4-40")

@@ -79,7 +79,8 @@ def audit_captures(
       normalisation, ``loss`` "cross-entropy" or "nll"; ``app_dir`` the folder to import it (and ``data``) from.
     - ``data``: the clients' images for scoring, ``loader(partition_id) -> (images, labels)`` or a dataset name
       (cifar10, imagefolder:PATH, synthetic); ``partitions`` maps node ids to partitions; ``decoy_partitions``
-      (``"4-7"`` or ints) are others' images; ``num_partitions``/``data_options`` for a dataset name;
+      (``"4-7"`` or ints) are others' images; ``num_partitions``/``data_options`` for a dataset name
+      (``num_partitions`` with a loader: the partitions a node the capture does not map is matched to);
       ``canaries`` a loader of planted canaries.
     - ``app``: the app's code (a folder or FAB) to read the recipe from; ``recipe``: values you know (lr, momentum,
       optimizer, ...); ``sent``: "auto", "gradient" or "weights"; ``fit_check`` False reports what a misfitting
@@ -242,8 +243,8 @@ def user_data(
     settings = {str(k): v for k, v in table.get("settings", {}).items()} | dict(data_options or {})
     count = num_partitions or table.get("num-partitions")
     decoys = decoy_partitions if decoy_partitions is not None else table.get("decoy-partitions", "")
-    if not is_dataset_name(source) and (settings or count):
-        raise ValueError(f"num_partitions and data_options apply to a dataset name, not the loader {source}")
+    if not is_dataset_name(source) and settings:
+        raise ValueError(f"data_options apply to a dataset name, not the loader {source}")
     if is_dataset_name(source) and decoys:
         raise ValueError("decoy_partitions applies to a loader; a dataset name's decoys are its test split")
     if count is not None and int(count) < 1:

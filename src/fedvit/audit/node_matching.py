@@ -9,6 +9,9 @@ partition's centred label histogram: the fit is their cosine, in [-1, 1]. A part
 ``num-examples`` the node reported cannot be its partition. The match is refused as ambiguous where the best
 assignment's total fit beats the runner-up's (the best assignment that moves any node) by less than
 :data:`MATCH_MARGIN`: identical label histograms (IID partitions of equal size) tie exactly.
+
+Both ``fedvit audit --data LOADER`` (:func:`with_matched_nodes`) and ``fedvit audit-app`` match a capture's nodes
+this way.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import AuditInputError, Exchange
+from fedvit.observed.model_spec import ModelSpec, head_bias
 from fedvit.observed.recipe import sent_kind
 
 MATCH_MARGIN = 0.05  # cosine: the best assignment's total fit must beat the runner-up assignment's by this much
@@ -97,3 +102,32 @@ def match_nodes(exchanges: Sequence[Exchange], bias: str, partitions: Sequence[i
                               f"runner-up by {best - runner_up:.3f} in label fit, under {MATCH_MARGIN}: {listed}); "
                               "give --partition NODE=PARTITION")  # fmt: skip
     return matches
+
+
+def with_matched_nodes(exchanges: Sequence[Exchange], data: UserData | None,
+                       spec: ModelSpec | None) -> tuple[UserData | None, str | None]:  # fmt: skip
+    """``data`` with every node the capture and ``--partition`` leave unmapped matched to a partition of the loader
+    (:func:`match_nodes`), and the report's note saying so; ``data`` as is (note None) where nothing is unmapped,
+    the data is a dataset name (its nodes record their partition), or no model (``spec``: ``--model``) with a
+    classifier bias is known (the audit then notes each unmapped node as unscored). The candidates are partitions
+    0 to P − 1 (P: ``--num-partitions``, else the capture's node count) other than the decoy partitions and those
+    mapped to other nodes; an AuditInputError where the match is ambiguous."""
+    if data is None or data.named or spec is None:
+        return data, None
+    nodes = {str(ex.node) for ex in exchanges if not ex.members}
+    mapped = {str(ex.node): ex.partition for ex in exchanges if not ex.members and ex.partition is not None}
+    mapped |= {n: p for n, p in data.partitions.items() if n in nodes}
+    unmapped = [ex for ex in exchanges if not ex.members and str(ex.node) not in mapped]
+    bias = head_bias(spec.build()) if unmapped else None
+    if bias is None:
+        return data, None
+    count = data.num_partitions or len(nodes)
+    taken = set(data.decoy_partitions) | {int(p) for p in mapped.values()}
+    candidates = [p for p in range(count) if p not in taken]
+    matches = match_nodes(unmapped, bias, candidates, data.load)
+    matched = dataclasses.replace(data, partitions=data.partitions | {m.node: m.partition for m in matches})
+    counted = "--num-partitions" if data.num_partitions else "the capture's node count"
+    note = (f"node → partition inferred from each update's label fit to partitions {candidates[0]}–{candidates[-1]} "
+            f"of --data ({count} partitions: {counted}; give --partition NODE=ID to state it): "
+            + "; ".join(m.described() for m in matches))  # fmt: skip
+    return matched, note

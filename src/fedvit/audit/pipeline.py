@@ -34,6 +34,7 @@ from fedvit.audit.frontier import frontier_rows, write_frontier
 from fedvit.audit.html import Picture, write_html
 from fedvit.audit.members import member_membership
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
+from fedvit.audit.node_matching import with_matched_nodes
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
 from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
 from fedvit.audit.secagg import OBSERVERS, TLS, NotRebuilt, aggregate_exchange, describe_rounds, secagg_rounds
@@ -561,6 +562,11 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     central = app_central_dp(exchanges, options)
     secure = secure_aggregation(exchanges, notes, central)  # SecAgg+'s stages out, the aggregates in
     exchanges = secure.exchanges
+    data, matched = with_matched_nodes(exchanges, options.data, options.spec)
+    if matched is not None:
+        log.info(f"audit: {matched}")
+        notes.append(matched)
+        options = dataclasses.replace(options, data=data)
     if hidden:
         notes.append(
             f"{hidden} link(s) were TLS or HTTP/2: relayed as bytes, only connection metadata recorded (no "
