@@ -15,7 +15,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fedvit.app.audit_app import AuditAppError, audit_app, discover, read_project, stage_with_capture
+from fedvit.app.audit_app import (
+    AuditAppError,
+    Discovered,
+    audit_app,
+    discover,
+    discover_normalisation,
+    read_project,
+    stage_with_capture,
+)
 from fedvit.audit.app_loader import pick_split, to_arrays
 from fedvit.audit.gate import judge, parse_fail_on
 from fedvit.audit.summary import LEAKS, NO_EVIDENCE, UNSEEABLE, ClientFinding, Finding
@@ -70,6 +78,26 @@ def test_a_normalisation_written_out_and_constants_unpacked_from_a_tuple_are_rea
     task.write_text(text + "\n\ndef norm(x):\n    return (x - np.array([0.4, 0.4, 0.4])) / np.array([0.2, 0.2, 0.2])\n")
     mean, _ = read_normalisation(load_app(folder), {})
     assert mean.value is None and "several Normalize settings" in mean.how
+
+
+def test_a_normalisation_through_local_tensors_of_module_constants_is_read(tmp_path):
+    """The third-party app binds ``mean = torch.tensor(MEAN).view(1, 3, 1, 1)`` (and ``std``) in a function and
+    returns ``(x - mean) / std``: read as MEAN and STD with that line (it was read as no normalisation: mean 0,
+    std 1, and every figure of its audit-app run moved). A local name bound to different constants in two places
+    of the module is not guessed."""
+    app = Path(__file__).parent / "thirdparty_app"
+    mean, std = read_normalisation(load_app(app), {})
+    assert mean.value == std.value == (0.5, 0.5, 0.5) and "written out" in mean.how
+    assert mean.source == line_of(app, "task.py", "return (x - mean) / std")
+    folder = tmp_path / "app"
+    shutil.copytree(app, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    task = folder / "cnnapp" / "task.py"
+    task.write_text(task.read_text() + "\n\ndef other():\n    mean = torch.tensor((0.4, 0.4, 0.4))\n    return mean\n")
+    mean, _ = read_normalisation(load_app(folder), {})
+    assert mean.value is None and "(x - mean) / std: its values are not read" in mean.how
+    assert line_of(folder, "task.py", "return (x - mean) / std") + ": (x - mean)" in mean.how
+    with pytest.raises(AuditAppError, match="give --mean and --std"):
+        discover_normalisation(Discovered({}), load_app(folder), {}, {})
 
 
 def test_the_clients_loader_is_the_call_that_takes_the_partition():

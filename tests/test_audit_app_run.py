@@ -54,7 +54,27 @@ WRITTEN_OUT = {
     "headapp": ("vithead.task:get_model(num_classes=10)", ["--model", "vithead.task:get_model", "--model-arg",
                 "num_classes=10", "--input", "3,32,32", "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225",
                 "--data", "vithead_data:partition"]),
+    # a third-party app whose own config makes Dirichlet(0.3) partitions; its loader returns one array pair: each
+    # client's others are the other client's images
+    "dirichlet": ("cnnapp.task:Net()", ["--model", "cnnapp.task:Net", "--input", "3,32,32", "--mean", "0.5,0.5,0.5",
+                  "--std", "0.5,0.5,0.5", "--data", "cnnapp_partitions:skewed"]),
 }  # fmt: skip
+APPS = {"quickstart": QUICKSTART, "headapp": HEADAPP, "dirichlet": CNNAPP}
+
+
+def with_dirichlet_partitions(app: Path) -> None:
+    """cnnapp's own config set to two partitions of 24 images with Dirichlet(0.3) class shares (no flag needed)."""
+    if str(CNNAPP) not in sys.path:
+        sys.path.insert(0, str(CNNAPP))
+    from cnnapp_partitions import SKEWED_ALPHA, SKEWED_SIZES
+
+    pyproject = app / "pyproject.toml"
+    text = pyproject.read_text()
+    for line, value in (('partition-sizes = "1,2,3,4"', f'partition-sizes = "{SKEWED_SIZES}"'),
+                        ("dirichlet-alpha = 0.0", f"dirichlet-alpha = {SKEWED_ALPHA}")):  # fmt: skip
+        assert line in text, line
+        text = text.replace(line, value)
+    pyproject.write_text(text)
 
 
 @pytest.mark.parametrize("name", list(WRITTEN_OUT))
@@ -63,7 +83,9 @@ def test_audit_app_with_no_flag_runs_captures_and_audits_a_flower_shaped_app(tmp
     lands in ./fedvit-audit, the report lists what was read from the app; the flag-driven audit of the same capture
     (every value written out) gives the same label and membership figures and findings."""
     app = tmp_path / name
-    shutil.copytree(QUICKSTART if name == "quickstart" else HEADAPP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(APPS[name], app, ignore=shutil.ignore_patterns("__pycache__"))
+    if name == "dirichlet":
+        with_dirichlet_partitions(app)
     done = fedvit("audit-app", str(app), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "fedvit-audit"

@@ -10,6 +10,14 @@ def partition(partition_id: int):
     return load_data(partition_id, partition_size(SIZES, partition_id), SEED)
 
 
+SKEWED_SIZES, SKEWED_ALPHA = "24,24", 0.3  # the app with Dirichlet partitions by default (its own config)
+
+
+def skewed(partition_id: int):
+    """cnnapp's partition with ``partition-sizes="24,24" dirichlet-alpha=0.3`` in its own config."""
+    return load_data(partition_id, partition_size(SKEWED_SIZES, partition_id), SEED, SKEWED_ALPHA)
+
+
 LARGE_SIZES, ALPHA = "1000,1200", 0.5  # the realistic run: 1,000 and 1,200 images per client, Dirichlet(0.5) classes
 
 

@@ -217,7 +217,10 @@ def read_normalisation(app: App, run_config: dict[str, Any]) -> tuple[Value, Val
     unread: list[str] = []
     for module in app.modules.values():
         for node in ast.walk(module.tree):
-            if (written := _written_normalisation(app, module, node, records)) is not None:
+            if isinstance(written := _written_normalisation(app, module, node, records), str):
+                unread.append(f"{app.line(module, node)}: {written}")
+                continue
+            if written is not None:
                 pairs.setdefault(written, app.line(module, node))
                 written_out.add(written)
                 continue
@@ -263,32 +266,55 @@ TENSOR_BUILDERS = {"tensor", "as_tensor", "Tensor", "array", "asarray"}  # torch
 SHAPING = {"view", "reshape", "to", "float", "double", "unsqueeze", "type"}  # .view(1, 3, 1, 1) and the like
 
 
-def _written_normalisation(app: App, module: Module, node: ast.AST, records: dict[str, dict]) -> tuple | None:
+def _written_normalisation(app: App, module: Module, node: ast.AST, records: dict[str, dict]) -> tuple | str | None:
     """(mean, std) of a normalisation written out, ``(x - M) / S``, where M and S are constants of the code (a
-    name or a literal tuple or list, possibly through ``torch.tensor(...)``, ``np.array(...)``, ``.view(...)``);
+    name or a literal tuple or list, possibly through ``torch.tensor(...)``, ``np.array(...)``, ``.view(...)``,
+    or a local name bound to one); why not, where M and S are names of a mean and a std whose values are not read;
     None for any other expression (a bare number is not taken: ``(n - 1) / 2`` is arithmetic, not pixels)."""
     if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.left, ast.BinOp)
             and isinstance(node.left.op, ast.Sub)):  # fmt: skip
         return None
-    values = []
-    for expr in (node.left.right, node.right):
-        while isinstance(expr, ast.Call):
-            if isinstance(expr.func, ast.Attribute) and expr.func.attr in SHAPING:
-                expr = expr.func.value
-            elif _called_name(expr) in TENSOR_BUILDERS and expr.args:
-                expr = expr.args[0]
-            else:
-                return None
-        if not isinstance(expr, ast.Name | ast.Tuple | ast.List | ast.Attribute):
+    operands = (node.left.right, node.right)
+    values = [_constant_pixels(app, module, expr, records) for expr in operands]
+    if None not in values:
+        return tuple(values)
+    named = [_bare(expr) for expr in operands]  # ``(x - mean) / std`` whose constants are not read: said, not guessed
+    if all(isinstance(e, ast.Name) for e in named) and "mean" in named[0].id.lower() and "std" in named[1].id.lower():
+        return f"(x - {named[0].id}) / {named[1].id}: its values are not read from the code"
+    return None
+
+
+def _bare(expr: ast.expr) -> ast.expr:
+    """``expr`` without the tensor builders and shaping calls around it (``torch.tensor(MEAN).view(…)``: MEAN)."""
+    while isinstance(expr, ast.Call):
+        if isinstance(expr.func, ast.Attribute) and expr.func.attr in SHAPING:
+            expr = expr.func.value
+        elif _called_name(expr) in TENSOR_BUILDERS and expr.args:
+            expr = expr.args[0]
+        else:
+            return expr
+    return expr
+
+
+def _constant_pixels(app: App, module: Module, expr: ast.expr, records: dict[str, dict],
+                     follow: bool = True) -> tuple[float, ...] | None:  # fmt: skip
+    """The per-channel constants ``expr`` stands for (see :func:`_written_normalisation`), else None. A local name
+    the module binds to such an expression (``mean = torch.tensor(MEAN).view(1, 3, 1, 1)``, then
+    ``(x - mean) / std``) is followed where every binding of it in the module gives the same constants."""
+    expr = _bare(expr)
+    if not isinstance(expr, ast.Name | ast.Tuple | ast.List | ast.Attribute):
+        return None
+    try:
+        value = _resolved(app, module, expr, records)[0]
+    except FACT_ERRORS:
+        if not (follow and isinstance(expr, ast.Name)):
             return None
-        try:
-            value = _resolved(app, module, expr, records)[0]
-        except FACT_ERRORS:
-            return None
-        if not (isinstance(value, tuple | list) and value and all(isinstance(v, int | float) for v in value)):
-            return None
-        values.append(_floats(value))
-    return tuple(values)
+        bound = {_constant_pixels(app, module, a.value, records, follow=False) for a in ast.walk(module.tree)
+                 if isinstance(a, ast.Assign) and [t.id for t in a.targets if isinstance(t, ast.Name)] == [expr.id]}
+        return bound.pop() if len(bound) == 1 and None not in bound else None
+    if not (isinstance(value, tuple | list) and value and all(isinstance(v, int | float) for v in value)):
+        return None
+    return _floats(value)
 
 
 def _floats(value: Any) -> tuple[float, ...]:
