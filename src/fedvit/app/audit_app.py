@@ -282,27 +282,11 @@ def discover_partitions(found: Discovered, exchanges: list[Any], given: Mapping[
         nodes = {str(ex.node): ex.partition for ex in exchanges}
         found.fact("node → partition", ", ".join(f"{n} → {p}" for n, p in sorted(nodes.items(), key=lambda x: x[1])),
                    "the capture (capture_mod records each node's partition-id)", AUDITOR)  # fmt: skip
-    else:  # a tap's capture: no node config; each node matched to the partition its update fits
-        matches = matched_partitions(exchanges, found.keywords, partitions)
-        found.keywords["partitions"] = {m.node: m.partition for m in matches}
-        how = f"the label fit of each node's update to each of partitions 0–{partitions - 1} (node_matching)"
-        found.fact("node → partition", "; ".join(m.described() for m in matches), how, AUDITOR)
-
-
-def matched_partitions(exchanges: list[Any], keywords: dict[str, Any], partitions: int) -> list[Any]:
-    """The nodes of a capture without partition ids, matched to the loader's partitions by their updates."""
-    from fedvit.audit.api import model_spec
-    from fedvit.audit.node_matching import match_nodes
-    from fedvit.observed.model_spec import head_bias
-
-    if not callable(keywords.get("data")) or partitions < 1:
-        raise AuditAppError("the capture does not say which partition each node holds: give --partition NODE=P")
-    spec = model_spec({}, keywords["model"], keywords.get("model_args"), keywords["input_shape"], keywords["mean"],
-                      keywords["std"], None, keywords["app_dir"])  # fmt: skip
-    bias = head_bias(spec.build())
-    if bias is None:
-        raise AuditAppError("the model has no classifier bias to match nodes by: give --partition NODE=P")
-    return match_nodes(exchanges, bias, list(range(partitions)), keywords["data"])
+    else:  # a tap's capture: no node config; the audit matches each node to the partition its update fits
+        found.keywords["num_partitions"] = partitions
+        found.fact("node → partition", f"matched by the audit to partitions 0–{partitions - 1} (its notes give each "
+                   "node's fit and runner-up)", "each node's update: its label fit, checked by its loss drop "
+                   "(node_matching)", AUDITOR)  # fmt: skip
 
 
 def audit_app(
@@ -378,7 +362,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--std", help="per-channel std of the app's Normalize")
     g.add_argument("--data", help="package.module:loader, loader(partition_id) -> (images in [0, 1], labels)")
     g.add_argument("--partition", action="append", default=[], help="NODE=PARTITION: which partition a node holds "
-                   "(default: the capture's partition-id, else matched by each update's label fit)")  # fmt: skip
+                   "(default: the capture's partition-id, else matched by each update's label fit, checked by its loss "
+                   "drop)")  # fmt: skip
     g = p.add_argument_group("budget")
     g.add_argument("--iterations", type=int, help="Adam steps per restart (default 1500)")
     g.add_argument("--restarts", type=int, help="random starts (default 2)")
