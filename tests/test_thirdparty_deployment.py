@@ -246,3 +246,52 @@ def test_the_tap_stops_cleanly_and_says_what_it_saw(tmp_path):
     stop_tap(tap)
     assert tap.returncode == 0
     assert json.loads((tmp_path / "out" / "tap.json").read_text())["connections"] == {"http": 0, "tls": 0, "http2": 0}
+
+
+def replayed_partition(manifest: Path, candidates: range) -> tuple[int, list[float]]:
+    """The partition a tapped node trained on, by replaying cnnapp's own training (its seed, epochs, lr, batch) from
+    the weights the node received on each candidate partition: the one whose replay lands on the sent weights
+    (the truth, found without the audit's method); the replays' distances to the sent weights beside it."""
+    from cnnapp.task import Net, train
+    from cnnapp_partitions import skewed
+
+    from fedvit.capture.reader import load_exchanges
+
+    (ex,) = [e for e in load_exchanges(manifest.parent)[0] if e.stem.name == manifest.stem]
+    config, run_config = ex.received_config, ex.run_config
+    distances = []
+    for p in candidates:
+        model = Net()
+        model.load_state_dict({k: torch.as_tensor(v) for k, v in ex.received.items()})
+        train(model, *skewed(p), int(config["local-epochs"]), float(config["lr"]), int(run_config["batch-size"]),
+              int(run_config["seed"]) * 100 + int(config["server-round"]))  # fmt: skip
+        sent = model.state_dict()
+        distances.append(float(sum(np.abs(sent[k].numpy() - ex.sent[k]).sum() for k in ex.sent)))
+    return int(np.argmin(distances)), distances
+
+
+def test_the_audit_matches_four_tapped_nodes_with_dirichlet_partitions_to_their_own(tmp_path):
+    """Four SuperNodes of 24 images each with Dirichlet(0.3) classes, deployed through ``fedvit tap`` (which records
+    no partition ids), audited with ``--data`` and no ``--partition``: every node is matched to the partition a
+    replay of its own training says it trained on, and scored against it."""
+    from cnnapp_partitions import SKEWED_ALPHA, SKEWED_SIZES
+
+    done, final, captures = deploy(tmp_path / "tapped", through_tap=True, rounds=1, partitions=(0, 1, 2, 3),
+                                   extra=f"partition-sizes='{SKEWED_SIZES}' dirichlet-alpha={SKEWED_ALPHA}")
+    assert final.exists(), done.stdout[-2000:]
+    trains = sorted(m for m in captures.glob("run-*/captures/round-*/node-*.json") if m.stem.split("-")[-1].isdigit())
+    assert len(trains) == 4 and all(json.loads(m.read_text()).get("partition") is None for m in trains)
+    truth = {}
+    for manifest in trains:
+        partition, distances = replayed_partition(manifest, range(4))
+        assert sorted(distances)[0] < 1e-3 * sorted(distances)[1], distances  # one replay lands, the others do not
+        truth[manifest.stem.removeprefix("node-")] = partition
+    assert sorted(truth.values()) == [0, 1, 2, 3]
+    out = tmp_path / "audit"
+    audit = fedvit("audit", str(captures), "--out", str(out), "--model", "cnnapp.task:Net", "--app-dir", str(APP),
+                   "--input", "3,32,32", "--data", "cnnapp_partitions:skewed", "--leakage", "labels")  # fmt: skip
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-3000:]
+    report = json.loads((out / "audit.json").read_text())
+    assert {str(u["node"]): u["partition"] for u in report["updates"]} == truth
+    (note,) = [n for n in report["notes"] if n.startswith("node → partition inferred")]
+    assert note.count("(inferred, fit") == 4 and "runner-up partition" in note

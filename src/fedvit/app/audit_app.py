@@ -284,9 +284,9 @@ def discover_partitions(found: Discovered, exchanges: list[Any], given: Mapping[
                    "the capture (capture_mod records each node's partition-id)", AUDITOR)  # fmt: skip
     else:  # a tap's capture: no node config; the audit matches each node to the partition its update fits
         found.keywords["num_partitions"] = partitions
-        found.fact("node → partition", f"matched by the audit to partitions 0–{partitions - 1} (its notes give each "
-                   "node's fit and runner-up)", "each node's update: its label fit, checked by its loss drop "
-                   "(node_matching)", AUDITOR)  # fmt: skip
+        found.fact("node → partition", f"matched by the audit to partitions 0–{partitions - 1} (its notes give "
+                   "each node's fit and runner-up)", "each node's update: its label fit (node_matching)",
+                   AUDITOR)  # fmt: skip
 
 
 def audit_app(
@@ -362,8 +362,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--std", help="per-channel std of the app's Normalize")
     g.add_argument("--data", help="package.module:loader, loader(partition_id) -> (images in [0, 1], labels)")
     g.add_argument("--partition", action="append", default=[], help="NODE=PARTITION: which partition a node holds "
-                   "(default: the capture's partition-id, else matched by each update's label fit, checked by its loss "
-                   "drop)")  # fmt: skip
+                   "(default: the capture's partition-id, else matched by each update's label fit)")  # fmt: skip
     g = p.add_argument_group("budget")
     g.add_argument("--iterations", type=int, help="Adam steps per restart (default 1500)")
     g.add_argument("--restarts", type=int, help="random starts (default 2)")

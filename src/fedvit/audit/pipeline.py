@@ -562,7 +562,7 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     central = app_central_dp(exchanges, options)
     secure = secure_aggregation(exchanges, notes, central)  # SecAgg+'s stages out, the aggregates in
     exchanges = secure.exchanges
-    data, matched = with_matched_nodes(exchanges, options.data, options.spec, Reader(options).observe)
+    data, matched = with_matched_nodes(exchanges, options.data, options.spec)
     if matched is not None:
         log.info(f"audit: {matched}")
         notes.append(matched)
