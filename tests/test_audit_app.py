@@ -388,3 +388,31 @@ def test_fail_on_fails_where_only_the_clients_together_leak(monkeypatch):
     failed, lines = judge(parse_fail_on("labels"), findings("not resolvable"), [])
     assert failed and lines == ["fail: labels leak for the clients together (0 of 3 images misplaced)"]
     assert not judge(parse_fail_on("membership"), findings("not resolvable"), [])[0]
+
+
+def test_a_flag_driven_audit_without_mean_and_std_checks_the_defaults_against_the_apps_code(tmp_path):
+    """``fedvit audit --model`` with no --mean/--std: where the app's code normalises with other values the audit
+    refuses in one line naming them (it assumed 0.5 silently before, and every figure moved with it); where the code
+    agrees nothing is said; where it states no Normalize the report says the defaults were assumed."""
+    from fedvit.audit.api import audit_captures
+
+    run_app(SHAPES["quickstart"], tmp_path / "cap")
+    folder = tmp_path / "app"
+    shutil.copytree(QUICKSTART, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    task = folder / "qsapp" / "task.py"
+    text = task.read_text()
+    written = "Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))"
+    assert written in text
+    flags = {"model": "qsapp.task:Net", "input_shape": [3, 32, 32], "app_dir": QUICKSTART, "leakage": "labels"}
+    task.write_text(text.replace(written, "Normalize((0.4, 0.4, 0.4), (0.2, 0.2, 0.2))"))
+    with pytest.raises(AuditInputError, match=r"normalises with mean 0.4,0.4,0.4 and std 0.2,0.2,0.2 \(task.py:\d+, "
+                       r"Normalize\(mean, std\)\).*give --mean 0.4,0.4,0.4 --std 0.2,0.2,0.2"):  # fmt: skip
+        audit_captures(tmp_path / "cap", out=tmp_path / "out", app=folder, **flags, **BUDGET)
+    given = audit_captures(tmp_path / "cap", out=tmp_path / "out", app=folder, mean=[0.4] * 3, std=[0.2] * 3,
+                           **flags, **BUDGET).report  # fmt: skip
+    agreed = audit_captures(tmp_path / "cap", out=tmp_path / "out", app=QUICKSTART, **flags, **BUDGET).report
+    assert not [n for r in (given, agreed) for n in r["notes"] if n.startswith("mean and std not given")]
+    task.write_text(text.replace(written, "Lambda(lambda x: x)"))
+    unread = audit_captures(tmp_path / "cap", out=tmp_path / "out", app=folder, **flags, **BUDGET).report
+    (note,) = [n for n in unread["notes"] if n.startswith("mean and std not given")]
+    assert "[0.5, 0.5, 0.5] / [0.5, 0.5, 0.5] assumed" in note and "give --mean and --std" in note

@@ -307,6 +307,7 @@ def spec_from(values: Mapping[str, Any]) -> Any:
     for key in ("mean", "std"):
         v = values.get(key, 0.5)  # the default 0.5 per channel, for any channel count
         kwargs[key] = tuple(float(x) for x in (v if isinstance(v, list | tuple) else [v] * channels))
+    kwargs["stated"] = "mean" in values or "std" in values  # else the defaults, checked against the app's code
     if "loss" in values:
         kwargs["loss"] = str(values["loss"])
     if values.get("app-dir"):

@@ -64,6 +64,7 @@ from fedvit.observed.app_code import (
     not_a_classifier,
     read_code,
 )
+from fedvit.observed.app_facts import read_normalisation
 from fedvit.observed.model_spec import ModelSpec, head_bias, model_settings
 from fedvit.observed.observation import Observation, Reconstruction, dense_update, recipe
 from fedvit.observed.recipe import ClientRecipe, map_part, read_recipe, sent_kind
@@ -295,16 +296,16 @@ class Reader:
             trained=trained,
         )
 
-    def code(self, ex: Exchange) -> tuple[CodeRecipe | None, str]:
-        """What the app's training code says for ``ex`` (None: no code, or code not read), and where it came from or
-        why there is none: ``--app``, else the FAB a wire tap kept, else the folder a capture mod named."""
+    def app_of(self, ex: Exchange) -> App | str:
+        """The app code behind ``ex`` (``--app``, else the FAB a wire tap kept, else the folder a capture mod named),
+        or why there is none; read once per path."""
         path = self.options.app or ex.app_code
         if path is None:
             why = {
                 "wire-tap": "the tap kept no app bundle for this run (it sees none on TLS links, and none before "
                 "a node fetched it)"
             }.get(ex.observer or "", "the capture names no app folder")
-            return None, f"none: {why}; give --app DIR|FAB to read the recipe from the app's code"
+            return f"none: {why}; give --app DIR|FAB to read the recipe from the app's code"
         path = Path(path)
         if path not in self._apps:
             try:
@@ -313,7 +314,12 @@ class Reader:
                 if self.options.app is not None:
                     raise AuditInputError(f"--app: {err}") from None
                 self._apps[path] = f"not read ({err})"
-        app = self._apps[path]
+        return self._apps[path]
+
+    def code(self, ex: Exchange) -> tuple[CodeRecipe | None, str]:
+        """What the app's training code says for ``ex`` (None: no code, or code not read), and where it came from or
+        why there is none."""
+        app = self.app_of(ex)
         if isinstance(app, str):
             return None, app
         source = (
@@ -425,6 +431,8 @@ def audit_exchanges(
     out.mkdir(parents=True, exist_ok=True)
     reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
     truths.hold(exchanges)
+    if (said := unstated_normalisation(reader, exchanges)) is not None:
+        notes = [*(notes or []), said]
     rows, updates, attacked, grid_ranks, budgets, observers = [], [], [], [], {}, []
     rocs: dict[str, list[tuple[str, Roc]]] = {}
     by_client: dict[str, list[tuple[str, Any]]] = {}
@@ -588,6 +596,36 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     report, _ = audit_exchanges(exchanges, Path(out), dataclasses.replace(options, title=title), notes, secure,
                                 hidden)  # fmt: skip
     return report
+
+
+def unstated_normalisation(reader: Reader, exchanges: list[Exchange]) -> str | None:
+    """Another app's mean and std where the user gave neither: the defaults, checked against the normalisation the
+    app's code states (:func:`fedvit.observed.app_facts.read_normalisation`) — an AuditInputError naming --mean and
+    --std where it states other values (every figure would rest on the wrong ones); the note that the defaults are
+    assumed where no code is at hand or it states none; None where the code agrees (or the values were given)."""
+    spec = reader.options.spec
+    other = next((ex for ex in exchanges if not is_fedvit(ex)), None)
+    if spec is None or spec.stated or other is None:
+        return None
+    assumed = f"mean and std not given: the defaults {list(spec.mean)} / {list(spec.std)} assumed"
+    app = reader.app_of(other)
+    if isinstance(app, str):
+        return f"{assumed} (no app code to check them against: {app.split(';')[0]}; give --mean and --std)"
+    mean, std = read_normalisation(app, {"run config": other.run_config})
+    if mean.value is None or std.value is None:
+        return f"{assumed} (the app's code does not fix them: {mean.how}; give --mean and --std)"
+    if mean.how.startswith("no Normalize"):  # it may normalise where no Normalize is read (timm's transforms)
+        return f"{assumed} (the app's code states no Normalize(...) to check them against; give --mean and --std)"
+    channels = spec.input_shape[0]
+    stated = [tuple(v.value) * (channels if len(v.value) == 1 else 1) for v in (mean, std)]
+    if stated != [tuple(spec.mean), tuple(spec.std)]:
+        values = [",".join(f"{x:g}" for x in v) for v in stated]
+        raise AuditInputError(
+            f"--mean and --std not given: the app's code normalises with mean {values[0]} and std {values[1]} "
+            f"({mean.source}, {mean.how}), not the defaults {list(spec.mean)} / {list(spec.std)} every figure would "
+            f"rest on: give --mean {values[0]} --std {values[1]}"
+        )
+    return None
 
 
 class Secured(NamedTuple):

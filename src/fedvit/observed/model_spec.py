@@ -41,6 +41,7 @@ class ModelSpec:
     num_classes: int | None = None
     args: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the factory (``get_model(num_classes=10)``)
     first_block: str = "pre-ln"  # fedvit's ``model.first-block`` ("no-ln": its first block without LayerNorm)
+    stated: bool = True  # mean and std as the user gave them (False: the defaults, checked against the app's code)
     builder: Callable[[], nn.Module] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
