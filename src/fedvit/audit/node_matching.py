@@ -10,11 +10,8 @@ partition's centred label histogram: the fit is their cosine, in [-1, 1]. A part
 assignment's total fit beats the runner-up's (the best assignment that moves any node) by less than
 :data:`MATCH_MARGIN`: identical label histograms (IID partitions of equal size) tie exactly.
 
-The membership score is not part of the fit, by measurement: on four tapped nodes of 24 images with Dirichlet(0.3)
-classes (tests/test_thirdparty_deployment.py), the update's mean loss drop ℓ(w_received, x) − ℓ(w_sent, x) was
-largest on another partition than the node's own for one node in four (one whose classes concentrate on the
-node's dominant class), and the loss drop relative to same-class images of the other partitions was within ±0.001
-for every node and partition (a few local steps memorise nothing that the class prior does not explain). Both
+The membership score is not part of the fit: its loss drop follows the partitions' class mix, not their images,
+after a few local steps (measured on four tapped nodes; the figures are in docs/audit.md). Both
 ``fedvit audit --data LOADER`` and ``fedvit audit-app`` match a capture's nodes here (:func:`with_matched_nodes`).
 """
 
