@@ -697,36 +697,55 @@ class Tokens(torch.nn.Module):
         return self.head(torch.relu(self.proj(x.flatten(2).transpose(1, 2))).mean(1))
 
 
-def test_the_pool_gram_factors_linear_layers_and_equals_g_times_its_transpose():
-    """A linear layer's block of G Gᵀ from its output-gradient and input Gram matrices: equal to g @ g.T to float32
-    rounding on the CNN (its three linear layers factored, the convolutions explicit); a layer that runs on several
-    tokens per image is not an outer product per image and enters explicitly."""
-    from fedvit.attacks.membership import gradient_matrix, gram_matrix, linear_spans, pool_gram, rank_one_factors
+def test_the_pool_gradients_factor_linear_layers_and_give_the_explicit_products():
+    """The pool's per-image gradients with each linear layer held as its output gradients and inputs: G v, Gᵀ c and
+    G Gᵀ equal the explicit G's to float32 rounding on the CNN (its three linear layers factored, the convolutions
+    explicit) and on its head alone; a layer that runs on several tokens per image is not an outer product per
+    image and stays explicit; a model whose batched pass mixes its images is caught by the per-image check."""
+    from fedvit.attacks.membership import gradient_matrix, linear_layers, pool_gradients
+
+    def assert_same_products(model, images, labels, names=None):
+        g = gradient_matrix(model, images, labels, names)
+        pool = pool_gradients(model, images, labels, names)
+        draws = torch.Generator().manual_seed(2)
+        v, c = torch.randn(g.shape[1], generator=draws), torch.randn(len(g), generator=draws)
+        exact = (g.double() @ g.double().T).float()
+        assert torch.allclose(pool.times(v), g @ v, rtol=1e-4, atol=1e-6 * float((g @ v).abs().max()))
+        assert torch.allclose(pool.transposed_times(c), g.T @ c, rtol=1e-4, atol=1e-6 * float((g.T @ c).abs().max()))
+        assert torch.allclose(pool.gram(), exact, rtol=1e-4, atol=1e-6 * float(exact.abs().max()))
+        return pool
 
     torch.manual_seed(0)
     model = Net().eval()
     images, labels = make_images(300, 3, 0.0)
-    g = gradient_matrix(model, images, labels)
-    spans = linear_spans(model, None)
-    assert [(out, inputs) for _, _, out, inputs in spans] == [(120, 400), (84, 120), (10, 84)]
-    for weight, bias, out, inputs in spans:
-        assert rank_one_factors(g[:, weight].view(len(g), out, inputs), g[:, bias]) is not None
-    exact = (g.double() @ g.double().T).float()
-    assert torch.allclose(pool_gram(model, g, None), exact, rtol=1e-4, atol=1e-6 * float(exact.abs().max()))
-    assert not torch.equal(pool_gram(model, g, None), gram_matrix(g))  # the factored path ran
-    # the head alone differentiated: only its layer's columns
-    head = ["fc3.weight", "fc3.bias"]
-    g_head = gradient_matrix(model, images, labels, head)
-    assert len(linear_spans(model, head)) == 1
-    assert torch.allclose(pool_gram(model, g_head, head), g_head @ g_head.T, rtol=1e-4, atol=1e-7)
-    # tokens: the projection's per-image gradient has rank > 1, so it is not factored; the head is
+    assert [(m.out_features, m.in_features) for _, m, _, _ in linear_layers(model, None)] == [(120, 400), (84, 120),
+                                                                                              (10, 84)]  # fmt: skip
+    pool = assert_same_products(model, images, labels)
+    assert len(pool.linear) == 3 and pool.dense.shape == (300, 456 + 2416)  # the convolutions' columns only
+    head = assert_same_products(model, images, labels, ["fc3.weight", "fc3.bias"])
+    assert len(head.linear) == 1 and head.dense.shape[1] == 0
+    # tokens: the projection's per-image gradient has rank > 1, so it stays explicit; the head is factored
     tokens = Tokens().eval()
     pixels = torch.rand(64, 3, 2, 2, generator=torch.Generator().manual_seed(1)).numpy()
-    g_tokens = gradient_matrix(tokens, pixels, np.arange(64) % 3)
-    (proj_w, proj_b, out, inputs), _ = linear_spans(tokens, None)
-    assert rank_one_factors(g_tokens[:, proj_w].view(64, out, inputs), g_tokens[:, proj_b]) is None
-    exact = (g_tokens.double() @ g_tokens.double().T).float()
-    assert torch.allclose(pool_gram(tokens, g_tokens, None), exact, rtol=1e-4, atol=1e-6 * float(exact.abs().max()))
+    pool = assert_same_products(tokens, pixels, np.arange(64) % 3)
+    assert len(pool.linear) == 1 and pool.dense.shape[1] == 6 * 3 + 6
+    # a batched pass that mixes the images (each logit shifted by the batch's mean): the factors are not each
+    # image's gradient, and the check keeps the layer explicit
+    mixing = Mixing().eval()
+    pool = assert_same_products(mixing, pixels, np.arange(64) % 3)
+    assert len(pool.linear) == 0
+
+
+class Mixing(torch.nn.Module):
+    """A head whose output depends on the whole batch (the batch mean subtracted from its input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(12, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.flatten(1)
+        return self.head(h - 0.5 * h.mean(0, keepdim=True))
 
 
 def test_the_gram_matrix_from_its_upper_blocks_is_exactly_g_times_its_transpose():

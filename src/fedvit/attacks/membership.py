@@ -64,7 +64,6 @@ PROJECTION_POOL = 2000  # pool images whose gradients span what the residual is 
 GRADIENT_BYTES = 2**31  # per-image gradients held at once (float32): bounds the pool and the chunks on large models
 GRAM_BLOCK = 500  # rows per block of the pool gradients' Gram matrix (only the blocks on and above its diagonal)
 RANK_ONE_TOLERANCE = 1e-4  # relative error a linear layer's per-image weight gradient may have against δ aᵀ
-RANK_ONE_PROBES = 8  # random directions the rank-one miss is measured along
 
 
 @torch.no_grad()
@@ -208,9 +207,8 @@ def residual(obs: Observation, shadows: list[Simulation]) -> torch.Tensor:
 # key -> (G, factorised G Gᵀ) of the pool gradients at the received weights. Every update's first alignment point is
 # the weights the server sent, the same for every client of a round, and so is the pool: its per-image gradients and
 # Gram matrix (O(pool² × parameters), the alignment score's costliest step) are computed and factorised once per
-# round, not once per update. G (up to half of GRADIENT_BYTES) is held until the next round or
-# forget_received_projection.
-_received_projection: dict[str, tuple[torch.Tensor, GramFactor]] = {}
+# round, not once per update. G (factored: PoolGradients) is held until the next round or forget_received_projection.
+_received_projection: dict[str, tuple[PoolGradients, GramFactor]] = {}
 SOLVE_TOLERANCE = 1e-8  # relative residual of the normal equations a Cholesky solve must meet, else the pseudo-inverse
 PINV_RTOL = 1e-10
 
@@ -287,66 +285,145 @@ def column_spans(params: dict[str, torch.Tensor]) -> dict[str, slice]:
     return spans
 
 
-def linear_spans(model: torch.nn.Module, names: list[str] | None) -> list[tuple[slice, slice, int, int]]:
-    """Per ``nn.Linear`` whose weight and bias are both differentiated: the columns of its weight and of its bias in
-    :func:`gradient_matrix`'s layout, and its output and input sizes."""
+def linear_layers(model: torch.nn.Module, names: list[str] | None) -> list[tuple[str, torch.nn.Linear, slice, slice]]:
+    """Per ``nn.Linear`` whose weight and bias are both differentiated: its name, the module, and the columns of its
+    weight and of its bias in :func:`gradient_matrix`'s layout."""
     spans = column_spans(differentiated(model, names)[0])
     found = []
     for prefix, module in model.named_modules():
         weight, bias = (f"{prefix}.{p}" if prefix else p for p in ("weight", "bias"))
         if isinstance(module, torch.nn.Linear) and weight in spans and bias in spans:
-            found.append((spans[weight], spans[bias], module.out_features, module.in_features))
+            found.append((prefix, module, spans[weight], spans[bias]))
     return found
 
 
-def rank_one_factors(weight: torch.Tensor, delta: torch.Tensor, chunk: int = BATCH) -> torch.Tensor | None:
-    """The inputs a [n, in] with each image's weight gradient [n, out, in] equal to δ aᵀ (δ its bias gradient [n,
-    out]): a linear layer applied once per image. None where any image's gradient is not that outer product to
-    :data:`RANK_ONE_TOLERANCE` (the layer runs on several tokens or positions per image). The miss ‖W − δ aᵀ‖_F is
-    taken as ‖(W − δ aᵀ) U‖_F / √k on k = :data:`RANK_ONE_PROBES` Gaussian columns U (its expectation, seeded):
-    one read of W by a matrix product, where forming W − δ aᵀ would write it twice."""
-    n = len(weight)
-    rows = torch.arange(n)
-    top = delta.abs().argmax(1)
-    scale = delta[rows, top]
-    inputs = torch.where(scale[:, None] != 0, weight[rows, top] / scale[:, None], torch.zeros(()))
-    probes = torch.randn(weight.shape[2], RANK_ONE_PROBES, generator=torch.Generator().manual_seed(0))
-    for first in range(0, n, chunk):
-        block, d, a = weight[first : first + chunk], delta[first : first + chunk], inputs[first : first + chunk]
-        missed = block @ probes - d[:, :, None] * (a @ probes)[:, None, :]
-        miss = torch.linalg.vector_norm(missed.flatten(1), dim=1) / math.sqrt(RANK_ONE_PROBES)
-        size = torch.linalg.vector_norm(d, dim=1) * torch.linalg.vector_norm(a, dim=1)
-        if (miss > RANK_ONE_TOLERANCE * size + 1e-30).any():
-            return None
-    return inputs
+@dataclasses.dataclass(frozen=True)
+class LinearFactors:
+    """A linear layer's per-image gradients δ_i a_iᵀ (weight) and δ_i (bias), held as their factors: the layer's
+    output gradient δ [n, out] and input a [n, in] per image."""
+
+    weight: slice
+    bias: slice
+    delta: torch.Tensor
+    inputs: torch.Tensor
 
 
-def pool_gram(model: torch.nn.Module, g: torch.Tensor, names: list[str] | None) -> torch.Tensor:
-    """G Gᵀ of the pool gradients ``g`` (:func:`gradient_matrix` of ``model`` over ``names``). A linear layer's
-    per-image gradient is the outer product of its output gradient δ and its input a, so its block of G Gᵀ is
-    (Δ Δᵀ) ⊙ (A Aᵀ + 1) (weight and bias; the identity per-example gradient-norm methods use, Goodfellow,
-    "Efficient Per-Example Gradient Computations", arXiv 1510.01799): n² (in + out) products instead of
-    n² · in · out. δ is read from the bias columns and a from the weight columns, each image checked to be that
-    product (:func:`rank_one_factors`); every other column enters by :func:`gram_matrix`. Equal to g gᵀ to float32
-    rounding (tested)."""
-    factored, gram = [], None
-    n = len(g)
-    for weight, bias, out, inputs in linear_spans(model, names):
-        delta = g[:, bias]
-        a = rank_one_factors(g[:, weight].view(n, out, inputs), delta)
-        if a is None:
-            continue
-        block = (delta @ delta.T) * (a @ a.T + 1)
-        gram = block if gram is None else gram + block
-        factored += [weight, bias]
-    if gram is None:
-        return gram_matrix(g)
-    kept = torch.ones(g.shape[1], dtype=torch.bool)
-    for span in factored:
-        kept[span] = False
-    if kept.any():
-        gram = gram + gram_matrix(g[:, kept])
-    return gram
+@dataclasses.dataclass(frozen=True)
+class PoolGradients:
+    """G [n, P], the pool images' per-image gradients in :func:`gradient_matrix`'s layout, held factored: a linear
+    layer applied once per image has the per-image gradient δ aᵀ (weight) and δ (bias), so its columns are kept as
+    δ and a (:class:`LinearFactors`; n (in + out) numbers instead of n · in · out); every other column is explicit
+    (``dense``, at the columns ``rest``). G v, Gᵀ c and G Gᵀ are computed from the factors: a linear layer's block of
+    G Gᵀ is (Δ Δᵀ) ⊙ (A Aᵀ + 1) (the identity per-example gradient-norm methods use, Goodfellow, "Efficient
+    Per-Example Gradient Computations", arXiv 1510.01799). Equal to the explicit G's to float32 rounding (tested)."""
+
+    size: int
+    linear: tuple[LinearFactors, ...]
+    dense: torch.Tensor
+    rest: torch.Tensor  # column indices of ``dense``
+
+    def times(self, v: torch.Tensor) -> torch.Tensor:
+        """G v [n] (float32)."""
+        out = self.dense @ v[self.rest]
+        for f in self.linear:
+            block = v[f.weight].view(f.delta.shape[1], f.inputs.shape[1])
+            out = out + ((f.delta @ block) * f.inputs).sum(1) + f.delta @ v[f.bias]
+        return out
+
+    def transposed_times(self, c: torch.Tensor) -> torch.Tensor:
+        """Gᵀ c [P] (float32)."""
+        full = torch.zeros(self.size, dtype=c.dtype)
+        full[self.rest] = self.dense.T @ c
+        for f in self.linear:
+            full[f.weight] = (f.delta.T @ (c[:, None] * f.inputs)).flatten()
+            full[f.bias] = f.delta.T @ c
+        return full
+
+    def gram(self) -> torch.Tensor:
+        """G Gᵀ [n, n]: the linear layers' blocks from their factors, the rest by :func:`gram_matrix`."""
+        gram = None
+        for f in self.linear:
+            block = (f.delta @ f.delta.T) * (f.inputs @ f.inputs.T + 1)
+            gram = block if gram is None else gram + block
+        if gram is None:
+            return gram_matrix(self.dense)
+        return gram + gram_matrix(self.dense) if self.dense.shape[1] else gram
+
+
+def pool_gradients(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, names: list[str] | None = None
+) -> PoolGradients:  # fmt: skip
+    """:class:`PoolGradients` of ``images`` over ``names`` (None: every parameter). Each linear layer's δ and a are
+    read in one batched backward pass per chunk (cross-entropy summed over the images, eval mode: each image's loss
+    depends on its own output only); a layer is factored only where it ran once per image on a [b, in] input and,
+    on the first images, the factors give what the per-image derivative (:func:`per_sample_gradients`) gives, to
+    :data:`RANK_ONE_TOLERANCE`. Every other parameter's columns are :func:`gradient_matrix`'s."""
+    params, _ = differentiated(model, names)
+    size = sum(p.numel() for p in params.values())
+    layers = linear_layers(model, names)
+    found = layer_factors(model, images, labels, [module for _, module, _, _ in layers])
+    factored = []
+    for (prefix, _, weight, bias), factors in zip(layers, found, strict=True):
+        if factors is not None and factors_match(model, images, labels, prefix, *factors):
+            factored.append(LinearFactors(weight, bias, *factors))
+    kept = torch.ones(size, dtype=torch.bool)
+    for f in factored:
+        kept[f.weight] = kept[f.bias] = False
+    spans = column_spans(params)
+    rest_names = [n for n in params if kept[spans[n]].all()]
+    dense = gradient_matrix(model, images, labels, rest_names) if rest_names else torch.zeros(len(images), 0)
+    return PoolGradients(size, tuple(factored), dense, torch.nonzero(kept).flatten())
+
+
+def layer_factors(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, modules: list[torch.nn.Linear]
+) -> list[tuple[torch.Tensor, torch.Tensor] | None]:  # fmt: skip
+    """Per linear layer, its output gradient δ [n, out] and input a [n, in] per image, or None where it did not run
+    exactly once per chunk on a [b, in] input (it runs on tokens or positions, or twice)."""
+    if not modules:
+        return []
+    deltas: list[list[torch.Tensor]] = [[] for _ in modules]
+    inputs: list[list[torch.Tensor]] = [[] for _ in modules]
+    usable = [True] * len(modules)
+    seen: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in modules]  # per layer, (input, output) per call
+    hooks = [m.register_forward_hook(lambda m, i, o, k=k: seen[k].append((i[0], o))) for k, m in enumerate(modules)]
+    try:
+        for first in range(0, len(images), BATCH):
+            for calls in seen:
+                calls.clear()
+            with torch.enable_grad():
+                x = normalize(model, torch.as_tensor(images[first : first + BATCH], dtype=torch.float32))
+                y = torch.as_tensor(labels[first : first + BATCH], dtype=torch.int64)
+                out = model(x.requires_grad_(True))
+                loss = F.cross_entropy(getattr(out, "logits", out), y, reduction="sum")
+                for k, calls in enumerate(seen):
+                    usable[k] = usable[k] and len(calls) == 1 and calls[0][0].dim() == 2 and len(calls[0][0]) == len(x)
+                wanted = [k for k in range(len(modules)) if usable[k]]
+                outputs = [seen[k][0][1] for k in wanted]
+                grads = torch.autograd.grad(loss, outputs, allow_unused=True) if outputs else ()
+            for k, g in zip(wanted, grads, strict=True):
+                if g is None:
+                    usable[k] = False
+                    continue
+                deltas[k].append(g.detach())
+                inputs[k].append(seen[k][0][0].detach())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [(torch.cat(deltas[k]), torch.cat(inputs[k])) if usable[k] else None for k in range(len(modules))]
+
+
+def factors_match(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, prefix: str,
+                  delta: torch.Tensor, inputs: torch.Tensor, check: int = 4) -> bool:  # fmt: skip
+    """Whether δ aᵀ and δ give the layer's per-image weight and bias gradients on the first ``check`` images, to
+    :data:`RANK_ONE_TOLERANCE` of their norm (a model whose batched pass mixes its images would not)."""
+    weight, bias = (f"{prefix}.{p}" if prefix else p for p in ("weight", "bias"))
+    exact = gradient_matrix(model, images[:check], labels[:check], [weight, bias])
+    names = [n for n, _ in model.named_parameters() if n in (weight, bias)]  # the model's order
+    parts = {weight: (delta[:check, :, None] * inputs[:check, None, :]).flatten(1), bias: delta[:check]}
+    factored = torch.cat([parts[n] for n in names], 1)
+    miss = torch.linalg.vector_norm(factored - exact, dim=1)
+    return bool((miss <= RANK_ONE_TOLERANCE * torch.linalg.vector_norm(exact, dim=1) + 1e-30).all())
 
 
 def residual_direction(
@@ -355,7 +432,8 @@ def residual_direction(
     """The model at ``point`` and what the client's update holds that neither shadows nor pool explain: the
     :func:`residual` ``r`` with the span of the pool images' gradients at ``point`` projected out (r − Gᵀ(GGᵀ)⁺G r:
     whatever any non-member's gradient could have put there, shadow noise included). ``received``: ``point`` is
-    the received weights (the last such projection is remembered: other clients of the round share it)."""
+    the received weights (the last such projection is remembered: other clients of the round share it). G is held
+    factored (:func:`pool_gradients`)."""
     model = model_with(obs, point).float().eval()
     names = trained_names(obs)
     chosen = evenly(pool.images, pool.labels, projection_pool(model, names))
@@ -365,13 +443,13 @@ def residual_direction(
     else:
         if key is not None:
             _received_projection.clear()  # the last round's G goes before this one's is computed
-        g = gradient_matrix(model, *chosen, names)
-        factor = factorised(pool_gram(model, g, names))
+        g = pool_gradients(model, *chosen, names)
+        factor = factorised(g.gram())
         if key is not None:
             _received_projection[key] = (g, factor)
     # G's products in float32, the accuracy G Gᵀ has (its float32 product), the solve in float64
-    a, _ = factor.solve((g @ r.float()).double())
-    return model, (r - (g.T @ a.float()).double()).float()
+    a, _ = factor.solve(g.times(r.float()).double())
+    return model, (r - g.transposed_times(a.float()).double()).float()
 
 
 def forget_received_projection() -> None:
