@@ -2,7 +2,7 @@
 gradient clipped to norm 1, Gaussian noise, 100 steps at lr 3 on its 50 photograph-like images and the canaries it
 included) for several noise multipliers, with 128 canaries planted (uniform noise with random labels, each included
 with probability 1/2). The claimed ε is the app's accountant's (μ-GDP composition, δ = 1e-5); the empirical ε is
-the audit's 95% lower bound from its loss scores on the canaries (fedvit.attacks.membership_stats.privacy_bound), beside
+the audit's 95% lower bound from its loss scores on the canaries (fedvit.audit.membership_stats.privacy_bound), beside
 its null (the largest bound over within-class shuffles of the canaries' included/left-out labels).
 Noise multiplier 0 is no DP at all (claimed ε infinite).
 
@@ -21,8 +21,8 @@ import torch
 from benchmarks.common import ROOT, write_csv
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
-from fedvit.attacks.membership_stats import judge
 from fedvit.audit.evidence import privacy_evidence
+from fedvit.audit.membership_stats import judge
 from fedvit.observed.model_spec import ModelSpec
 from fedvit.observed.observation import Observation
 from fedvit.observed.recipe import ClientRecipe, PrivacyClaim

@@ -31,7 +31,8 @@ import torch
 from benchmarks.common import ROOT, side_by_side, write_csv
 from benchmarks.label_distribution import BATCH, DRAWS, LR, MOMENTUM, PARTITIONS, epochs_at, models
 from fedvit.attacks.holdings import Candidates
-from fedvit.attacks.membership import infer, reference_updates, split_for_references
+from fedvit.attacks.membership import reference_updates, split_for_references
+from fedvit.audit.membership_runs import infer
 from fedvit.core.model import classify
 from fedvit.observed.model_spec import head_bias
 from fedvit.observed.observation import Observation

@@ -20,8 +20,9 @@ from benchmarks.common import ROOT, write_csv
 from benchmarks.label_distribution import BATCH, LR, MOMENTUM, PARTITIONS, epochs_at, models
 from benchmarks.membership_onset import images_of
 from fedvit.attacks.holdings import Auxiliary, Candidates
-from fedvit.attacks.membership import candidate_losses, loss_scores, simulated_power
-from fedvit.attacks.membership_stats import judge
+from fedvit.attacks.membership import candidate_losses, loss_scores
+from fedvit.audit.membership_runs import simulated_power
+from fedvit.audit.membership_stats import judge
 from fedvit.observed.model_spec import head_bias
 from fedvit.observed.observation import Observation
 from fedvit.observed.recipe import ClientRecipe

@@ -2,7 +2,7 @@
 Clopper–Pearson intervals, and the per-class Gaussian fit (LiRA's offline test) where 0.1% is not resolved.
 
 One client that memorises (the third-party app's CNN, 200 photograph-like textures, IID classes, 20 local epochs,
-SGD momentum 0.9, lr 0.01, batch 32) is judged by the audit's loss scores (fedvit.attacks.membership_stats.judge: the
+SGD momentum 0.9, lr 0.01, batch 32) is judged by the audit's loss scores (fedvit.audit.membership_stats.judge: the
 strongest of the loss of the sent weights, raw and per class, and the loss drop, against the family null) with 10,
 30, 100, 300 and 500 non-members per class (the audit scores at most 5,000 non-members: 500 per class of 10).
 
@@ -19,7 +19,7 @@ from benchmarks.label_distribution import BATCH, LR, MOMENTUM, epochs_at, models
 from benchmarks.membership_onset import images_of
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
-from fedvit.attacks.membership_stats import judge
+from fedvit.audit.membership_stats import judge
 from fedvit.observed.model_spec import head_bias
 from fedvit.observed.observation import Observation
 from fedvit.observed.recipe import ClientRecipe

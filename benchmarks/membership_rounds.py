@@ -1,4 +1,4 @@
-"""Membership over rounds: one client's updates combined (fedvit.attacks.membership_stats.over_rounds: each loss score's
+"""Membership over rounds: one client's updates combined (fedvit.audit.membership_stats.over_rounds: each loss score's
 per-update ranks, Stouffer) against the best of its single updates, for 1, 3 and 10 rounds. Two clients of 1,000
 images each (the third-party app's CNN, photograph-like textures or the app's blobs, IID or Dirichlet(0.5) classes)
 train 1 local epoch per round (SGD momentum 0.9, lr 0.01, batch 32) from the FedAvg of their previous round; the
@@ -18,7 +18,7 @@ from benchmarks.label_distribution import BATCH, LR, PARTITIONS, models, train
 from benchmarks.membership_onset import images_of
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
-from fedvit.attacks.membership_stats import judge, over_rounds
+from fedvit.audit.membership_stats import judge, over_rounds
 from fedvit.observed.model_spec import head_bias
 from fedvit.observed.observation import Observation
 from fedvit.observed.recipe import ClientRecipe

@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from fedvit.attacks.membership_stats import Roc
 from fedvit.audit.figures import roc_figure
+from fedvit.audit.membership_stats import Roc
 
 
 def roc(members: int, non_members: int, seed: int = 0) -> Roc:

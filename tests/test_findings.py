@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedvit.attacks.holdings import Candidates
-from fedvit.attacks.membership_stats import Score, judge
+from fedvit.attacks.scores import Score
 from fedvit.audit.evidence import (
     image_evidence,
     images_clear,
@@ -20,6 +20,7 @@ from fedvit.audit.evidence import (
     null_text,
 )
 from fedvit.audit.frontier import leaks
+from fedvit.audit.membership_stats import judge
 from fedvit.audit.summary import (
     LEAKS,
     NO_EVIDENCE,

@@ -28,9 +28,12 @@ from fedvit.attacks.label_distribution import (
     scaled_rhs,
 )
 from fedvit.attacks.labels import label_accuracy
-from fedvit.attacks.membership import infer
-from fedvit.attacks.membership_stats import (
-    Score,
+from fedvit.attacks.reidentification import Gallery
+from fedvit.attacks.scores import Score
+from fedvit.attacks.simulation import OTHER_DRAW, simulate, step_weights
+from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, verdict_detail
+from fedvit.audit.membership_runs import infer
+from fedvit.audit.membership_stats import (
     calibrate,
     class_ranks,
     clears_null,
@@ -44,9 +47,6 @@ from fedvit.attacks.membership_stats import (
     privacy_bound,
     roc_figures,
 )
-from fedvit.attacks.reidentification import Gallery
-from fedvit.attacks.simulation import OTHER_DRAW, simulate, step_weights
-from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, verdict_detail
 from fedvit.audit.metrics import psnr, psnr_table, score
 from fedvit.observed.model_spec import ModelSpec
 from fedvit.observed.observation import Observation, Reconstruction
@@ -473,7 +473,7 @@ def test_the_empirical_epsilon_proves_nothing_on_a_control_without_information(m
     most 2 of 40 (none when written). Ranks calibrated against the non-members of each class (the
     other figures' calibration, which the bound once used) "prove" ε > 0 in about half of them, up to ε 2: a
     member's rank among the other side is not exchangeable with a non-member's rank among its own side."""
-    from fedvit.attacks import membership_stats
+    from fedvit.audit import membership_stats
 
     monkeypatch.setattr(membership_stats, "EPSILON_NULL_DRAWS", 5)  # the bound is under test here, not its null
     rng = np.random.default_rng(1)
@@ -898,12 +898,13 @@ def test_the_batched_null_judges_every_draw_as_the_real_split_is_judged(members,
     """The null judges its draws in batches; each draw's figures must be :func:`score_figures`' on that draw's split,
     for every kind of score: calibrated with ties, raw, a class with one non-member (``lone``: ranked among all), a
     Gaussian fit (each member class with enough non-members), and a combination over rounds."""
-    from fedvit.attacks.membership_stats import (
+    from fedvit.audit.membership_stats import (
         PARAMETRIC,
         RoundsScore,
         null_judged,
         null_parametric,
         null_roc_figures,
+        resplit,
         score_figures,
         within_class_shuffles,
     )
@@ -930,7 +931,7 @@ def test_the_batched_null_judges_every_draw_as_the_real_split_is_judged(members,
         batched = null_roc_figures(null_judged(kind, classes, masks), masks, resolution)
         batched[PARAMETRIC] = null_parametric(kind, classes, masks)
         for d, mask in enumerate(masks):
-            one = score_figures(kind.resplit(mask), classes[mask], classes[~mask], resolution)
+            one = score_figures(resplit(kind, mask), classes[mask], classes[~mask], resolution)
             assert list(one) == list(batched), kind.name
             for figure, value in one.items():
                 if value is None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fedvit.attacks.membership_stats import clopper_pearson
+from fedvit.audit.membership_stats import clopper_pearson
 
 LABELS = "labels (head-bias gradient)"  # the label estimate's name as an attack (report rows, the frontier)
 LABEL_MARGIN = 0.05  # the counts must misplace ≥ 5 points of the images fewer than the prior does
@@ -104,7 +104,7 @@ def membership_reach(result: dict[str, Any]) -> dict[str, Any]:
     within-class shuffles, mapped back from the family's standardised maximum), so it can sit at or above the
     largest value its figure takes (AUC 1, TPR 100%), where no figure clears it. Then: which figures block, and
     about how many members would bring the null within reach
-    (:func:`fedvit.attacks.membership_stats.members_needed`)."""
+    (:func:`fedvit.audit.membership_stats.members_needed`)."""
     at = "tpr@0.01" if result.get("tpr@0.01") is not None else "tpr@resolution"
     null = result["null"]
     blocked = [name for name, value in (("AUC", null["auc"]), ("TPR", null.get(at))) if out_of_reach(value)]
@@ -192,7 +192,7 @@ def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> dict
 
 
 def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, Any]:
-    """Membership figures against the within-class shuffled-label null (:func:`fedvit.attacks.membership.infer`)."""
+    """Membership figures against the within-class shuffled-label null (:func:`fedvit.audit.membership_stats.judge`)."""
     if result is None:
         return {"status": NOT_MEASURED, "why": why}
     return {"status": MEASURED, **result, "clears": result["clears-null"], **membership_reach(result)}
@@ -202,7 +202,7 @@ DEFAULT_DELTA = 1e-5  # the δ of the empirical ε where canaries are audited wi
 
 
 def privacy_evidence(claim: Any, found: dict[str, Any]) -> dict[str, Any]:
-    """The empirical lower bound on ε (:func:`fedvit.attacks.membership_stats.privacy_bound`) beside its null and the
+    """The empirical lower bound on ε (:func:`fedvit.audit.membership_stats.privacy_bound`) beside its null and the
     client's claim (a :class:`fedvit.observed.recipe.PrivacyClaim`, or None): a bound above both the claimed ε and
     its null violates the claim at the bound's confidence; consistent otherwise."""
     out = {"empirical-epsilon": found["epsilon-lower"], "null": found["null"], "null-draws": found["null-draws"],

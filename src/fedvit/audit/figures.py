@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from fedvit.attacks.membership_stats import Roc, split_roc, within_class_shuffles
+from fedvit.audit.membership_stats import Roc, split_roc, within_class_shuffles
 from fedvit.audit.summary import client_of
 
 BAND_DRAWS = 200  # within-class shuffles behind the ROC's null band
@@ -25,7 +25,7 @@ def tpr_at(roc: tuple[np.ndarray, np.ndarray], grid: np.ndarray) -> np.ndarray:
 
 def null_band(roc: Roc, grid: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """TPR at ``grid`` on the same values with member and non-member labels shuffled within each class (the audit's
-    null, :func:`fedvit.attacks.membership_stats.within_class_shuffles`): the :data:`BAND` quantiles."""
+    null, :func:`fedvit.audit.membership_stats.within_class_shuffles`): the :data:`BAND` quantiles."""
     values = np.concatenate([roc.members, roc.non_members])
     classes = np.concatenate([roc.member_classes, roc.non_member_classes])
     is_member = np.r_[np.ones(len(roc.members), bool), np.zeros(len(roc.non_members), bool)]

@@ -9,8 +9,9 @@ import dataclasses
 from typing import Any
 
 from fedvit.attacks.membership import LOSS_SCORES
-from fedvit.attacks.membership_stats import Score, evenly_kept, judge
+from fedvit.attacks.scores import Score, evenly_kept
 from fedvit.audit.evidence import membership_evidence
+from fedvit.audit.membership_stats import judge
 
 IN_AGGREGATE = "its images in the SecAgg+ aggregate"  # what a member's membership evidence measures
 

@@ -24,7 +24,6 @@ from tqdm import tqdm
 
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES, forget_received_projection
-from fedvit.attacks.membership_stats import Roc
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import ModelInputError, trial_logits
 from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict_detail
@@ -33,6 +32,7 @@ from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
 from fedvit.audit.html import Picture, write_html
 from fedvit.audit.members import member_membership
+from fedvit.audit.membership_stats import Roc
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.node_matching import with_matched_nodes
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores

@@ -27,17 +27,15 @@ from fedvit.attacks.membership import (
     LOSS_SCORES,
     SENT_LOSS,
     SENT_LOSS_PER_CLASS,
-    aggregate_power,
     alignment_score,
     candidate_losses,
     loss_drop_score,
     reference_updates,
     sent_loss_score,
-    simulated_power,
     split_for_references,
 )
-from fedvit.attacks.membership_stats import Roc, Score, evenly, judge, over_rounds
 from fedvit.attacks.reidentification import Gallery
+from fedvit.attacks.scores import Score, evenly
 from fedvit.attacks.simulation import RecipeFit
 from fedvit.audit.evidence import (
     DEFAULT_DELTA,
@@ -48,6 +46,8 @@ from fedvit.audit.evidence import (
     membership_evidence,
     privacy_evidence,
 )
+from fedvit.audit.membership_runs import aggregate_power, simulated_power
+from fedvit.audit.membership_stats import Roc, judge, over_rounds
 from fedvit.audit.metrics import as_batch, score
 from fedvit.core.budget import AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
@@ -450,7 +450,7 @@ MEMBERSHIP_SCORES: tuple[Measure, ...] = (
 
 def judge_membership(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, Any]:
     """The strongest membership score against its null within the family
-    (:func:`fedvit.attacks.membership_stats.judge`), what a simulated update like this one shows (:func:`power`)
+    (:func:`fedvit.audit.membership_stats.judge`), what a simulated update like this one shows (:func:`power`)
     and, where the update claims DP or canaries are scored, the empirical ε; leaves the strongest score's judged
     values in ``held.found.membership_roc`` for the ROC plot."""
     scores = membership_scores(findings)
@@ -484,7 +484,7 @@ def power_applies(obs: Observation, held: Held) -> str | None:
 
 
 def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any]:
-    """What the audit could have seen in this update (:func:`~fedvit.attacks.membership.simulated_power`), beside
+    """What the audit could have seen in this update (:func:`~fedvit.audit.membership_runs.simulated_power`), beside
     what it saw with the same scores."""
     if (why := power_applies(obs, held)) is not None:
         return {"status": "not measured", "why": why}
@@ -524,7 +524,7 @@ def membership_scores(findings: dict[str, Outcome]) -> list[Score]:
 
 
 def judge_rounds(updates: list[tuple[list[Score], MembershipSplit]]) -> dict[str, Any]:
-    """One client's membership over its captured updates (:func:`fedvit.attacks.membership_stats.over_rounds`), against
+    """One client's membership over its captured updates (:func:`fedvit.audit.membership_stats.over_rounds`), against
     the same family null with each shuffle applied to every update alike. Needs the same candidates in each
     update (the client's images and the non-members, as ``--data`` maps them)."""
     first = updates[0][1].candidates

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedvit.attacks.membership_stats import clopper_pearson
 from fedvit.audit.evidence import (
     MEASURED,
     NOT_MEASURED,
@@ -26,6 +25,7 @@ from fedvit.audit.evidence import (
     needed_text,
     null_text,
 )
+from fedvit.audit.membership_stats import clopper_pearson
 from fedvit.audit.secagg import AGGREGATE
 
 LEAKS, NO_EVIDENCE, UNSEEABLE, NOT_RESOLVABLE = "leaks", "no evidence", "could not have seen", "not resolvable"

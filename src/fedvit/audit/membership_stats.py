@@ -3,7 +3,8 @@ its calibrated scores resolve, with Clopper–Pearson intervals (Carlini et al.,
 First Principles", S&P 2022, arXiv 2112.03570); the null of within-class label shuffles over the whole family of
 scores (Westfall and Young's max-T), the judgement against it (:func:`judge`), scores combined over a client's
 rounds, and the empirical lower bound on ε that the membership test proves (:func:`privacy_bound`). The scores
-themselves are in :mod:`fedvit.attacks.membership`."""
+themselves are the attacks' (:mod:`fedvit.attacks.membership`, :class:`~fedvit.attacks.scores.Score`); judging them
+against the members and non-members is the audit's, here."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from fedvit.attacks.holdings import Candidates
-from fedvit.attacks.reidentification import evenly_spaced
+from fedvit.attacks.scores import Score, evenly
 
 FPRS = (0.001, 0.01)
 CONFIDENCE = 0.95  # Clopper–Pearson intervals on the TPR and the FPR reached
@@ -25,22 +26,8 @@ NULL_DRAWS = 1000  # within-class label shuffles behind the null
 NULL_QUANTILE = 0.999  # a finding must beat this quantile of the null (per figure and update)
 FIT_MINIMUM = 20  # non-members of a class a Gaussian fit of their scores needs (LiRA's offline test)
 PARAMETRIC = "tpr@0.001-parametric"  # TPR at 0.1% FPR of the per-class Gaussian fit
-MAX_CANDIDATES = 5000  # per side; more are subsampled (evenly)
 NULL_BATCH = 2_000_000  # draws × candidates judged at once by the null (each array of the batch: 16 MB)
 EPSILON_NULL_DRAWS = 200  # within-class shuffles behind the empirical ε's null (each one a full bound: ~12 ms)
-
-
-def evenly(images: np.ndarray, labels: np.ndarray, most: int = MAX_CANDIDATES) -> tuple[np.ndarray, np.ndarray]:
-    """At most ``most`` of the images (evenly spaced) with their labels."""
-    if len(images) <= most:
-        return images, labels
-    keep = evenly_kept(len(images), most)
-    return images[keep], labels[keep]
-
-
-def evenly_kept(count: int, most: int = MAX_CANDIDATES) -> np.ndarray:
-    """The indices :func:`evenly` keeps of ``count`` images."""
-    return evenly_spaced(count, most) if count > most else np.arange(count)
 
 
 def class_ranks(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -166,46 +153,6 @@ def clopper_pearson(successes: int, trials: int, confidence: float = CONFIDENCE)
 
 
 @dataclasses.dataclass(frozen=True)
-class Score:
-    """One membership score of an update's candidates, a higher value meaning member: its name, how it was
-    computed, its raw values on the members and on the non-members, and whether it is judged calibrated per class
-    (:func:`calibrate`) or as it is (one threshold for every class, as the plain loss attack sets it)."""
-
-    name: str
-    reference: str
-    members: np.ndarray
-    non_members: np.ndarray
-    per_class: bool = True
-
-    def judged(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The values the figures are read from: calibrated per class, or raw."""
-        if not self.per_class:
-            return self.members, self.non_members
-        return calibrate(self.members, self.non_members, member_labels, non_member_labels)
-
-    def fitted(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Both sides' values as z-scores under a Gaussian fitted to the non-members of their class (LiRA's offline
-        test, Carlini et al., arXiv 2112.03570): a calibration that reaches below one over the class's non-members.
-        None for a score judged raw, or where a member's class has fewer than :data:`FIT_MINIMUM` non-members."""
-        if not self.per_class:
-            return None
-        classes = int(max(member_labels.max(initial=0), non_member_labels.max(initial=0))) + 1
-        count = np.bincount(non_member_labels, minlength=classes).astype(float)
-        if (count[np.unique(member_labels)] < FIT_MINIMUM).any():
-            return None
-        mean = np.bincount(non_member_labels, self.non_members, classes) / np.maximum(count, 1)
-        spread = np.bincount(non_member_labels, (self.non_members - mean[non_member_labels]) ** 2, classes)
-        spread = np.sqrt(spread / np.maximum(count - 1, 1)) + 1e-12
-        return ((self.members - mean[member_labels]) / spread[member_labels],
-                (self.non_members - mean[non_member_labels]) / spread[non_member_labels])  # fmt: skip
-
-    def resplit(self, is_member: np.ndarray) -> Score:
-        """The same values on another member/non-member split of the pooled candidates (a null's shuffle)."""
-        pooled = np.concatenate([self.members, self.non_members])
-        return dataclasses.replace(self, members=pooled[is_member], non_members=pooled[~is_member])
-
-
-@dataclasses.dataclass(frozen=True)
 class RoundsScore:
     """One score over a client's captured updates, on the same candidates in each: per update its values ranked
     among the non-members (of their class where the score is calibrated, else of all), as normal quantiles, summed
@@ -217,25 +164,53 @@ class RoundsScore:
     parts: tuple[Score, ...]
     per_class: bool = True
 
-    def judged(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        values = null_judged(self, *one_split(member_labels, non_member_labels))[0]
+
+def judged(score: Score | RoundsScore, member_labels: np.ndarray, non_member_labels: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The values a score's figures are read from: calibrated per class (:func:`calibrate`), or raw; a combined
+    score's Stouffer sum of its parts' ranks."""
+    if isinstance(score, RoundsScore):
+        values = null_judged(score, *one_split(member_labels, non_member_labels))[0]
         return values[: len(member_labels)], values[len(member_labels) :]
+    if not score.per_class:
+        return score.members, score.non_members
+    return calibrate(score.members, score.non_members, member_labels, non_member_labels)
 
-    def fitted(self, member_labels: np.ndarray, non_member_labels: np.ndarray) -> None:
-        """No parametric fit: a combination of ranks has no per-class Gaussian to fit."""
+
+def fitted(score: Score | RoundsScore, member_labels: np.ndarray, non_member_labels: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+    """Both sides' values as z-scores under a Gaussian fitted to the non-members of their class (LiRA's offline
+    test, Carlini et al., arXiv 2112.03570): a calibration that reaches below one over the class's non-members.
+    None for a score judged raw, a combined score (a combination of ranks has no per-class Gaussian), or where a
+    member's class has fewer than :data:`FIT_MINIMUM` non-members."""
+    if isinstance(score, RoundsScore) or not score.per_class:
         return None
+    classes = int(max(member_labels.max(initial=0), non_member_labels.max(initial=0))) + 1
+    count = np.bincount(non_member_labels, minlength=classes).astype(float)
+    if (count[np.unique(member_labels)] < FIT_MINIMUM).any():
+        return None
+    mean = np.bincount(non_member_labels, score.non_members, classes) / np.maximum(count, 1)
+    spread = np.bincount(non_member_labels, (score.non_members - mean[non_member_labels]) ** 2, classes)
+    spread = np.sqrt(spread / np.maximum(count - 1, 1)) + 1e-12
+    return ((score.members - mean[member_labels]) / spread[member_labels],
+            (score.non_members - mean[non_member_labels]) / spread[non_member_labels])  # fmt: skip
 
-    def resplit(self, is_member: np.ndarray) -> RoundsScore:
-        return dataclasses.replace(self, parts=tuple(p.resplit(is_member) for p in self.parts))
+
+def resplit(score: Score | RoundsScore, is_member: np.ndarray) -> Score | RoundsScore:
+    """The same values on another member/non-member split of the pooled candidates (a null's shuffle)."""
+    if isinstance(score, RoundsScore):
+        return dataclasses.replace(score, parts=tuple(resplit(p, is_member) for p in score.parts))
+    pooled = np.concatenate([score.members, score.non_members])
+    return dataclasses.replace(score, members=pooled[is_member], non_members=pooled[~is_member])
 
 
 def score_figures(
     score: Score | RoundsScore, member_labels: np.ndarray, non_member_labels: np.ndarray, resolution: float
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`roc_figures` of the score's judged values, and the TPR at 0.1% FPR of its Gaussian fit
-    (:meth:`Score.fitted`; None without one)."""
-    found = roc_figures(*score.judged(member_labels, non_member_labels), resolution)
-    fit = score.fitted(member_labels, non_member_labels)
+    (:func:`fitted`; None without one)."""
+    found = roc_figures(*judged(score, member_labels, non_member_labels), resolution)
+    fit = fitted(score, member_labels, non_member_labels)
     return found | {PARAMETRIC: None if fit is None else float(np.mean(fit[0] > ndtri(1 - FPRS[0])))}
 
 
@@ -334,8 +309,8 @@ def null_calibrated(values: np.ndarray, classes: np.ndarray, members: np.ndarray
 
 
 def null_judged(score: Score | RoundsScore, classes: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """The values :meth:`Score.judged` (or :meth:`RoundsScore.judged`) gives on each draw's split, [draws, N] over
-    the pooled candidates (members first, as :meth:`Score.resplit` pools them); [N] for a raw score, the same in
+    """The values :func:`judged` gives on each draw's split, [draws, N] over the pooled candidates (members first, as
+    :func:`resplit` pools them); [N] for a raw score, the same in
     every draw."""
     if isinstance(score, Score):
         pooled = np.concatenate([score.members, score.non_members])
@@ -394,7 +369,7 @@ def null_roc_figures(values: np.ndarray, members: np.ndarray, resolution: float)
 
 
 def null_parametric(score: Score | RoundsScore, classes: np.ndarray, members: np.ndarray) -> np.ndarray | None:
-    """:meth:`Score.fitted`'s TPR at 0.1% FPR on every draw's split at once (None where the score has no fit: a raw
+    """:func:`fitted`'s TPR at 0.1% FPR on every draw's split at once (None where the score has no fit: a raw
     or combined score, or a member class with fewer than :data:`FIT_MINIMUM` non-members, the same in every draw)."""
     if not isinstance(score, Score) or not score.per_class:
         return None
@@ -447,12 +422,12 @@ def judge(
     (``scores`` were taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
     member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
     resolution, fewest = fpr_resolution(member_labels, non_member_labels)
-    judged = [s.judged(member_labels, non_member_labels) for s in scores]
+    values = [judged(s, member_labels, non_member_labels) for s in scores]
     each = [score_figures(s, member_labels, non_member_labels, resolution) for s in scores]
     nulls = null_figures(scores, member_labels, non_member_labels, seed)
     cleared = [clears_null(f, n) for f, n in zip(each, nulls, strict=True)]
     best = max(range(len(scores)), key=lambda k: (cleared[k], each[k]["auc"]))
-    inside, outside = judged[best]
+    inside, outside = values[best]
     result = {
         "members": len(inside),
         "non-members": len(outside),
@@ -472,7 +447,7 @@ def judge(
             for s, f, n, c in zip(scores, each, nulls, cleared, strict=True)
         },  # fmt: skip
     }
-    if (fit := scores[best].fitted(member_labels, non_member_labels)) is not None:
+    if (fit := fitted(scores[best], member_labels, non_member_labels)) is not None:
         result["fit-check"] = fit_check(fit[1])
     if delta is not None:
         result["empirical-epsilon"] = privacy_bound(scores, member_labels, non_member_labels, candidates.canaries,
@@ -570,4 +545,3 @@ def empirical_epsilon(judged: list[tuple[np.ndarray, np.ndarray]], delta: float,
             if found[k] > best:
                 best, at = float(found[k]), {"tpr": float(true_pos[k] / n1), "fpr": float(false_pos[k] / n0)}
     return {"epsilon-lower": best, "delta": delta, "confidence": confidence, "thresholds": tests, "at": at}
-
