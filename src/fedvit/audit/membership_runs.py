@@ -28,8 +28,9 @@ def simulated_power(
     """Membership in an update like this one where membership is known: the client's local training simulated from
     the received weights with its recipe, ``momentum`` and the estimated class ``counts`` on images drawn from
     ``pool`` (the label estimate's simulation), then judged as the real update is, by the loss scores
-    (:data:`LOSS_SCORES`), with the drawn images as members and up to ``non_members`` other pool images (as many as
-    the real split scores: the same resolution) as non-members. What the audit could detect in such an update."""
+    (:data:`~fedvit.attacks.membership.LOSS_SCORES`), with the drawn images as members and up to ``non_members``
+    other pool images (as many as the real split scores: the same resolution) as non-members. What the audit could
+    detect in such an update."""
     simulation = simulate(obs, pool, counts, momentum, seed, keep_weights=True, private=True)
     trained = np.unique(simulation.drawn[simulation.drawn >= 0])
     rest = np.setdiff1d(np.arange(len(pool.images)), trained)
@@ -84,9 +85,11 @@ def infer(
     obs: Observation, candidates: Candidates, seed: int = 0,
     shadows: list[Simulation] | None = None, pool: Auxiliary | None = None,
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
-    """One score judged alone (:func:`judge`): :func:`alignment_score` against ``shadows``
-    (:func:`reference_updates`) trained on ``pool``, images that are none of the candidates
-    (:func:`split_for_references`), else :func:`loss_drop_score`."""
+    """One score judged alone (:func:`~fedvit.audit.membership_stats.judge`):
+    :func:`~fedvit.attacks.membership.alignment_score` against ``shadows``
+    (:func:`~fedvit.attacks.membership.reference_updates`) trained on ``pool``, images that are none of the candidates
+    (:func:`~fedvit.attacks.membership.split_for_references`), else
+    :func:`~fedvit.attacks.membership.loss_drop_score`."""
     if shadows and pool is None:
         raise ValueError("shadow updates need the pool they were trained on (split_for_references)")
     if shadows:
