@@ -275,15 +275,17 @@ def column_spans(params: dict[str, torch.Tensor]) -> dict[str, slice]:
     return spans
 
 
-def linear_layers(model: torch.nn.Module, names: list[str] | None) -> list[tuple[str, torch.nn.Linear, slice, slice]]:
-    """Per ``nn.Linear`` whose weight and bias are both differentiated: its name, the module, and the columns of its
-    weight and of its bias in :func:`gradient_matrix`'s layout."""
+def linear_layers(
+    model: torch.nn.Module, names: list[str] | None
+) -> list[tuple[tuple[str, str], torch.nn.Linear, slice, slice]]:  # fmt: skip
+    """Per ``nn.Linear`` whose weight and bias are both differentiated: the names of its weight and bias, the
+    module, and the columns of its weight and of its bias in :func:`gradient_matrix`'s layout."""
     spans = column_spans(differentiated(model, names)[0])
     found = []
     for prefix, module in model.named_modules():
         weight, bias = (f"{prefix}.{p}" if prefix else p for p in ("weight", "bias"))
         if isinstance(module, torch.nn.Linear) and weight in spans and bias in spans:
-            found.append((prefix, module, spans[weight], spans[bias]))
+            found.append(((weight, bias), module, spans[weight], spans[bias]))
     return found
 
 
@@ -353,8 +355,8 @@ def pool_gradients(
     layers = linear_layers(model, names)
     found = layer_factors(model, images, labels, [module for _, module, _, _ in layers])
     factored = []
-    for (prefix, _, weight, bias), factors in zip(layers, found, strict=True):
-        if factors is not None and factors_match(model, images, labels, prefix, *factors):
+    for (pair, _, weight, bias), factors in zip(layers, found, strict=True):
+        if factors is not None and factors_match(model, images, labels, pair, *factors):
             factored.append(LinearFactors(weight, bias, *factors))
     kept = torch.ones(size, dtype=torch.bool)
     for f in factored:
@@ -403,11 +405,12 @@ def layer_factors(
     return [(torch.cat(deltas[k]), torch.cat(inputs[k])) if usable[k] else None for k in range(len(modules))]
 
 
-def factors_match(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, prefix: str,
+def factors_match(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, pair: tuple[str, str],
                   delta: torch.Tensor, inputs: torch.Tensor, check: int = 4) -> bool:  # fmt: skip
-    """Whether δ aᵀ and δ give the layer's per-image weight and bias gradients on the first ``check`` images, to
-    :data:`RANK_ONE_TOLERANCE` of their norm (a model whose batched pass mixes its images would not)."""
-    weight, bias = (f"{prefix}.{p}" if prefix else p for p in ("weight", "bias"))
+    """Whether δ aᵀ and δ give the per-image gradients of the layer's weight and bias (``pair``, their names) on the
+    first ``check`` images, to :data:`RANK_ONE_TOLERANCE` of their norm (a model whose batched pass mixes its images
+    would not)."""
+    weight, bias = pair
     exact = gradient_matrix(model, images[:check], labels[:check], [weight, bias])
     names = [n for n, _ in model.named_parameters() if n in (weight, bias)]  # the model's order
     parts = {weight: (delta[:check, :, None] * inputs[:check, None, :]).flatten(1), bias: delta[:check]}
