@@ -896,8 +896,8 @@ def test_a_declared_augmentation_is_tried_with_and_without_where_the_optimiser_i
 @pytest.mark.parametrize("members, per_class_outside, lone", [(60, 40, False), (300, 3, True)])
 def test_the_batched_null_judges_every_draw_as_the_real_split_is_judged(members, per_class_outside, lone):
     """The null judges its draws in batches; each draw's figures must be :func:`score_figures`' on that draw's split,
-    for every kind of score: calibrated with ties, raw, a class with one non-member (``lone``: ranked among all), a
-    Gaussian fit (each member class with enough non-members), and a combination over rounds."""
+    for every kind of score: calibrated with ties, raw with and without ties, a class with one non-member (``lone``:
+    ranked among all), a Gaussian fit (each member class with enough non-members), and a combination over rounds."""
     from fedvit.audit.membership_stats import (
         PARAMETRIC,
         RoundsScore,
@@ -921,7 +921,8 @@ def test_the_batched_null_judges_every_draw_as_the_real_split_is_judged(members,
         return (np.round(inside, 1), np.round(outside, 1)) if rounded else (inside, outside)  # ties
 
     tied, raw = Score("tied", "", *values(0.3, rounded=True)), Score("raw", "", *values(0.2), per_class=False)
-    family = [tied, raw, Score("fit", "", *values(0.5)),
+    raw_tied = Score("raw, tied", "", *values(0.3, rounded=True), per_class=False)
+    family = [tied, raw, raw_tied, Score("fit", "", *values(0.5)),
               RoundsScore("rounds", "", (Score("part", "", *values(0.1)), raw, tied))]  # fmt: skip
     classes = np.r_[member_labels, non_member_labels]
     is_member = np.r_[np.ones(len(member_labels), bool), np.zeros(len(non_member_labels), bool)]
@@ -938,8 +939,31 @@ def test_the_batched_null_judges_every_draw_as_the_real_split_is_judged(members,
                     assert batched[figure] is None, (kind.name, figure)
                 else:
                     assert batched[figure][d] == pytest.approx(value, abs=1e-12), (kind.name, figure, d)
-    assert (null_parametric(family[2], classes, masks) is None) == lone  # the fit was compared where it applies
+    assert (null_parametric(family[3], classes, masks) is None) == lone  # the fit was compared where it applies
 
+
+
+@pytest.mark.parametrize("tied_at_the_edge", [False, True])
+def test_the_batched_null_reads_a_tpr_whose_point_lies_at_the_last_false_positive_allowed(tied_at_the_edge):
+    """The batched ROC walks only the images that can hold a point with FPR ≤ the largest target: here the real
+    split (and its mirror) puts the last member right after the 2 false positives that 1% FPR of 200 non-members
+    allows (TPR 100% there), or tied with a third non-member (TPR 90%: the run ends past 1%); each draw must read
+    what :func:`score_figures` reads on it."""
+    from fedvit.audit.membership_stats import null_roc_figures, resplit, score_figures
+
+    inside = np.r_[np.full(9, 10.0), 5.0]
+    outside = np.r_[6.0, 6.0, 5.0 if tied_at_the_edge else 0.0, np.zeros(197)]
+    score = Score("edge", "", inside, outside, per_class=False)
+    classes = np.zeros(len(inside) + len(outside), np.int64)
+    is_member = np.r_[np.ones(len(inside), bool), np.zeros(len(outside), bool)]
+    masks = np.stack([is_member, np.roll(is_member, 1)])
+    resolution = fpr_resolution(classes[is_member], classes[~is_member])[0]
+    batched = null_roc_figures(np.r_[inside, outside], masks, resolution)
+    assert batched["tpr@0.01"][0] == (0.9 if tied_at_the_edge else 1.0)
+    for d, mask in enumerate(masks):
+        one = score_figures(resplit(score, mask), classes[mask], classes[~mask], resolution)
+        for figure, value in batched.items():
+            assert value is None if one[figure] is None else value[d] == pytest.approx(one[figure], abs=1e-12)
 
 def test_the_projection_solves_the_normal_equations_by_cholesky_and_falls_back_where_it_misses():
     """Gᵀa with G Gᵀ a = G r is r's projection onto G's row space whichever factor solves it: Cholesky on a full-rank

@@ -289,7 +289,7 @@ def null_mid_ranks(values: np.ndarray, reference: np.ndarray, groups: np.ndarray
         starts = np.r_[0, np.flatnonzero(np.diff(ordered)) + 1]  # each run of tied values
         sizes = np.diff(np.r_[starts, len(ordered)])
         first, last = np.repeat(starts, sizes), np.repeat(starts + sizes, sizes)
-        counts = np.zeros((len(reference), len(ordered) + 1))
+        counts = np.zeros((len(reference), len(ordered) + 1), np.int32)
         np.cumsum(reference[:, order], axis=1, out=counts[:, 1:])
         below, through = counts[:, first], counts[:, last]
         ranks[:, order] = (below + 0.5 * (through - below)) / np.maximum(counts[:, -1:], 1)
@@ -331,33 +331,34 @@ def null_judged(score: Score | RoundsScore, classes: np.ndarray, members: np.nda
 
 def null_roc_figures(values: np.ndarray, members: np.ndarray, resolution: float) -> dict[str, np.ndarray | None]:
     """:func:`roc_figures` of every draw at once (``members``: [draws, N]; ``values``: [draws, N], or [N] where
-    every draw ranks alike: one sort). The ROC's points are the last image of each run of tied values in
-    descending order; a TPR at an FPR target is the last point's within it (the TPR never falls). The AUC, the
-    trapezoids between consecutive points from the origin, is Σ over runs of (non-members in the run) × (TP before
-    the run + TP at its end) / (2 · members · non-members): a sum of counts, exact in integers (the Mann–Whitney U
-    with ties counted half)."""
+    every draw ranks alike: one sort), from one ascending sort per row. The AUC is the Mann–Whitney U with ties
+    counted half: U = Σ_members mid-rank − m(m + 1)/2, a value's mid-rank being the middle of its run of tied values
+    (exact in half-integers). The ROC's points are the last image of each run in descending order (the first of the
+    run in ascending order); a TPR at an FPR target is the last point's within it (the TPR never falls). Only the
+    first m + ⌊t·n⌋ + 1 images in descending order can hold a point with at most t·n false positives (t the largest
+    target read), so only they are walked."""
     draws, n = members.shape
-    inside = int(members[0].sum())
-    # any order within a tie: only the runs' ends are points, and the counts there are the same
+    inside, outside = int(members[0].sum()), n - int(members[0].sum())
     if values.ndim == 1:
-        order = np.argsort(-values)
+        order = np.argsort(values)
         ordered, hits = values[order][None], members[:, order]
     else:
-        order = np.argsort(-values, axis=1)
-        ordered, hits = np.take_along_axis(values, order, 1), np.take_along_axis(members, order, 1)
-    true_positives = np.cumsum(hits, axis=1)
+        order = np.argsort(values, axis=1)
+        ordered, hits = np.sort(values, axis=1), np.take_along_axis(members, order, 1)
+    starts = np.ones(ordered.shape, bool)  # the first position of each run of tied values
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    runs = np.flatnonzero(starts)  # over the flattened rows: every row starts a run, none crosses a row's end
+    sizes = np.diff(np.r_[runs, starts.size])
+    # 2 × each position's 1-based mid-rank: a run from position a (0-based) of L tied values has a + (L + 1)/2
+    twice_ranks = np.repeat(2 * (runs % n) + sizes + 1, sizes).reshape(ordered.shape)
+    summed = hits @ twice_ranks[0] if len(ordered) == 1 else (hits * twice_ranks).sum(1)
+    auc = (summed - inside * (inside + 1)) / (2 * max(inside, 1) * max(outside, 1))
+    targets = [max(resolution, 0.0), *(f for f in FPRS if resolved(f, resolution))]
+    length = min(n, inside + math.floor((max(targets) + 1e-12) * max(outside, 1)) + 1)
+    true_positives = np.cumsum(hits[:, ::-1][:, :length], axis=1)  # descending from here
     tpr = true_positives / max(inside, 1)
-    fpr = (np.arange(1, n + 1) - true_positives) / max(n - inside, 1)
-    point = np.ones(ordered.shape, bool)
-    point[:, :-1] = ordered[:, 1:] != ordered[:, :-1]
-    # per image, the TP count at its run's end (the first point at or after it) and before its run (the last
-    # point before it; 0 at the origin)
-    at_end = np.minimum.accumulate(np.where(point, true_positives, n + 1)[:, ::-1], axis=1)[:, ::-1]
-    before = np.zeros_like(true_positives)
-    np.maximum.accumulate(np.where(point, true_positives, 0)[:, :-1], axis=1, out=before[:, 1:])
-    twice_u = np.where(hits, 0, before + at_end).sum(1)
-    auc = twice_u / (2 * max(inside, 1) * max(n - inside, 1))
-    point = np.broadcast_to(point, (draws, n))
+    fpr = (np.arange(1, length + 1) - true_positives) / max(outside, 1)
+    point = np.broadcast_to(starts[:, ::-1][:, :length], (draws, length))
 
     def tpr_at(target: float) -> np.ndarray:
         return np.where(point & (fpr <= target + 1e-12), tpr, 0.0).max(1)
