@@ -150,7 +150,9 @@ def test_a_dp_claim_is_read_and_tested_against_planted_canaries(tmp_path):
     for name, report in reports.items():
         (row,) = report["updates"]
         for kind in ("labels", "images"):
-            assert row["leakage"][kind] == {"status": "not measured", "why": "not asked for: --leakage membership"}
+            evidence = row["leakage"][kind]  # every field of its type; not measured: the figures empty
+            assert (evidence["status"], evidence["why"]) == ("not measured", "not asked for: --leakage membership")
+            assert not evidence["clears"] and all(evidence[k] is None for k in ("error", "top1") if k in evidence)
         assert "labels not measured (not asked for: --leakage membership)" in report["verdict-detail"]
         assert "class-mix search" not in json.dumps(row)  # the label estimate did not run
         assert f"privacy claim ε {claimed[name]:g}, δ 1e-05, noise multiplier 35, clipping norm 1 (reply metrics)" in (

@@ -229,13 +229,13 @@ def findings(labels: str, membership: str = NO_EVIDENCE) -> list[ClientFinding]:
 
 
 def test_fail_on_fails_on_a_named_leak_and_on_unverified_only_when_asked():
-    assert judge(parse_fail_on("labels"), findings(LEAKS), [])[0]
-    assert not judge(parse_fail_on("membership"), findings(LEAKS), [])[0]
-    assert judge(parse_fail_on("any"), findings(NO_EVIDENCE, LEAKS), [])[0]
-    failed, lines = judge(parse_fail_on("labels"), findings(UNSEEABLE), [])
+    assert judge(parse_fail_on("labels"), findings(LEAKS), {})[0]
+    assert not judge(parse_fail_on("membership"), findings(LEAKS), {})[0]
+    assert judge(parse_fail_on("any"), findings(NO_EVIDENCE, LEAKS), {})[0]
+    failed, lines = judge(parse_fail_on("labels"), findings(UNSEEABLE), {})
     assert not failed and lines == ["not verified: labels: partition 0: could not have seen"]
-    assert judge(parse_fail_on("labels,unverified"), findings(UNSEEABLE), [])[0]
-    assert not judge(parse_fail_on("dp,unverified"), findings(NO_EVIDENCE), [])[0]  # no claim: nothing to verify
+    assert judge(parse_fail_on("labels,unverified"), findings(UNSEEABLE), {})[0]
+    assert not judge(parse_fail_on("dp,unverified"), findings(NO_EVIDENCE), {})[0]  # no claim: nothing to verify
     with pytest.raises(ValueError, match="--fail-on takes"):
         parse_fail_on("labels,pixels")
 
@@ -379,15 +379,14 @@ def test_the_flag_driven_audit_matches_a_tap_captures_nodes_to_the_loaders_parti
     assert "22 →" not in next(n for n in half["notes"] if n.startswith("node → partition"))
 
 
-def test_fail_on_fails_where_only_the_clients_together_leak(monkeypatch):
+def test_fail_on_fails_where_only_the_clients_together_leak():
     """No client's own labels leak but their pooled evidence does: the gate fails on it, and says nothing of the
     clients' own unresolvable figures (the type was found)."""
-    import fedvit.audit.gate as gate
-
-    monkeypatch.setattr(gate, "jointly_leaking", lambda updates, found: {"labels": "0 of 3 images misplaced"})
-    failed, lines = judge(parse_fail_on("labels"), findings("not resolvable"), [])
+    joint = {"labels": "0 of 3 images misplaced"}  # audit.json's "together"
+    failed, lines = judge(parse_fail_on("labels"), findings("not resolvable"), joint)
     assert failed and lines == ["fail: labels leak for the clients together (0 of 3 images misplaced)"]
-    assert not judge(parse_fail_on("membership"), findings("not resolvable"), [])[0]
+    assert not judge(parse_fail_on("membership"), findings("not resolvable"), joint)[0]
+    assert not judge(parse_fail_on("labels"), findings("not resolvable"), {})[0]
 
 
 def test_a_flag_driven_audit_without_mean_and_std_checks_the_defaults_against_the_apps_code(tmp_path):

@@ -11,6 +11,9 @@ import pytest
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.scores import Score
 from fedvit.audit.evidence import (
+    NOT_MEASURED,
+    ImageEvidence,
+    LabelEvidence,
     image_evidence,
     images_clear,
     label_evidence,
@@ -26,6 +29,7 @@ from fedvit.audit.summary import (
     NO_EVIDENCE,
     NOT_RESOLVABLE,
     client_findings,
+    jointly_leaking,
     label_finding,
     membership_finding,
     short_verdict,
@@ -33,18 +37,19 @@ from fedvit.audit.summary import (
 )
 from tests.report_checks import impossible_figures
 
-NONE = {"status": "not measured", "why": "not in this test"}
+NONE = {"status": "not measured", "why": "not in this test"}  # membership's evidence (a dict)
 
 
-def update(name: str, partition: int, labels: dict | None = None, membership: dict | None = None,
-           images: dict | None = None, examples: int = 2) -> dict:  # fmt: skip
+def update(name: str, partition: int, labels: LabelEvidence | None = None, membership: dict | None = None,
+           images: ImageEvidence | None = None, examples: int = 2) -> dict:  # fmt: skip
     """An update entry as the pipeline writes it, with the leakage evidence given."""
-    leakage = {"labels": labels or NONE, "membership": membership or NONE, "images": images or NONE}
+    leakage = {"labels": labels or LabelEvidence(NOT_MEASURED, "not in this test"), "membership": membership or NONE,
+               "images": images or ImageEvidence(NOT_MEASURED, "not in this test")}  # fmt: skip
     return {"update": name, "node": partition, "partition": partition, "examples": examples, "attacks": {},
             "leakage": leakage}  # fmt: skip
 
 
-def exact_counts(images: int, prior_error: float) -> dict:
+def exact_counts(images: int, prior_error: float) -> LabelEvidence:
     """The label evidence of counts exactly right for ``images`` images, against a prior misplacing ``prior_error``."""
     counts = np.bincount(np.arange(images) % 3, minlength=10)
     return label_evidence(counts, "", 1.0, 1.0 - prior_error, None, images=images)
@@ -53,7 +58,7 @@ def exact_counts(images: int, prior_error: float) -> dict:
 def test_a_two_image_client_whose_interval_holds_the_prior_is_not_leaks_but_not_resolvable():
     """The report once said "leaks: error 0.0%; null 80.0%; 95% CI [0.0%, 84.2%]": the interval holds the null."""
     two = exact_counts(2, 0.8)
-    assert two["error"] == 0.0 and not two["clears"] and two["images-needed"] == 3
+    assert two.error == 0.0 and not two.clears and two.images_needed == 3
     finding = label_finding([update("u", 0, labels=two)])
     assert finding.word == NOT_RESOLVABLE and finding.interval == "[0.0%, 84.2%]", finding
     assert "exact counts need ≥ 3 to clear the prior" in finding.figure
@@ -78,7 +83,7 @@ def test_five_clients_whose_counts_are_each_exact_leak_their_labels_together():
     updates = [update(f"u{p}", p, labels=exact_counts(2, 0.8)) for p in range(5)]
     findings = client_findings(updates, [])
     assert [f.labels.word for f in findings] == [NOT_RESOLVABLE] * 5
-    jointly = together(updates, findings)
+    jointly = together(jointly_leaking(updates, findings))
     assert jointly.startswith("Together: labels of the 5 clients together beyond the prior (0 of 10 images"), jointly
     assert "5 exactly right" in jointly
     verdict = short_verdict(findings, "", jointly=jointly)
@@ -86,7 +91,7 @@ def test_five_clients_whose_counts_are_each_exact_leak_their_labels_together():
     assert "\nNot resolvable: labels (5 of 5 clients)." in verdict and len(verdict) <= 400
     wrong = label_evidence(np.bincount(np.arange(2) % 3, minlength=10), "", 0.5, 0.2, None, images=2)
     poor = [update(f"u{p}", p, labels=wrong) for p in range(5)]
-    assert together(poor, client_findings(poor, [])) == ""
+    assert jointly_leaking(poor, client_findings(poor, [])) == {}
 
 
 def family(members: np.ndarray, non_members: np.ndarray, seed: int) -> list[Score]:
@@ -137,7 +142,7 @@ def test_images_leak_by_one_rule_in_the_report_and_the_frontier(top1, null, chan
     """The frontier and the report judge the same re-identification alike (fedvit.audit.evidence.images_clear)."""
     scores = {"reid-top1": top1, "reid-null": null, "reid-chance": chance, "psnr": 20.0}
     row = {"reid-top1": top1, "reid-null": null, "reid-chance": chance, "reid-images": images}
-    judged = image_evidence(scores, images, "")["clears"]
+    judged = image_evidence(scores, images, "").clears
     assert judged == leaks(row) == images_clear(top1, null, chance, images)
     expected = {(1.0, 2): True, (0.5, 2): False, (0.3, 40): False, (0.45, 40): True, (0.12, 8): False}
     assert judged == expected.get((top1, images), False)

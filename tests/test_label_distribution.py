@@ -102,11 +102,11 @@ def test_a_skewed_clients_counts_come_back_from_several_local_steps_and_beat_the
     assert found.counts.sum() == 600 and found.momentum == 0.9  # the app's momentum, read from the update
     assert "under momentum 0 " in found.note and "under weight decay 0.0005" in found.note  # the assumptions' effect
     assert accuracy > 0.9 and prior < 0.8, (accuracy, prior)
-    assert label_evidence(found.counts, "", accuracy, prior, None)["clears"]
+    assert label_evidence(found.counts, "", accuracy, prior, None).clears
     # a control: the counts against another client's labels beat the prior of that client by no margin
     other = make_images(600, 12, 0.5)[1]
     assert not label_evidence(found.counts, "", label_accuracy(found.counts, other), prior_accuracy(
-        aux.prior(10), other), None)["clears"]  # fmt: skip
+        aux.prior(10), other), None).clears  # fmt: skip
 
 
 def test_a_repeated_simulation_is_looked_up_and_the_estimate_is_bit_identical(monkeypatch):
@@ -220,9 +220,9 @@ def test_noise_matched_to_many_images_is_not_re_identification():
     noise = list(np.random.default_rng(1).random((20, 3, 32, 32)))
     scored = score(Reconstruction(noise[0], "noise", images=tuple(noise)), truths, Gallery(decoys, "decoys"))
     evidence = image_evidence(scored, 20, "")
-    assert scored["reid-null"] is not None and evidence["status"] == "measured" and not evidence["clears"], evidence
+    assert scored["reid-null"] is not None and evidence.status == "measured" and not evidence.clears, evidence
     exact = score(Reconstruction(truths[0], "", images=tuple(truths)), truths, Gallery(decoys, "decoys"))
-    assert image_evidence(exact, 20, "")["clears"]
+    assert image_evidence(exact, 20, "").clears
 
 
 def test_tpr_is_given_only_at_fprs_the_calibration_resolves_with_exact_intervals():
@@ -290,20 +290,26 @@ def test_below_the_resolution_a_gaussian_fit_gives_tpr_at_0_1_percent_where_it_a
 
 
 def test_the_verdict_says_leaks_only_beyond_a_null():
-    measured = {"status": "measured", "error": 0.3, "null-error": 0.32, "margin": 0.05, "clears": False}
+    from fedvit.audit.evidence import ImageEvidence, LabelEvidence
+
+    measured = LabelEvidence("measured", error=0.3, null_error=0.32, margin=0.05, clears=False)
     none = {"status": "not measured", "why": "no candidates"}
-    unverified = {"status": "estimated (unverified)", "why": "", "benchmarked-error": "4% in the benchmark"}
-    update = lambda labels: {"leakage": {"labels": labels, "membership": none, "images": none}}  # noqa: E731
+    no_images = ImageEvidence("not measured", "no candidates")
+    unverified = LabelEvidence("estimated (unverified)", benchmarked_error="4% in the benchmark")
+    update = lambda labels: {"leakage": {"labels": labels, "membership": none, "images": no_images}}  # noqa: E731
     said = verdict_detail([update(measured)], "")
     assert said.startswith("no evidence at this budget: labels beyond the null in 0 of 1"), said
     said = verdict_detail([update(unverified)], "")
     assert said.startswith("unverified: labels estimated for 1 update(s), unverified"), said
-    assert verdict_detail([update(measured | {"error": 0.1, "clears": True})], "").startswith("LEAKS: labels")
+    leaking = dataclasses.replace(measured, error=0.1, clears=True)
+    assert verdict_detail([update(leaking)], "").startswith("LEAKS: labels")
     figures = {"status": "measured", "auc": 0.56, "tpr@0.01": 0.02, "null": {"auc": 0.53, "tpr@0.01": 0.03}}
-    average = {"leakage": {"labels": none, "images": none, "membership": figures | {"clears": False}}}
+    nothing = LabelEvidence("not measured", "no candidates")
+    average = {"leakage": {"labels": nothing, "images": no_images, "membership": figures | {"clears": False}}}
     said = verdict_detail([average], "")
     assert said.startswith("no evidence at this budget") and "AUC alone beyond its null in 1" in said, said
-    exposed = {"leakage": {"labels": none, "images": none, "membership": figures | {"tpr@0.01": 0.05, "clears": True}}}
+    exposed = {"leakage": {"labels": nothing, "images": no_images,
+                           "membership": figures | {"tpr@0.01": 0.05, "clears": True}}}  # fmt: skip
     assert verdict_detail([exposed], "").startswith("LEAKS: membership beyond the null in 1 of 1")
 
 

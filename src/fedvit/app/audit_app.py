@@ -377,7 +377,6 @@ def main(args: argparse.Namespace) -> int:
 
     from fedvit.app.audit_cli import model_flags
     from fedvit.audit.gate import judge, parse_fail_on
-    from fedvit.audit.summary import ClientFinding
 
     try:
         gate = parse_fail_on(args.fail_on) if args.fail_on else None
@@ -395,8 +394,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"audit written to {args.out / 'audit.md'} and {args.out / 'audit.html'}")
     if gate is None:
         return 0
-    findings = [ClientFinding.from_dict(f) for f in result.report["findings"]]
-    failed, lines = judge(gate, findings, result.report["updates"])
+    failed, lines = judge(gate, result.clients, result.report["together"])
     for line in lines:
         print(f"fedvit audit-app: {line}")
     print(f"fedvit audit-app: --fail-on {args.fail_on}: {'FAILED' if failed else 'passed'}")

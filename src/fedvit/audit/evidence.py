@@ -12,6 +12,7 @@ Security 2025).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -150,45 +151,79 @@ def null_text(null: dict[str, Any], at: str | None = None, members: int | None =
 # ---------------------------------------------------------------------------- the evidence per update
 
 
+@dataclasses.dataclass(frozen=True)
+class LabelEvidence:
+    """Label counts against the prior (:func:`label_evidence`); ``audit.json`` holds it field by field
+    (:func:`fedvit.audit.report.as_json`)."""
+
+    status: str  # MEASURED, UNVERIFIED or NOT_MEASURED
+    why: str = ""  # not measured or unverified: the reason
+    error: float | None = None  # the share of the images the counts misplace, against the truth
+    null_error: float | None = None  # the prior's
+    margin: float | None = None  # LABEL_MARGIN, where judged
+    images: int | None = None  # the images judged on (measured)
+    clears: bool = False  # :func:`labels_clear`
+    images_needed: int | None = None  # the fewest images at which exact counts would clear this prior
+    benchmarked_error: str | None = None  # unverified: the method's benchmarked error, or the truth beside it
+    prior_shares: list[float] | None = None  # what the report's label picture draws
+    true_counts: list[int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageEvidence:
+    """The best attack's re-identification against its null (:func:`image_evidence`)."""
+
+    status: str  # MEASURED or NOT_MEASURED
+    why: str = ""
+    top1: float | None = None  # the reconstructions' top-1 re-identification of their true images
+    null_top1: float | None = None  # the same reconstructions among images the update never saw
+    chance: float | None = None
+    margin: float | None = None  # IMAGE_MARGIN, where judged
+    clears: bool = False  # :func:`images_clear`
+    psnr: float | None = None
+    images: int | None = None
+
+
+# one update's evidence of one leakage type (membership's still the dict of its judge's figures)
+Evidence = LabelEvidence | ImageEvidence | dict[str, Any]
+
+
 def label_evidence(counts: np.ndarray | None, why: str, accuracy: float | None, prior: float | None,
                    unverified_error: str | None, rests_on: str | None = None,
-                   images: int | None = None) -> dict[str, Any]:  # fmt: skip
+                   images: int | None = None) -> LabelEvidence:  # fmt: skip
     """Label counts against the prior. ``accuracy``/``prior``: label accuracy of the counts and of the prior
     against the truth (None without it); ``unverified_error``: the method's benchmarked error, stated instead;
     ``rests_on``: what the counts' relation assumes that is not the client's verified recipe (another optimiser
     than SGD, an assumed batch size or epoch count): the counts are then never judged, only estimated, and their
     error against the truth is stated beside, not weighed."""
     if counts is None:
-        return {"status": NOT_MEASURED, "why": why}
+        return LabelEvidence(NOT_MEASURED, why)
     if rests_on is not None:
-        found = {"status": UNVERIFIED, "why": f"the counts rest on {rests_on}"}
-        if accuracy is not None and prior is not None:
-            found |= {"error": 1.0 - accuracy, "null-error": 1.0 - prior}
-            found["benchmarked-error"] = (f"{found['why']}; against the truth they misplace {1 - accuracy:.1%} of "
-                                          f"the images (the prior {1 - prior:.1%}), not judged")  # fmt: skip
-        else:
-            found["benchmarked-error"] = found["why"]
-        return found
+        why = f"the counts rest on {rests_on}"
+        if accuracy is None or prior is None:
+            return LabelEvidence(UNVERIFIED, why, benchmarked_error=why)
+        return LabelEvidence(UNVERIFIED, why, 1.0 - accuracy, 1.0 - prior, benchmarked_error=(
+            f"{why}; against the truth they misplace {1 - accuracy:.1%} of the images (the prior {1 - prior:.1%}), "
+            "not judged"))  # fmt: skip
     if accuracy is None or prior is None:
-        return {"status": UNVERIFIED, "why": "no ground truth recorded and no --data",
-                "benchmarked-error": unverified_error or "exact for one step (the head-bias formula)"}  # fmt: skip
+        return LabelEvidence(UNVERIFIED, "no ground truth recorded and no --data",
+                             benchmarked_error=unverified_error or "exact for one step (the head-bias formula)")
     error, null = 1.0 - accuracy, 1.0 - prior
     images = max(int(images or np.sum(counts)), 1)  # the client's images (the counts sum to them)
-    return {"status": MEASURED, "error": error, "null-error": null, "margin": LABEL_MARGIN, "images": images,
-            "clears": labels_clear(error, null, images), "images-needed": label_images_needed(null)}  # fmt: skip
+    return LabelEvidence(MEASURED, "", error, null, LABEL_MARGIN, images, labels_clear(error, null, images),
+                         label_images_needed(null))  # fmt: skip
 
 
-def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> dict[str, Any]:
+def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> ImageEvidence:
     """The best attack's re-identification against its null (see :func:`fedvit.audit.metrics.null_reid`)."""
     if scores is None or scores.get("reid-top1") is None:
-        return {"status": NOT_MEASURED, "why": why}
+        return ImageEvidence(NOT_MEASURED, why)
     top1, null = scores["reid-top1"], scores.get("reid-null")
     if null is None:
-        return {"status": NOT_MEASURED, "why": "too few decoys for a null (2 per true image)", "top1": top1}
+        return ImageEvidence(NOT_MEASURED, "too few decoys for a null (2 per true image)", top1)
     chance = scores.get("reid-chance")
-    return {"status": MEASURED, "top1": top1, "null-top1": null, "chance": chance, "margin": IMAGE_MARGIN,
-            "clears": images_clear(top1, null, chance, images), "psnr": scores.get("psnr"),
-            "images": images}  # fmt: skip
+    return ImageEvidence(MEASURED, "", top1, null, chance, IMAGE_MARGIN, images_clear(top1, null, chance, images),
+                         scores.get("psnr"), images)  # fmt: skip
 
 
 def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, Any]:
@@ -233,42 +268,69 @@ def privacy_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
             f"claimed {claimed[0]['claim']})"), False  # fmt: skip
 
 
-def _part(kind: str, items: list[dict[str, Any]]) -> tuple[str, bool | None]:
-    """One leakage type over the updates: its wording and whether it leaks (None: nothing measured)."""
-    measured = [e for e in items if e["status"] == MEASURED]
-    unverified = [e for e in items if e["status"] == UNVERIFIED]
+def unmeasured_part(kind: str, unverified: int, why: str) -> tuple[str, None]:
+    """A leakage type no update measured: estimated in ``unverified`` update(s) (``why``: the first one's stated
+    error), else not measured (``why``: the first update's reason)."""
+    if unverified:
+        return f"{kind} estimated for {unverified} update(s), unverified ({why})", None
+    return f"{kind} not measured ({why or 'no updates'})", None
+
+
+def beyond_part(kind: str, hits: int, measured: int, detail: str) -> tuple[str, bool]:
+    return f"{kind} beyond the null in {hits} of {measured} update(s) ({detail})", hits > 0
+
+
+def labels_part(items: list[LabelEvidence]) -> tuple[str, bool | None]:
+    """Label counts over the updates: the wording and whether they leak (None: nothing measured)."""
+    measured = [e for e in items if e.status == MEASURED]
     if not measured:
+        unverified = [e for e in items if e.status == UNVERIFIED]
         if unverified:
-            error = unverified[0]["benchmarked-error"]
-            return f"{kind} estimated for {len(unverified)} update(s), unverified ({error})", None
-        return f"{kind} not measured ({items[0]['why'] if items else 'no updates'})", None
+            return unmeasured_part("labels", len(unverified), unverified[0].benchmarked_error or "")
+        return unmeasured_part("labels", 0, items[0].why if items else "")
+    detail = (f"mean error {np.mean([e.error for e in measured]):.1%} vs prior "
+              f"{np.mean([e.null_error for e in measured]):.1%}, margin {LABEL_MARGIN:.0%}; "
+              f"{sum(e.error == 0 for e in measured)} of {len(measured)} exactly right")  # fmt: skip
+    return beyond_part("labels", sum(e.clears for e in measured), len(measured), detail)
+
+
+def images_part(items: list[ImageEvidence]) -> tuple[str, bool | None]:
+    """Re-identification over the updates: the wording and whether images leak (None: nothing measured)."""
+    measured = [e for e in items if e.status == MEASURED]
+    if not measured:
+        return unmeasured_part("images", 0, items[0].why if items else "")
+    detail = (f"re-identified {np.mean([e.top1 for e in measured]):.0%} top-1 vs null "
+              f"{np.mean([e.null_top1 for e in measured]):.0%}")  # fmt: skip
+    return beyond_part("images", sum(e.clears for e in measured), len(measured), detail)
+
+
+def membership_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
+    """Membership over the updates: the wording and whether it leaks (None: nothing measured)."""
+    measured = [e for e in items if e["status"] == MEASURED]
+    if not measured:
+        return unmeasured_part("membership", 0, items[0]["why"] if items else "")
     hits = sum(e["clears"] for e in measured)
-    if kind == "labels":
-        detail = (f"mean error {np.mean([e['error'] for e in measured]):.1%} vs prior "
-                  f"{np.mean([e['null-error'] for e in measured]):.1%}, margin {LABEL_MARGIN:.0%}; "
-                  f"{sum(e['error'] == 0 for e in measured)} of {len(measured)} exactly right")  # fmt: skip
-    elif kind == "membership":
-        detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f}; null: "
-                  f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest update")  # fmt: skip
-        resolved = [e for e in measured if e.get("tpr@0.01") is not None]
-        if resolved:
-            hardest = max(e["null"]["tpr@0.01"] for e in resolved)
-            detail += (f", TPR@1% FPR {np.mean([e['tpr@0.01'] for e in resolved]):.1%} (null: "
-                       f"{threshold_text(hardest, 'TPR')} in the hardest)")  # fmt: skip
-        if unresolvable := sum(not e.get("resolvable", True) for e in measured):
-            detail += f"; not resolvable in {unresolvable} (too few members for any figure to clear the null)"
-        if len(resolved) < len(measured):  # the verdict read TPR at the resolution there
-            detail += (f"; 1% FPR not resolved in {len(measured) - len(resolved)} (too few non-members per class: "
-                       "TPR read at the resolution)")  # fmt: skip
-        detail += power_summary([e.get("power") or {} for e in measured], hits)
-        on_average = sum(e["auc"] > e["null"]["auc"] and not e["clears"] for e in measured)
-        if on_average:  # Carlini et al.: an AUC says the update informs on average, not that any member is exposed
-            detail += (f"; AUC alone beyond its null in {on_average}: membership information on average, no "
-                       "member singled out at 1% FPR")  # fmt: skip
-    else:
-        detail = (f"re-identified {np.mean([e['top1'] for e in measured]):.0%} top-1 vs null "
-                  f"{np.mean([e['null-top1'] for e in measured]):.0%}")  # fmt: skip
-    return f"{kind} beyond the null in {hits} of {len(measured)} update(s) ({detail})", hits > 0
+    detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f}; null: "
+              f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest update")  # fmt: skip
+    resolved = [e for e in measured if e.get("tpr@0.01") is not None]
+    if resolved:
+        hardest = max(e["null"]["tpr@0.01"] for e in resolved)
+        detail += (f", TPR@1% FPR {np.mean([e['tpr@0.01'] for e in resolved]):.1%} (null: "
+                   f"{threshold_text(hardest, 'TPR')} in the hardest)")  # fmt: skip
+    if unresolvable := sum(not e.get("resolvable", True) for e in measured):
+        detail += f"; not resolvable in {unresolvable} (too few members for any figure to clear the null)"
+    if len(resolved) < len(measured):  # the verdict read TPR at the resolution there
+        detail += (f"; 1% FPR not resolved in {len(measured) - len(resolved)} (too few non-members per class: "
+                   "TPR read at the resolution)")  # fmt: skip
+    detail += power_summary([e.get("power") or {} for e in measured], hits)
+    on_average = sum(e["auc"] > e["null"]["auc"] and not e["clears"] for e in measured)
+    if on_average:  # Carlini et al.: an AUC says the update informs on average, not that any member is exposed
+        detail += (f"; AUC alone beyond its null in {on_average}: membership information on average, no "
+                   "member singled out at 1% FPR")  # fmt: skip
+    return beyond_part("membership", hits, len(measured), detail)
+
+
+PARTS = {"labels": labels_part, "membership": membership_part, "images": images_part}  # by LEAKAGE_KINDS
 
 
 def power_summary(powers: list[dict[str, Any]], hits: int) -> str:
@@ -303,7 +365,7 @@ def verdict_detail(updates: list[dict[str, Any]], nothing: str, clients: list[di
     everything measured stayed within it; "unverified" where nothing could be checked."""
     if not updates:
         return nothing
-    parts = {kind: _part(kind, [u["leakage"][kind] for u in updates]) for kind in LEAKAGE_KINDS}
+    parts = {kind: PARTS[kind]([u["leakage"][kind] for u in updates]) for kind in LEAKAGE_KINDS}
     if clients:
         parts["rounds"] = rounds_part(clients)
     privacy = privacy_part([u["leakage"]["membership"] for u in updates])

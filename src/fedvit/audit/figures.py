@@ -104,7 +104,7 @@ def label_figure(updates: list[dict[str, Any]]) -> Any | None:
         x = np.arange(classes)
         total = sum(recovered.values())
         ax.bar(x - 0.2, [recovered.get(c, 0) for c in x], 0.4, label="recovered", color="tab:red")
-        if "true-counts" in evidence:
+        if evidence.get("true-counts") is not None:
             ax.bar(x + 0.2, evidence["true-counts"][:classes], 0.4, label="true", color="tab:blue")
         if shares:
             ax.plot(x, np.array(shares) * total, "k_", ms=10, mew=1.5, label="prior (no information)")

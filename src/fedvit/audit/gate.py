@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
 
 from fedvit.audit.evidence import NOT_MEASURED
-from fedvit.audit.summary import KINDS, LEAKS, NOT_RESOLVABLE, UNSEEABLE, ClientFinding, jointly_leaking
+from fedvit.audit.summary import KINDS, LEAKS, NOT_RESOLVABLE, UNSEEABLE, ClientFinding
 
 GATE_KINDS = {"labels": "labels", "membership": "membership", "images": "images", "dp": "DP claim"}
 UNVERIFIED = "unverified"
@@ -37,11 +36,11 @@ def parse_fail_on(text: str) -> Gate:
     return Gate(kinds, UNVERIFIED in names)
 
 
-def judge(gate: Gate, findings: Iterable[ClientFinding], updates: list[dict[str, Any]]) -> tuple[bool, list[str]]:
-    """(whether the gate fails, one line per reason and per finding the gate did not verify)."""
+def judge(gate: Gate, findings: Iterable[ClientFinding], joint: dict[str, str]) -> tuple[bool, list[str]]:
+    """(whether the gate fails, one line per reason and per finding the gate did not verify); ``joint``: what the
+    clients together leak, by leakage type (``audit.json``'s ``together``, :func:`jointly_leaking`)."""
     findings = list(findings)
     failed, lines = False, []
-    joint = jointly_leaking(updates, findings)
     for kind in gate.kinds:
         leaking = [f.client for f in findings if f.by_kind()[kind].word == LEAKS]
         if leaking:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
@@ -36,9 +35,9 @@ from fedvit.audit.membership_stats import Roc
 from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.node_matching import with_matched_nodes
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
-from fedvit.audit.report import TOP_LEVEL_KEYS, markdown, save_grid
+from fedvit.audit.report import TOP_LEVEL_KEYS, as_json, json_text, markdown, save_grid
 from fedvit.audit.secagg import OBSERVERS, TLS, NotRebuilt, aggregate_exchange, describe_rounds, secagg_rounds
-from fedvit.audit.summary import client_findings, client_name, client_of, short_verdict, together
+from fedvit.audit.summary import client_findings, client_name, client_of, jointly_leaking, short_verdict, together
 from fedvit.audit.user_data import Truths, UserData, run_config
 from fedvit.capture.reader import (
     NOTHING_ON_THE_WIRE,
@@ -476,14 +475,16 @@ def audit_exchanges(
     clients = rounds_combined(by_client)
     masked = [client_name(node, recorded, options.data) for node, recorded in (secure.masked if secure else [])]
     findings = client_findings(updates, clients, masked)
-    report = {
+    joint = jointly_leaking(updates, findings)
+    report = as_json({
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "— (no update was readable: nothing attacked)",
         "read-from-app": [dict(f) for f in options.app_facts],
         "threat-model": threat_model(observers, any(u["assumptions"] for u in updates), tls_links),
         "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds),
-                                 jointly=together(updates, findings)),
+                                 jointly=together(joint)),
         "findings": [dataclasses.asdict(f) for f in findings],
+        "together": joint,
         "verdict-detail": verdict_detail(updates, NOTHING_ON_THE_WIRE, clients),
         "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
         "budget": list(budgets),
@@ -496,10 +497,9 @@ def audit_exchanges(
             "protocol": "SecAgg+ (Flower's SecAggPlusWorkflow and secaggplus_mod)", "observers": OBSERVERS, "tls": TLS,
             "rounds": secure.rounds,
         },
-    }
+    })
     assert tuple(report) == TOP_LEVEL_KEYS
-    numbers = lambda v: v.item() if isinstance(v, np.generic) else str(v)  # noqa: E731 — numpy scalars as numbers
-    atomic_write(out / "audit.json", json.dumps(report, indent=1, default=numbers).encode())
+    atomic_write(out / "audit.json", json_text(report).encode())
     atomic_write(out / "audit.md", markdown(report).encode())
     save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
     write_frontier(rows, out, {})

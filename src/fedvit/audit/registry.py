@@ -41,6 +41,9 @@ from fedvit.audit.evidence import (
     DEFAULT_DELTA,
     LABELS,
     LEAKAGE_KINDS,
+    Evidence,
+    ImageEvidence,
+    LabelEvidence,
     image_evidence,
     label_evidence,
     membership_evidence,
@@ -246,7 +249,7 @@ class Outcome:
 
     rows: list[dict[str, Any]]
     status: str | None
-    evidence: dict[str, Any] | None = None
+    evidence: LabelEvidence | None = None  # the label counts' (the other types' come from JUDGES)
     applied: bool = True
     reconstruction: Reconstruction | None = None
     scores: dict[str, Any] | None = None
@@ -346,9 +349,9 @@ def _label_finding(
     evidence = label_evidence(counts, note, accuracy, null, benchmarked_error(obs) if several else None,
                               counts_rest_on(obs), None if truth is None else len(truth))  # fmt: skip
     if counts is not None:  # what the report's label picture draws: the prior's shares and the true counts
-        evidence["prior-shares"] = [round(float(s), 6) for s in prior]
-        if truth is not None:
-            evidence["true-counts"] = np.bincount(np.asarray(truth, np.int64), minlength=len(counts)).tolist()
+        true_counts = None if truth is None else np.bincount(np.asarray(truth, np.int64), minlength=len(counts))
+        evidence = dataclasses.replace(evidence, prior_shares=[round(float(s), 6) for s in prior],
+                                       true_counts=None if true_counts is None else true_counts.tolist())
     found = "" if counts is None else ", ".join(f"{c}×{n}" for c, n in enumerate(counts) if n)
     row = held.head | {
         "attack": LABELS,
@@ -598,7 +601,7 @@ def best_image(findings: dict[str, Outcome]) -> tuple[str | None, dict[str, Any]
     return best, scored.get(best)
 
 
-def _images(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, Any]:
+def _images(obs: Observation, findings: dict[str, Outcome], held: Held) -> ImageEvidence:
     _, scores = best_image(findings)
     why = "no image attack ran" if scores is None and held.images is not None else "no ground truth and no --data"
     why = not_asked("images", held) or why
@@ -606,7 +609,7 @@ def _images(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[
 
 
 # leakage type -> its evidence against its null from the findings of its measures
-JUDGES: dict[str, Callable[[Observation, dict[str, Outcome], Held], dict[str, Any]]] = {
+JUDGES: dict[str, Callable[[Observation, dict[str, Outcome], Held], Evidence]] = {
     "labels": lambda obs, findings, held: findings[LABELS].evidence,
     "membership": judge_membership,
     "images": _images,
@@ -693,7 +696,7 @@ def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Ou
     return obs, findings
 
 
-def evidence(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, dict[str, Any]]:
+def evidence(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, Evidence]:
     """Per leakage type, its figures against its null (:data:`JUDGES`)."""
     kinds = {m.name: m.leakage for m in MEASURES}
     of_kind = lambda kind: {n: f for n, f in findings.items() if kinds[n] == kind}  # noqa: E731

@@ -3,6 +3,8 @@ the recipe and its sources, labels, each attack's status and the best scores), `
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,31 @@ from fedvit.audit.summary import ClientFinding, summary_table
 from fedvit.observed.observation import Observation, Reconstruction
 
 TOP_LEVEL_KEYS = (
-    "title", "model", "read-from-app", "threat-model", "verdict", "findings", "verdict-detail", "metrics", "budget",
+    "title", "model", "read-from-app", "threat-model", "verdict", "findings", "together", "verdict-detail", "metrics",
+    "budget",
     "updates", "clients", "rows", "summary", "notes", "secure-aggregation",
 )  # fmt: skip
 NOT_APPLICABLE = "not applicable: "
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as ``audit.json`` holds it, the one place the audit's types become JSON: a dataclass (a leakage
+    type's evidence) an object of its fields, named in kebab case (``null_error`` → ``null-error``); numpy scalars
+    and arrays numbers and lists; mappings, lists and tuples element by element; anything else as it is."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name.replace("_", "-"): as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {key: as_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_json(item) for item in value]
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    return value
+
+
+def json_text(report: dict[str, Any]) -> str:
+    """``audit.json``'s text of a report :func:`as_json` gave (anything JSON has no type for: its text)."""
+    return json.dumps(report, indent=1, default=str)
 
 
 def markdown(report: dict[str, Any]) -> str:

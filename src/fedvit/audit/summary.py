@@ -18,6 +18,8 @@ from typing import Any
 from fedvit.audit.evidence import (
     MEASURED,
     NOT_MEASURED,
+    ImageEvidence,
+    LabelEvidence,
     counted,
     images_clear,
     label_images_needed,
@@ -83,37 +85,37 @@ def label_finding(updates: list[dict[str, Any]]) -> Finding:
     """Label counts over a client's updates: the share of its images they misplace against the prior's, of its
     strongest update (:func:`strongest_labels`; its updates train on the same images, so they are not pooled), judged
     by :func:`fedvit.audit.evidence.labels_clear` with that update's interval."""
-    found = [u["leakage"]["labels"] for u in updates]
-    measured = [e for e in found if e["status"] == MEASURED]
+    found: list[LabelEvidence] = [u["leakage"]["labels"] for u in updates]
+    measured = [e for e in found if e.status == MEASURED]
     if not measured:
         e = found[0]
-        if e["status"] != NOT_MEASURED:  # estimated, nothing to score it against
-            return Finding(NOT_MEASURED, why=f"counts estimated, unverified ({e.get('why', '')})")
-        return Finding(NOT_MEASURED, why=e.get("why", ""))
+        if e.status != NOT_MEASURED:  # estimated, nothing to score it against
+            return Finding(NOT_MEASURED, why=f"counts estimated, unverified ({e.why})")
+        return Finding(NOT_MEASURED, why=e.why)
     e = strongest_labels(measured)
-    images = label_images(e)
-    hits = sum(m["clears"] for m in measured)
-    figure = f"error {e['error']:.1%}" + (f" ({hits} of {len(measured)} updates beyond)" if len(measured) > 1 else "")
-    interval = _ci(*clopper_pearson(round(e["error"] * images), images))
+    images = judged_on(e)
+    hits = sum(m.clears for m in measured)
+    figure = f"error {e.error:.1%}" + (f" ({hits} of {len(measured)} updates beyond)" if len(measured) > 1 else "")
+    interval = _ci(*clopper_pearson(round(e.error * images), images))
     word = LEAKS if hits else NO_EVIDENCE
-    if not hits and not any(labels_clear(0.0, m["null-error"], label_images(m)) for m in measured):
-        need = label_images_needed(e["null-error"])
+    if not hits and not any(labels_clear(0.0, m.null_error, judged_on(m)) for m in measured):
+        need = label_images_needed(e.null_error)
         figure += (f"; not resolvable with {counted(images, 'image')}: " + (
             "the prior is within the margin of exact" if need is None else f"exact counts need ≥ {need} to clear "
             "the prior"))  # fmt: skip
         word = NOT_RESOLVABLE
-    return Finding(word, figure, f"{e['null-error']:.1%} (the prior)", interval)
+    return Finding(word, figure, f"{e.null_error:.1%} (the prior)", interval)
 
 
-def label_images(e: dict[str, Any]) -> int:
-    """The images an update's label evidence was judged on."""
-    return int(e.get("images") or 1)
+def judged_on(e: LabelEvidence | ImageEvidence) -> int:
+    """The images an update's label or image evidence was judged on."""
+    return int(e.images or 1)
 
 
-def strongest_labels(measured: list[dict[str, Any]]) -> dict[str, Any]:
+def strongest_labels(measured: list[LabelEvidence]) -> LabelEvidence:
     """The update whose label counts lie furthest below the prior (the upper end of their interval)."""
-    return min(measured, key=lambda e: clopper_pearson(round(e["error"] * label_images(e)), label_images(e))[1]
-               - e["null-error"])  # fmt: skip
+    return min(measured, key=lambda e: clopper_pearson(round(e.error * judged_on(e)), judged_on(e))[1]
+               - e.null_error)  # fmt: skip
 
 
 def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] | None) -> Finding:
@@ -154,29 +156,29 @@ def image_finding(updates: list[dict[str, Any]]) -> Finding:
     """Images: the best attack's re-identification (top-1) against the same reconstructions among unseen images, of
     the client's strongest update (its updates hold the same images, so they are not pooled), judged by
     :func:`fedvit.audit.evidence.images_clear`."""
-    found = [u["leakage"]["images"] for u in updates]
-    measured = [e for e in found if e["status"] == MEASURED]
+    found: list[ImageEvidence] = [u["leakage"]["images"] for u in updates]
+    measured = [e for e in found if e.status == MEASURED]
     if not measured:
-        why = found[0].get("why", "")
+        why = found[0].why
         skipped = [status for status in updates[0].get("attacks", {}).values() if "not attempted: " in status]
         if skipped:  # no image attack ran: say why the inversions were not attempted
             why = skipped[0].split("not attempted: ", 1)[1]
         return Finding(NOT_MEASURED, why=short_reason(why))
     e = strongest_images(measured)
-    images = int(e.get("images") or 1)
-    hits = round(e["top1"] * images)
-    figure = f"re-identified {e['top1']:.0%} top-1" + (f", {e['psnr']:.1f} dB" if e.get("psnr") is not None else "")
-    word = LEAKS if e["clears"] else NO_EVIDENCE
-    if word != LEAKS and not any(images_clear(1.0, m["null-top1"], m.get("chance"), int(m.get("images") or 1))
+    images = judged_on(e)
+    hits = round(e.top1 * images)
+    figure = f"re-identified {e.top1:.0%} top-1" + (f", {e.psnr:.1f} dB" if e.psnr is not None else "")
+    word = LEAKS if e.clears else NO_EVIDENCE
+    if word != LEAKS and not any(images_clear(1.0, m.null_top1, m.chance, judged_on(m))
                                  for m in measured):  # not even every image re-identified would clear  # fmt: skip
         figure += f"; not resolvable with {counted(images, 'image')}"
         word = NOT_RESOLVABLE
-    return Finding(word, figure, f"{e['null-top1']:.0%}", _ci(*clopper_pearson(hits, images)))
+    return Finding(word, figure, f"{e.null_top1:.0%}", _ci(*clopper_pearson(hits, images)))
 
 
-def strongest_images(measured: list[dict[str, Any]]) -> dict[str, Any]:
+def strongest_images(measured: list[ImageEvidence]) -> ImageEvidence:
     """The update whose re-identification clears its null, else lies furthest above it."""
-    return max(measured, key=lambda m: (m["clears"], m["top1"] - m["null-top1"]))
+    return max(measured, key=lambda m: (m.clears, m.top1 - m.null_top1))
 
 
 def dp_finding(updates: list[dict[str, Any]]) -> Finding:
@@ -293,9 +295,8 @@ def short_verdict(findings: list[ClientFinding], nothing: str, secured: bool = F
     return "\n".join(line[0].upper() + line[1:] for line in lines)
 
 
-def together(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> str:
-    """:func:`jointly_leaking` as the verdict's sentence ("" where nothing is to be said)."""
-    said = jointly_leaking(updates, findings)
+def together(said: dict[str, str]) -> str:
+    """:func:`jointly_leaking`'s statements as the verdict's sentence ("" where nothing is to be said)."""
     return ("Together: " + "; ".join(said.values()) + ".") if said else ""
 
 
@@ -311,24 +312,24 @@ def jointly_leaking(updates: list[dict[str, Any]], findings: list[ClientFinding]
     if len(mine) < 2:
         return {}
     said: dict[str, str] = {}
-    measured = lambda us, kind: [u["leakage"][kind] for u in us if u["leakage"][kind]["status"] == MEASURED]  # noqa: E731
+    measured = lambda us, kind: [u["leakage"][kind] for u in us if u["leakage"][kind].status == MEASURED]  # noqa: E731
     labels = [strongest_labels(m) for us in mine.values() if (m := measured(us, "labels"))]
     if len(labels) > 1 and not any(f.labels.word == LEAKS for f in findings):
-        images = sum(label_images(e) for e in labels)
-        misplaced = sum(e["error"] * label_images(e) for e in labels)
-        null = sum(e["null-error"] * label_images(e) for e in labels) / images
+        images = sum(judged_on(e) for e in labels)
+        misplaced = sum(e.error * judged_on(e) for e in labels)
+        null = sum(e.null_error * judged_on(e) for e in labels) / images
         if labels_clear(misplaced / images, null, images):
             low, high = clopper_pearson(round(misplaced), images)
             said["labels"] = (f"labels of the {len(labels)} clients together beyond the prior ({round(misplaced)} "
                               f"of {images} images misplaced, 95% CI [{low:.1%}, {high:.1%}], prior {null:.1%}; "
-                              f"{sum(e['error'] == 0 for e in labels)} exactly right)")  # fmt: skip
+                              f"{sum(e.error == 0 for e in labels)} exactly right)")  # fmt: skip
     pictures = [strongest_images(m) for us in mine.values() if (m := measured(us, "images"))]
     if len(pictures) > 1 and not any(f.images.word == LEAKS for f in findings):
-        sizes = [int(e.get("images") or 1) for e in pictures]
+        sizes = [judged_on(e) for e in pictures]
         images = sum(sizes)
-        hits = round(sum(e["top1"] * n for e, n in zip(pictures, sizes, strict=True)))
-        null = sum(e["null-top1"] * n for e, n in zip(pictures, sizes, strict=True)) / images
-        chance = sum((e.get("chance") or 0.0) * n for e, n in zip(pictures, sizes, strict=True)) / images
+        hits = round(sum(e.top1 * n for e, n in zip(pictures, sizes, strict=True)))
+        null = sum(e.null_top1 * n for e, n in zip(pictures, sizes, strict=True)) / images
+        chance = sum((e.chance or 0.0) * n for e, n in zip(pictures, sizes, strict=True)) / images
         if images_clear(hits / images, null, chance, images):
             said["images"] = (f"images of the {len(pictures)} clients together re-identified ({hits} of {images} "
                               f"top-1, null {null:.0%})")  # fmt: skip
