@@ -73,8 +73,8 @@ def row(case: tuple[str, int, str, int], threads: int) -> dict:
     aux = Auxiliary(*others, "2,000 other images")
     held = Held(images, labels, None, True, AuditConfig(), {}, aux, Candidates((images, labels), others, "other"),
                 references=REFERENCES)  # fmt: skip
-    obs, findings = measure_all(obs, held)
-    found = evidence(obs, findings, held)
+    measured = measure_all(obs, held)
+    findings, found = measured.findings, evidence(measured).leakage
     counts = findings[LABELS].rows[0]["labels"] or {}
     membership, power = found["membership"], found["membership"].get("power", {})
     return {

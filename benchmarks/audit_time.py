@@ -63,7 +63,7 @@ STAGES = {  # the registry's call of each stage -> its name in the table
     "recover_labels_and_momentum": "label search",
     "reference_updates": "shadow updates",
     "alignment_score": "shadow-alignment score",
-    "candidate_losses_of": "loss scores (the candidates' losses)",
+    "candidate_losses": "loss scores (the candidates' losses)",
     "judge": "membership judgement (null)",
     "power": "power twin",
     "run_attack": "image inversion",

@@ -73,10 +73,10 @@ def head_update() -> tuple[Observation, Auxiliary, Candidates]:
 def audited(obs: Observation, aux: Auxiliary, candidates: Candidates) -> tuple[float, dict]:
     started = time.perf_counter()
     held = Held(None, None, None, False, AuditConfig(), {}, aux, candidates, references=REFERENCES)
-    obs, findings = measure_all(obs, held)
-    found = evidence(obs, findings, held)
-    return time.perf_counter() - started, {**found, "counts": findings[registry.LABELS].rows[0]["labels"],
-                                            "frozen-features": held.found.frozen_features}  # fmt: skip
+    measured = measure_all(obs, held)
+    found = evidence(measured).leakage
+    return time.perf_counter() - started, {**found, "counts": measured.findings[registry.LABELS].rows[0]["labels"],
+                                            "frozen-features": measured.held.features.note}  # fmt: skip
 
 
 def main() -> None:

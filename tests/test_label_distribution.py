@@ -1003,3 +1003,26 @@ def test_the_alignment_takes_each_images_loss_slope_along_the_direction_without_
         assert np.abs(slopes).max() > 1e-3  # not trivially zero
     with pytest.raises(ValueError, match="the direction has"):
         loss_slopes(model, images, labels, None, torch.zeros(5))
+
+
+def test_membership_takes_the_label_estimate_as_an_input_whatever_the_order_of_the_measures(monkeypatch):
+    """The shadow updates and the power twin simulate the label estimate's counts: measure_all runs the estimate as
+    a stage of its own and gives its output to membership (``Held.estimate``), so listing the measures in another
+    order (membership first) changes no outcome. Membership once read the counts from a shared scratch object that
+    only the label entry's place at the head of ``MEASURES`` filled in time."""
+    from fedvit.audit import registry
+    from fedvit.core.budget import AuditConfig
+
+    obs, images, labels = client_update(192, 1, alpha=0.5)
+    others = make_images(600, 99)
+    held = registry.Held(images, labels, None, True, AuditConfig(), {}, Auxiliary(*others, "other images"),
+                         Candidates((images, labels), others, "other images"), references=2)  # fmt: skip
+    measured = registry.measure_all(obs, held)
+    assert measured.held.estimate.simulated_counts is not None and measured.held.split.pool is not None
+    alignment = measured.findings[f"membership: {registry.ALIGNMENT}"]
+    assert alignment.status.startswith("applied"), alignment.status  # the shadows ran on the estimate's counts
+    monkeypatch.setattr(registry, "MEASURES", tuple(reversed(registry.MEASURES)))
+    reordered = registry.measure_all(obs, held)
+    assert {n: f.status for n, f in reordered.findings.items()} == {n: f.status for n, f in measured.findings.items()}
+    first, again = registry.evidence(measured).leakage, registry.evidence(reordered).leakage
+    assert again["membership"]["auc"] == first["membership"]["auc"] and again["labels"] == first["labels"]

@@ -368,7 +368,9 @@ def attack_exchange(
     held = Held(images, labels, gallery, exact, budget, {**obs.meta, "defence": obs.defence.name}, aux,
                 candidates, options.budgets, device or options.device, options.references, position,
                 fit_check=options.fit_check, leakage=options.leakage)  # fmt: skip
-    obs, findings = measure_all(obs, held)  # a measure may estimate a recipe value: the one recipe from here on
+    measured = measure_all(obs, held)  # a measure may estimate a recipe value: the one recipe from here on
+    obs, findings, held = measured.obs, measured.findings, measured.held
+    judged = evidence(measured)
     client = recipe(obs)
     rows = [row for f in findings.values() for row in f.rows]
     best, best_scores = best_image(findings)
@@ -390,7 +392,7 @@ def attack_exchange(
         "recipe-sources": [[key, text] for key, text in client.sources],  # per value: "value (where it came from)"
         "app-code": obs.meta.get("app-code"),
         "recipe-fit": None
-        if (fit := held.found.recipe_fit) is None
+        if (fit := held.estimate.recipe_fit) is None
         else {
             "recipe": fit.recipe,
             "scale": fit.scale,
@@ -400,24 +402,24 @@ def attack_exchange(
             "direction-unresolved": fit.direction_unresolved,  # the bound below LOWEST_COSINE_BOUND: never fits
             "flatness": list(fit.flatness),
             "fits": fit.fits,
-            "checked": held.fit_check and not held.found.fit_unchecked,
-            "not-checked": held.found.fit_unchecked or (None if held.fit_check else "--no-fit-check"),
+            "checked": held.fit_check and not held.estimate.fit_unchecked,
+            "not-checked": held.estimate.fit_unchecked or (None if held.fit_check else "--no-fit-check"),
         },
         # recipe values no record carries and nothing estimated, and (another app) what no record can carry
         "assumptions": client.assumed() + ([] if obs.defence.fedvit else unrecorded(client)),
         "labels": labelled["labels"],
         "label-accuracy": labelled["label-accuracy"],
-        "frozen-features": held.found.frozen_features,  # a partial update: its head on cached features?
+        "frozen-features": held.features.note,  # a partial update: its head on cached features?
         "attacks": statuses,
         "best-attack": best,
-        "leakage": evidence(obs, findings, held),
+        "leakage": judged.leakage,
         "seconds": round(time.perf_counter() - started, 1),
     } | {k: (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
     recs = {n: f.reconstruction for n, f in findings.items() if f.reconstruction is not None}
     ranks = {n: f.scores["reid-ranks"] for n, f in findings.items() if f.reconstruction is not None}
-    split = held.found.membership_split
+    split = held.split
     scores = None if split is None else (membership_scores(findings), split)
-    return rows, update, {"ranks": ranks, "membership": held.found.membership_roc, "scores": scores} | recs
+    return rows, update, {"ranks": ranks, "membership": judged.roc, "scores": scores} | recs
 
 
 def audit_exchanges(

@@ -1,7 +1,9 @@
 """Every leakage measure the audit knows, in the order it runs them: label counts, membership and the image attacks
 alike. Each entry names the leakage type it gives evidence on, says whether it applies to an observation (its model,
-its recipe, the defence its run config names, what the audit holds) and why not, and runs; :data:`JUDGES` turns the
-findings of one type into its evidence against the type's null. Adding a measure is adding an entry here."""
+its recipe, the defence its run config names, what the audit holds) and why not, and runs; :func:`evidence` turns
+the findings of one type into its evidence against the type's null. :func:`measure_all` runs them in stages, each
+stage's typed output an explicit input of the next (:class:`Held`'s ``features``, ``estimate``, ``split``,
+``losses``). Adding a measure is adding an entry here."""
 
 from __future__ import annotations
 
@@ -200,28 +202,34 @@ class MembershipSplit(NamedTuple):
     seed: int
 
 
-@dataclass
-class Found:
-    """What the measures of one update leave for later ones, typed. One object per update, shared by its views (the
-    whole model's and, where :func:`head_only` applies, the head's)."""
+@dataclass(frozen=True)
+class LabelStage:
+    """What the label estimate gives the measures after it (membership's shadow updates and power twin simulate the
+    same training) and the report: its typed output, an explicit input of theirs (:attr:`Held.estimate`)."""
 
-    simulated_counts: np.ndarray | None = None  # the class counts the label estimate simulated (shadows, power)
+    simulated_counts: np.ndarray | None = None  # the class counts it simulated (None: none, or withheld)
     recipe_fit: RecipeFit | None = None  # how well the recipe's simulation reproduces the update
     fit_unchecked: str | None = None  # why that fit is not checked (None: it is)
-    membership_split: MembershipSplit | None = None  # decided once: every membership score is taken on it
-    membership_losses: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # the candidates' losses
-    membership_roc: Roc | None = None  # the strongest score's judged values (the report's ROC)
-    features_decided: bool = False  # head_only decided (its outcome below)
-    frozen_features: str | None = None  # the frozen layers' outputs computed once, or why the whole model runs
-    head_only: tuple[Observation, Held] | None = None  # the observation and holdings on the head's inputs
+
+
+@dataclass(frozen=True)
+class FrozenFeatures:
+    """A head fine-tuned on a frozen backbone, decided once per update (:func:`frozen_features`): the head's
+    observation and the attacker's images as the head's inputs (None: the whole model runs), and what the report
+    says of it (None: the whole model is trained)."""
+
+    note: str | None = None
+    head: Observation | None = None
+    aux: Auxiliary | None = None
+    candidates: Candidates | None = None
 
 
 @dataclass
 class Held:
     """What the audit holds for one update beside the observation. Truth (``images``, ``labels``, ``gallery``;
     ``exact`` when they are exactly the update's) reaches only the scoring; ``aux`` (labelled images that are not
-    the client's) and ``candidates`` (membership's) are what an attacker may hold. ``found``: what earlier
-    measures left for later ones (:class:`Found`)."""
+    the client's) and ``candidates`` (membership's) are what an attacker may hold. The stages of the audit fill the
+    last four in order, each an explicit input of the measures after it (:func:`measure_all`)."""
 
     images: np.ndarray | None
     labels: np.ndarray | None
@@ -237,19 +245,23 @@ class Held:
     position: str = ""  # "update k/n", for progress bars
     fit_check: bool = True  # withhold the simulation's figures where the recipe does not fit (off: a mutation check)
     leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types asked for (--leakage); the others are not measured
-    found: Found = field(default_factory=Found)
+    features: FrozenFeatures = field(default_factory=FrozenFeatures)  # the head on frozen features, or not
+    estimate: LabelStage = field(default_factory=LabelStage)  # the label estimate's stage (empty before it runs)
+    split: MembershipSplit | None = None  # every membership score is taken on it (decided before they run)
+    losses: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # the candidates' losses, for the loss scores
 
 
 @dataclass
 class Outcome:
     """One measure on one update: its report rows, its line under the update's "attacks" (None: not listed), its
-    evidence against its null (None where :data:`JUDGES` forms the type's evidence from several findings), what
+    evidence against its null (None where :func:`evidence` forms the type's evidence from several findings), what
     the report draws (a reconstruction and its scores, membership's score arrays), and the client's recipe where
     the measure estimated a value of it from the update (later measures and the report then use that recipe)."""
 
     rows: list[dict[str, Any]]
     status: str | None
-    evidence: LabelEvidence | None = None  # the label counts' (the other types' come from JUDGES)
+    evidence: LabelEvidence | None = None  # the label counts' (the other types' are judged by :func:`evidence`)
+    stage: LabelStage | None = None  # the label estimate's output for the measures after it
     applied: bool = True
     reconstruction: Reconstruction | None = None
     scores: dict[str, Any] | None = None
@@ -276,8 +288,9 @@ class Measure:
 
 def label_counts(obs: Observation, held: Held) -> Outcome:
     """The label counts of one update, scored against the client's true labels where exactly known and beside the
-    prior's; leaves the simulated counts in ``held.found`` for membership's shadow updates (which simulate the
-    recipe: the one stated, or the optimiser and momentum inferred here) and the recipe's fit to the update. Where
+    prior's; its :class:`LabelStage` (``Outcome.stage``) gives the simulated counts to membership's shadow updates
+    (which simulate the recipe: the one stated, or the optimiser and momentum inferred here) and the recipe's fit
+    to the update. Where
     the recipe's simulation does not reproduce the update (:class:`~fedvit.attacks.simulation.RecipeFit`),
     the counts are withheld, and so is every figure that rests on simulating that recipe."""
     started = time.perf_counter()
@@ -287,17 +300,15 @@ def label_counts(obs: Observation, held: Held) -> Outcome:
         found = Recovered(None, f"not estimated: {err}")
     inferred = recipe(obs).with_inferred(found.optimiser, found.momentum, found.momentum_estimate,
                                          found.without_augment) if found.momentum_estimate else None  # fmt: skip
-    if found.fit is not None:
-        held.found.recipe_fit = found.fit
-        held.found.fit_unchecked = unfittable(obs)
-    if (misfit := recipe_misfit(held, obs)) is not None:
+    stage = LabelStage(None, found.fit, unfittable(obs)) if found.fit is not None else LabelStage()
+    if (misfit := recipe_misfit(dataclasses.replace(held, estimate=stage), obs)) is not None:
         note = f"withheld: {misfit}; the counts rest on simulating it ({found.note})"
         finding = _label_finding(obs, held, None, note, started)
     else:
         if found.counts is not None and found.momentum is not None:
-            held.found.simulated_counts = found.counts
+            stage = dataclasses.replace(stage, simulated_counts=found.counts)
         finding = _label_finding(obs, held, found.counts, found.note, started)
-    finding.recipe = inferred
+    finding.recipe, finding.stage = inferred, stage
     return finding
 
 
@@ -328,8 +339,8 @@ def unfittable(obs: Observation) -> str | None:
 def recipe_misfit(held: Held, obs: Observation) -> str | None:
     """Why the figures that simulate the client's recipe are withheld: its simulation does not reproduce the update
     (None: it does, or nothing was simulated, or the check is off)."""
-    fit = held.found.recipe_fit
-    if fit is None or fit.fits or not held.fit_check or held.found.fit_unchecked:
+    fit = held.estimate.recipe_fit
+    if fit is None or fit.fits or not held.fit_check or held.estimate.fit_unchecked:
         return None
     state = recipe(obs).source_of("client state")  # a state the simulations cannot restore: why it may not fit
     return f"recipe does not fit: {fit.described()}" + (f"; {state}" if state else "")
@@ -391,31 +402,30 @@ def shadows_apply(obs: Observation, held: Held) -> str | None:
 def counts_simulated(held: Held) -> bool:
     """Whether the label estimate simulated this update's training on labelled images that are not the client's
     (what the shadow updates and the power twin repeat)."""
-    return held.found.simulated_counts is not None and held.aux is not None
+    return held.estimate.simulated_counts is not None and held.aux is not None
 
 
 def membership_split(obs: Observation, held: Held) -> MembershipSplit:
-    """Decided once per update, so that every score is judged on one split against one null: where shadow updates
-    apply, half the non-members train them and every score is taken on the other half
-    (:func:`~fedvit.attacks.membership.split_for_references`)."""
-    if held.found.membership_split is None:
-        candidates, pool = held.candidates, None
-        if alignment_applies(obs, held) is None:
-            candidates, pool = split_for_references(candidates)
-        held.found.membership_split = MembershipSplit(candidates, pool, attacker_seed(obs))
-    return held.found.membership_split
+    """Decided once per update (:func:`measure_all`, after the label estimate), so that every score is judged on
+    one split against one null: where shadow updates apply, half the non-members train them and every score is
+    taken on the other half (:func:`~fedvit.attacks.membership.split_for_references`)."""
+    candidates, pool = held.candidates, None
+    if alignment_applies(obs, held) is None:
+        candidates, pool = split_for_references(candidates)
+    return MembershipSplit(candidates, pool, attacker_seed(obs))
 
 
 def candidate_losses_of(obs: Observation, held: Held) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The candidates' losses under the received and sent weights, computed once for the loss-based scores."""
-    if held.found.membership_losses is None:
-        held.found.membership_losses = candidate_losses(obs, membership_split(obs, held).candidates)
-    return held.found.membership_losses
+    """The candidates' losses under the received and sent weights, computed once (:func:`measure_all`) for the
+    loss-based scores."""
+    if held.losses is None:
+        raise RuntimeError("the candidates' losses are computed before the membership scores (measure_all)")
+    return held.losses
 
 
 def alignment(obs: Observation, held: Held) -> Score:
-    split = membership_split(obs, held)
-    shadows = reference_updates(obs, split.pool, held.found.simulated_counts, recipe(obs).momentum, split.seed,
+    split = held.split
+    shadows = reference_updates(obs, split.pool, held.estimate.simulated_counts, recipe(obs).momentum, split.seed,
                                 held.references)  # fmt: skip
     return alignment_score(obs, split.candidates, shadows, split.pool)
 
@@ -451,23 +461,23 @@ MEMBERSHIP_SCORES: tuple[Measure, ...] = (
 )
 
 
-def judge_membership(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, Any]:
+def judge_membership(obs: Observation, findings: dict[str, Outcome], held: Held) -> tuple[dict[str, Any], Roc | None]:
     """The strongest membership score against its null within the family
     (:func:`fedvit.audit.membership_stats.judge`), what a simulated update like this one shows (:func:`power`)
-    and, where the update claims DP or canaries are scored, the empirical ε; leaves the strongest score's judged
-    values in ``held.found.membership_roc`` for the ROC plot."""
+    and, where the update claims DP or canaries are scored, the empirical ε; beside it the strongest score's judged
+    values for the ROC plot (None: no score ran)."""
     scores = membership_scores(findings)
     if not scores:
-        return membership_evidence(None, next(iter(findings.values())).status.removeprefix("not applicable: "))
-    split, claim = held.found.membership_split, recipe(obs).privacy
+        return membership_evidence(None, next(iter(findings.values())).status.removeprefix("not applicable: ")), None
+    split, claim = held.split, recipe(obs).privacy
     delta = claim.delta if claim is not None else DEFAULT_DELTA if split.candidates.canaries else None
     result, inside, outside = judge(scores, split.candidates, split.seed, delta)
     member_classes, non_member_classes = evenly(*split.candidates.members)[1], evenly(*split.candidates.non_members)[1]
-    held.found.membership_roc = Roc(inside, outside, member_classes, non_member_classes, result["fpr-resolution"])
+    roc = Roc(inside, outside, member_classes, non_member_classes, result["fpr-resolution"])
     result["power"] = power(obs, held, result)
     if delta is not None:  # on the loss scores, and the shadows' only where the recipe fits: it stands either way
         result["privacy"] = privacy_evidence(claim, result.pop("empirical-epsilon"))
-    return membership_evidence(result, "")
+    return membership_evidence(result, ""), roc
 
 
 def power_applies(obs: Observation, held: Held) -> str | None:
@@ -491,20 +501,19 @@ def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any
     what it saw with the same scores."""
     if (why := power_applies(obs, held)) is not None:
         return {"status": "not measured", "why": why}
-    split = held.found.membership_split
+    split, counts = held.split, held.estimate.simulated_counts
     members = len(obs.meta.get("member-examples") or {})
     kept = ("auc", "tpr@0.01", "tpr@resolution", "null", "clears-null", "members", "non-members", "score")
     one = None
-    if members >= 2 and len(held.aux.images) < (need := int(np.sum(held.found.simulated_counts))):
+    if members >= 2 and len(held.aux.images) < (need := int(np.sum(counts))):
         return {"status": "not measured", "why": f"a simulated aggregate of {members} clients needs {need} distinct "
                 f"images, the auxiliary pool holds {len(held.aux.images)} (give more --decoy-partitions)"}  # fmt: skip
     if members >= 2:  # a SecAgg+ aggregate: N members simulated and averaged, the union and one member judged
         simulated, one = aggregate_power(dataclasses.replace(obs, client=member_recipe(obs)), held.aux,
-                                         held.found.simulated_counts, recipe(obs).momentum, split.seed,
-                                         result["non-members"], members)  # fmt: skip
+                                         counts, recipe(obs).momentum, split.seed, result["non-members"],
+                                         members)  # fmt: skip
     else:
-        simulated = simulated_power(obs, held.aux, held.found.simulated_counts, recipe(obs).momentum, split.seed,
-                                    result["non-members"])  # fmt: skip
+        simulated = simulated_power(obs, held.aux, counts, recipe(obs).momentum, split.seed, result["non-members"])
     observed = max(result["scores"][name]["auc"] for name in LOSS_SCORES if name in result["scores"])
     found = {
         "status": "measured",
@@ -608,43 +617,25 @@ def _images(obs: Observation, findings: dict[str, Outcome], held: Held) -> Image
     return image_evidence(scores, len(as_batch(held.images) or []) or 1, why)
 
 
-# leakage type -> its evidence against its null from the findings of its measures
-JUDGES: dict[str, Callable[[Observation, dict[str, Outcome], Held], Evidence]] = {
-    "labels": lambda obs, findings, held: findings[LABELS].evidence,
-    "membership": judge_membership,
-    "images": _images,
-}
-
-
-def head_only(obs: Observation, held: Held) -> tuple[Observation, Held] | None:
-    """A head fine-tuned on a frozen backbone: the observation and holdings on the head's inputs, computed once
-    (:func:`~fedvit.attacks.frozen_features.on_features`; None where they are not: the reason in
-    ``held.found.frozen_features``). Decided on the first call; every later call returns the same pair."""
-    if not held.found.features_decided:
-        held.found.features_decided = True
-        if obs.trained is None:
-            held.found.frozen_features = None
-        elif held.aux is None:
-            held.found.frozen_features = "the whole model runs: no auxiliary images to compute features of"
-        else:
-            started = time.perf_counter()
-            found = on_features(obs, held.aux, held.candidates)
-            if isinstance(found, str):
-                held.found.frozen_features = f"the whole model runs: {found}" + whole_model_cost(obs)
-            else:
-                aux, candidates = found.aux, found.candidates
-                held.found.head_only = (found.obs, dataclasses.replace(held, aux=aux, candidates=candidates))
-                held.found.frozen_features = (
-                    f"the frozen layers' outputs computed once for {len(aux.images) + len(aux.noise)} auxiliary and "
-                    f"{0 if candidates is None else len(candidates.members[0]) + len(candidates.non_members[0])} "
-                    f"candidate images" + ("" if found.spread is None else f" ({found.spread.described()})") +
-                    f" in {time.perf_counter() - started:.1f} s; label counts and membership run on "
-                    f"{head_path(obs)} alone"
-                )  # fmt: skip
-    pair = held.found.head_only
-    if pair is None:
-        return None
-    return dataclasses.replace(pair[0], client=on_bank(obs.client, bank_views(pair[0]))), pair[1]
+def frozen_features(obs: Observation, held: Held) -> FrozenFeatures:
+    """A head fine-tuned on a frozen backbone: the head's observation and the attacker's images as its inputs,
+    computed once per update (:func:`~fedvit.attacks.frozen_features.on_features`), or why the whole model runs."""
+    if obs.trained is None:
+        return FrozenFeatures()
+    if held.aux is None:
+        return FrozenFeatures("the whole model runs: no auxiliary images to compute features of")
+    started = time.perf_counter()
+    found = on_features(obs, held.aux, held.candidates)
+    if isinstance(found, str):
+        return FrozenFeatures(f"the whole model runs: {found}" + whole_model_cost(obs))
+    aux, candidates = found.aux, found.candidates
+    note = (
+        f"the frozen layers' outputs computed once for {len(aux.images) + len(aux.noise)} auxiliary and "
+        f"{0 if candidates is None else len(candidates.members[0]) + len(candidates.non_members[0])} "
+        f"candidate images" + ("" if found.spread is None else f" ({found.spread.described()})") +
+        f" in {time.perf_counter() - started:.1f} s; label counts and membership run on {head_path(obs)} alone"
+    )  # fmt: skip
+    return FrozenFeatures(note, found.obs, aux, candidates)
 
 
 def bank_views(head_obs: Observation) -> int:
@@ -662,11 +653,13 @@ def whole_model_cost(obs: Observation) -> str:
 
 
 def seen_by(leakage: str, obs: Observation, held: Held) -> tuple[Observation, Held]:
-    """What a measure of ``leakage`` runs on: the head alone for label counts and membership where
-    :func:`head_only` applies, else the update as observed."""
-    if leakage == "images" or (pair := head_only(obs, held)) is None:
+    """What a measure of ``leakage`` runs on: the head alone for label counts and membership where the update is a
+    head on frozen features (:attr:`Held.features`), else the update as observed."""
+    features = held.features
+    if leakage == "images" or features.head is None:
         return obs, held
-    return pair
+    head = dataclasses.replace(features.head, client=on_bank(obs.client, bank_views(features.head)))
+    return head, dataclasses.replace(held, aux=features.aux, candidates=features.candidates)
 
 
 def not_asked(leakage: str, held: Held) -> str | None:
@@ -681,27 +674,67 @@ def not_asked(leakage: str, held: Held) -> str | None:
     return f"not asked for: --leakage {','.join(held.leakage)}"
 
 
-def measure_all(obs: Observation, held: Held) -> tuple[Observation, dict[str, Outcome]]:
-    """Every registry entry on one update, in order; each that does not apply, or whose leakage type was not asked
-    for (:func:`not_asked`), reports why. A recipe value that a measure estimates from the update replaces the
-    assumed one for every later measure; returns the observation with the recipe the measures ended on, and the
-    findings."""
-    findings = {}
-    for measure in MEASURES:
-        o, h = seen_by(measure.leakage, obs, held)
-        why = not_asked(measure.leakage, h) or measure.why_not(o, h)
-        findings[measure.name] = found = measure.refused(o, h, why) if why is not None else measure.run(o, h)
-        if found.recipe is not None:
-            obs = dataclasses.replace(obs, client=found.recipe)
-    return obs, findings
+def run_measure(measure: Measure, obs: Observation, held: Held) -> Outcome:
+    """One registry entry on the view of the update its leakage type runs on (:func:`seen_by`): its outcome, or
+    why it does not apply or was not asked for (:func:`not_asked`)."""
+    o, h = seen_by(measure.leakage, obs, held)
+    why = not_asked(measure.leakage, h) or measure.why_not(o, h)
+    return measure.refused(o, h, why) if why is not None else measure.run(o, h)
 
 
-def evidence(obs: Observation, findings: dict[str, Outcome], held: Held) -> dict[str, Evidence]:
-    """Per leakage type, its figures against its null (:data:`JUDGES`)."""
+def membership_inputs(obs: Observation, held: Held) -> Held:
+    """``held`` with the split every membership score is taken on and the candidates' losses (the loss scores'),
+    decided once after the label estimate (the split rests on its stage: whether shadow updates apply); as it is
+    where membership does not run."""
+    o, h = seen_by("membership", obs, held)
+    if not_asked("membership", h) is not None or needs_candidates(o, h) is not None:
+        return held
+    split = membership_split(o, h)
+    return dataclasses.replace(held, split=split, losses=candidate_losses(o, split.candidates))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One update's measures: the observation with the recipe they ended on, each entry's outcome by name, and the
+    holdings with every stage's output (:attr:`Held.features`, ``estimate``, ``split``, ``losses``)."""
+
+    obs: Observation
+    findings: dict[str, Outcome]
+    held: Held
+
+
+def measure_all(obs: Observation, held: Held) -> Measured:
+    """Every registry entry on one update, in stages, each stage's output an explicit input of the next: whether the
+    update is a head on frozen features, the label estimate (a recipe value it estimates replaces the assumed one
+    for every later measure; its :class:`LabelStage` is what the shadow updates and the power twin simulate), the
+    membership split and losses, then every other entry in order. Each entry that does not apply, or whose leakage
+    type was not asked for (:func:`not_asked`), reports why."""
+    held = dataclasses.replace(held, features=frozen_features(obs, held))
+    labels = run_measure(LABEL_COUNTS, obs, held)
+    held = dataclasses.replace(held, estimate=labels.stage or LabelStage())
+    if labels.recipe is not None:
+        obs = dataclasses.replace(obs, client=labels.recipe)
+    held = membership_inputs(obs, held)
+    findings = {LABELS: labels} | {m.name: run_measure(m, obs, held) for m in MEASURES if m is not LABEL_COUNTS}
+    return Measured(obs, findings, held)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One update's evidence per leakage type against its null, and the strongest membership score's judged values
+    (the report's ROC; None where no membership score ran)."""
+
+    leakage: dict[str, Evidence]
+    roc: Roc | None
+
+
+def evidence(measured: Measured) -> Judged:
+    """Per leakage type, its figures against its null: the label estimate's own, the membership family's
+    (:func:`judge_membership`) and the best image attack's re-identification."""
+    obs, findings, held = measured.obs, measured.findings, measured.held
     kinds = {m.name: m.leakage for m in MEASURES}
     of_kind = lambda kind: {n: f for n, f in findings.items() if kinds[n] == kind}  # noqa: E731
-    found = {}
-    for kind, judged in JUDGES.items():
-        o, h = seen_by(kind, obs, held)
-        found[kind] = judged(o, of_kind(kind), h)
-    return found
+    o, h = seen_by("membership", obs, held)
+    membership, roc = judge_membership(o, of_kind("membership"), h)
+    images = _images(obs, of_kind("images"), held)
+    return Judged({"labels": findings[LABELS].evidence, "membership": membership, "images": images}, roc)
