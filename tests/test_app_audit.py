@@ -998,7 +998,8 @@ def test_an_optimiser_on_record_is_simulated_or_said_everywhere_it_matters(tmp_p
     assert row["attacks"]["membership: shadow alignment"] == f"not applicable: {why}"
     member = row["leakage"]["membership"]
     assert member["status"] == "measured" and "shadow alignment" not in member["scores"]
-    assert member["power"] == {"status": "not measured", "why": why}
+    assert (member["power"]["status"], member["power"]["why"]) == ("not measured", why)
+    assert member["power"]["simulated"] is None and not member["power"]["could-have-seen"]
     base = ["audit", str(tmp_path / "cap"), "--out", str(tmp_path / "o2"), "--app-dir", str(APP),
             "--model", "cnnapp.task:Net"]  # fmt: skip
     assert main([*base, "--recipe", "learning_rat=0.1"]) == 2

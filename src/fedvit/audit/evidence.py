@@ -184,6 +184,22 @@ class ImageEvidence:
     images: int | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class PowerEvidence:
+    """What the audit could have seen of membership in an update like this one: a simulated update with known
+    members (the power twin, :func:`fedvit.audit.membership_runs.simulated_power`) judged as the update is, beside
+    the AUC the same scores show on the update; where it is a SecAgg+ aggregate, ``per_member`` is one member's
+    images in a simulated aggregate of that N."""
+
+    status: str  # MEASURED or NOT_MEASURED
+    why: str = ""
+    scores: str = ""  # the scores the twin is judged on
+    simulated: dict[str, Any] | None = None  # the twin's judged figures (auc, tpr@…, null, clears-null, members, …)
+    observed_auc: float | None = None  # the strongest of the same scores on the update
+    could_have_seen: bool = False  # the twin clears its null
+    per_member: PowerEvidence | None = None
+
+
 # one update's evidence of one leakage type (membership's still the dict of its judge's figures)
 Evidence = LabelEvidence | ImageEvidence | dict[str, Any]
 
@@ -322,7 +338,7 @@ def membership_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
     if len(resolved) < len(measured):  # the verdict read TPR at the resolution there
         detail += (f"; 1% FPR not resolved in {len(measured) - len(resolved)} (too few non-members per class: "
                    "TPR read at the resolution)")  # fmt: skip
-    detail += power_summary([e.get("power") or {} for e in measured], hits)
+    detail += power_summary([e.get("power") for e in measured], hits)
     on_average = sum(e["auc"] > e["null"]["auc"] and not e["clears"] for e in measured)
     if on_average:  # Carlini et al.: an AUC says the update informs on average, not that any member is exposed
         detail += (f"; AUC alone beyond its null in {on_average}: membership information on average, no "
@@ -333,14 +349,14 @@ def membership_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
 PARTS = {"labels": labels_part, "membership": membership_part, "images": images_part}  # by LEAKAGE_KINDS
 
 
-def power_summary(powers: list[dict[str, Any]], hits: int) -> str:
+def power_summary(powers: list[PowerEvidence | None], hits: int) -> str:
     """What the audit could have seen (each update's simulated power), and how a verdict without a hit reads."""
-    powered = [p for p in powers if p.get("status") == MEASURED]
+    powered = [p for p in powers if p is not None and p.status == MEASURED]
     if not powered:
         return ""
-    seen = sum(p["could-have-seen"] for p in powered)
+    seen = sum(p.could_have_seen for p in powered)
     text = (f"; power of the loss scores: simulated updates like these, with known members, clear their null in "
-            f"{seen} of {len(powered)} (AUC {np.mean([p['simulated']['auc'] for p in powered]):.3f})")  # fmt: skip
+            f"{seen} of {len(powered)} (AUC {np.mean([p.simulated['auc'] for p in powered]):.3f})")  # fmt: skip
     if hits == 0 and seen == len(powered):
         text += ": the audit could have seen membership like the simulation's, and these updates hold less"
     elif hits == 0 and seen == 0:

@@ -10,14 +10,14 @@ from typing import Any
 
 from fedvit.attacks.membership import LOSS_SCORES
 from fedvit.attacks.scores import Score, evenly_kept
-from fedvit.audit.evidence import membership_evidence
+from fedvit.audit.evidence import MEASURED, NOT_MEASURED, PowerEvidence, membership_evidence
 from fedvit.audit.membership_stats import judge
 
 IN_AGGREGATE = "its images in the SecAgg+ aggregate"  # what a member's membership evidence measures
 
 
 def member_membership(scores: list[Score], candidates: Any, seed: int, slices: list[tuple[str, int, int]],
-                      power: dict[str, Any]) -> dict[str, dict[str, Any]]:  # fmt: skip
+                      power: PowerEvidence | None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Per member (its name, and the [start, stop) of its images among ``candidates.members``), the membership
     evidence of its images alone in the aggregate, against the same non-members; its ``power`` the simulated
     aggregate's for one member (``power``: the aggregate's membership power, with ``per-member`` where it ran)."""
@@ -41,11 +41,11 @@ def member_membership(scores: list[Score], candidates: Any, seed: int, slices: l
     return out
 
 
-def member_power(found: dict[str, Any], power: dict[str, Any]) -> dict[str, Any]:
-    """What the audit could see of one client's images at this N (the simulated aggregate's ``per-member``), beside
+def member_power(found: dict[str, Any], power: PowerEvidence | None) -> PowerEvidence:
+    """What the audit could see of one client's images at this N (the simulated aggregate's ``per_member``), beside
     the AUC the same loss scores show on this member's images."""
-    twin = power.get("per-member")
-    if twin is None or found["status"] != "measured":
-        return {"status": "not measured", "why": power.get("why", "no simulated aggregate")}
+    twin = None if power is None else power.per_member
+    if twin is None or found["status"] != MEASURED:
+        return PowerEvidence(NOT_MEASURED, power.why if power is not None and power.why else "no simulated aggregate")
     observed = [s["auc"] for n, s in found["scores"].items() if n in LOSS_SCORES]
-    return twin | {"observed-auc": max(observed) if observed else float("nan")}
+    return dataclasses.replace(twin, observed_auc=max(observed) if observed else float("nan"))

@@ -458,7 +458,7 @@ def audit_exchanges(
             if (scores := recs.pop("scores")) is not None and scores[0]:
                 by_client.setdefault(client_of(update), []).append((update["update"], scores))
                 if slices := truths.slices.get(ex.label):  # a SecAgg+ aggregate: each member's images in it
-                    split, power = scores[1], update["leakage"]["membership"].get("power") or {}
+                    split, power = scores[1], update["leakage"]["membership"].get("power")
                     update["membership-members"] = member_membership(scores[0], split.candidates, split.seed, slices,
                                                                      power)  # fmt: skip
             attacked.append(Audited(obs, truth[0], recs))

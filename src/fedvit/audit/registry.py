@@ -43,9 +43,12 @@ from fedvit.audit.evidence import (
     DEFAULT_DELTA,
     LABELS,
     LEAKAGE_KINDS,
+    MEASURED,
+    NOT_MEASURED,
     Evidence,
     ImageEvidence,
     LabelEvidence,
+    PowerEvidence,
     image_evidence,
     label_evidence,
     membership_evidence,
@@ -496,18 +499,19 @@ def power_applies(obs: Observation, held: Held) -> str | None:
     return None
 
 
-def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any]:
+def power(obs: Observation, held: Held, result: dict[str, Any]) -> PowerEvidence:
     """What the audit could have seen in this update (:func:`~fedvit.audit.membership_runs.simulated_power`), beside
     what it saw with the same scores."""
     if (why := power_applies(obs, held)) is not None:
-        return {"status": "not measured", "why": why}
+        return PowerEvidence(NOT_MEASURED, why)
     split, counts = held.split, held.estimate.simulated_counts
     members = len(obs.meta.get("member-examples") or {})
     kept = ("auc", "tpr@0.01", "tpr@resolution", "null", "clears-null", "members", "non-members", "score")
     one = None
     if members >= 2 and len(held.aux.images) < (need := int(np.sum(counts))):
-        return {"status": "not measured", "why": f"a simulated aggregate of {members} clients needs {need} distinct "
-                f"images, the auxiliary pool holds {len(held.aux.images)} (give more --decoy-partitions)"}  # fmt: skip
+        return PowerEvidence(NOT_MEASURED, f"a simulated aggregate of {members} clients needs {need} distinct "
+                             f"images, the auxiliary pool holds {len(held.aux.images)} (give more "
+                             "--decoy-partitions)")  # fmt: skip
     if members >= 2:  # a SecAgg+ aggregate: N members simulated and averaged, the union and one member judged
         simulated, one = aggregate_power(dataclasses.replace(obs, client=member_recipe(obs)), held.aux,
                                          counts, recipe(obs).momentum, split.seed, result["non-members"],
@@ -515,18 +519,14 @@ def power(obs: Observation, held: Held, result: dict[str, Any]) -> dict[str, Any
     else:
         simulated = simulated_power(obs, held.aux, counts, recipe(obs).momentum, split.seed, result["non-members"])
     observed = max(result["scores"][name]["auc"] for name in LOSS_SCORES if name in result["scores"])
-    found = {
-        "status": "measured",
-        "scores": f"the strongest of: {', '.join(LOSS_SCORES)}",
-        "simulated": {k: simulated[k] for k in kept},
-        "observed-auc": observed,
-        "could-have-seen": simulated["clears-null"],
-    }
+    scores = f"the strongest of: {', '.join(LOSS_SCORES)}"
+    aggregate = {} if one is None else {"aggregate-of": members}
+    per_member = None
     if one is not None:  # what the audit could see of one client's images in an aggregate of this N
-        found["simulated"]["aggregate-of"] = members
-        found["per-member"] = {"status": "measured", "scores": found["scores"], "simulated": {k: one[k] for k in kept}
-                               | {"aggregate-of": members}, "could-have-seen": one["clears-null"]}  # fmt: skip
-    return found
+        per_member = PowerEvidence(MEASURED, "", scores, {k: one[k] for k in kept} | aggregate,
+                                   could_have_seen=one["clears-null"])  # fmt: skip
+    return PowerEvidence(MEASURED, "", scores, {k: simulated[k] for k in kept} | aggregate, observed,
+                         simulated["clears-null"], per_member)  # fmt: skip
 
 
 def membership_scores(findings: dict[str, Outcome]) -> list[Score]:

@@ -141,11 +141,11 @@ def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] |
     if not e["clears"] and not e["resolvable"]:  # membership_evidence's reach of the null
         figure += f"; {needed_text(e, e['members'])}"
         word = NOT_RESOLVABLE
-    powers = [m["power"] for m in ([e] if combined is not e else measured) if (m.get("power") or {}).get("status")
-              == MEASURED]  # fmt: skip
+    powers = [p for m in ([e] if combined is not e else measured) if (p := m.get("power")) is not None
+              and p.status == MEASURED]  # fmt: skip
     if powers:
-        seen = sum(p["could-have-seen"] for p in powers)
-        auc = sum(p["simulated"]["auc"] for p in powers) / len(powers)
+        seen = sum(p.could_have_seen for p in powers)
+        auc = sum(p.simulated["auc"] for p in powers) / len(powers)
         power = f"simulated AUC {auc:.3f}, beyond its null in {seen} of {len(powers)}"
         if word == NO_EVIDENCE and seen == 0:
             word = UNSEEABLE
