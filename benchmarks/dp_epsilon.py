@@ -60,8 +60,8 @@ def row(noise: float, seed: int) -> dict:
     )  # the audit's verdict on the claim
     out = {"noise multiplier": noise, "seed": seed, "canaries in": int(included.sum()),
            "canaries out": int((~included).sum()), "claimed ε (δ 1e-5)": round(claimed, 3),
-           "empirical ε ≥ (95%)": round(privacy["empirical-epsilon"], 3), "null ε": round(privacy["null"], 3),
-           "consistent": privacy["consistent"],
+           "empirical ε ≥ (95%)": round(privacy.empirical_epsilon, 3), "null ε": round(privacy.null, 3),
+           "consistent": privacy.consistent,
            "AUC": round(found["auc"], 3), "score": found["score"], "training s": round(trained, 1),
            "audit s": round(time.perf_counter() - started, 1)}  # fmt: skip
     print(out, flush=True)

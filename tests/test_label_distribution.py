@@ -514,9 +514,10 @@ def test_a_dp_claim_is_violated_only_beyond_the_bounds_null():
     claim = PrivacyClaim(0.1, 1e-5, None, None, "run config")
     found = {"epsilon-lower": 0.3, "null": 0.4, "null-draws": 200, "delta": 1e-5, "confidence": 0.95,
              "thresholds": 10, "at": None, "members": 5, "non-members": 5, "scores": ["s"]}  # fmt: skip
-    assert privacy_evidence(claim, found)["consistent"]
-    assert not privacy_evidence(claim, found | {"null": 0.2})["consistent"]
-    assert privacy_evidence(claim, found | {"null": 0.0, "epsilon-lower": 0.1})["consistent"]
+    assert privacy_evidence(claim, found).consistent
+    assert not privacy_evidence(claim, found | {"null": 0.2}).consistent
+    assert privacy_evidence(claim, found | {"null": 0.0, "epsilon-lower": 0.1}).consistent
+    assert privacy_evidence(None, found).consistent is None  # no claim: nothing to be consistent with
 
 
 def test_a_clients_rounds_combined_show_more_than_its_best_round():

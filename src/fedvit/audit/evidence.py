@@ -252,36 +252,60 @@ def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, An
 DEFAULT_DELTA = 1e-5  # the δ of the empirical ε where canaries are audited without a claim
 
 
-def privacy_evidence(claim: Any, found: dict[str, Any]) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class PrivacyEvidence:
+    """The empirical lower bound on ε an update's membership test proves (:func:`privacy_evidence`), beside its null
+    and the client's DP claim where it makes one."""
+
+    empirical_epsilon: float
+    null: float  # the largest bound over ``null_draws`` within-class shuffles
+    null_draws: int
+    delta: float
+    confidence: float
+    thresholds: int  # the thresholds the bound was taken over (its Bonferroni split)
+    at: Any  # where the bound was found (score, side, threshold)
+    members: int
+    non_members: int
+    scores: list[str]
+    claimed_epsilon: float | None = None  # None: no claim on record
+    claim: str | None = None  # the claim as the report names it
+    consistent: bool | None = None  # None: no claim to test
+
+
+def privacy_evidence(claim: Any, found: dict[str, Any]) -> PrivacyEvidence:
     """The empirical lower bound on ε (:func:`fedvit.audit.membership_stats.privacy_bound`) beside its null and the
     client's claim (a :class:`fedvit.observed.recipe.PrivacyClaim`, or None): a bound above both the claimed ε and
     its null violates the claim at the bound's confidence; consistent otherwise."""
-    out = {"empirical-epsilon": found["epsilon-lower"], "null": found["null"], "null-draws": found["null-draws"],
-           "delta": found["delta"], "confidence": found["confidence"], "thresholds": found["thresholds"],
-           "at": found["at"], "members": found["members"], "non-members": found["non-members"],
-           "scores": found["scores"]}  # fmt: skip
+    bound = PrivacyEvidence(found["epsilon-lower"], found["null"], found["null-draws"], found["delta"],
+                            found["confidence"], found["thresholds"], found["at"], found["members"],
+                            found["non-members"], found["scores"])  # fmt: skip
     if claim is None:
-        return out | {"claimed-epsilon": None}
+        return bound
     violated = found["epsilon-lower"] > max(claim.epsilon, found["null"])
-    return out | {"claimed-epsilon": claim.epsilon, "claim": claim.described(), "consistent": not violated}
+    return dataclasses.replace(bound, claimed_epsilon=claim.epsilon, claim=claim.described(), consistent=not violated)
+
+
+def claims_tested(items: list[dict[str, Any]]) -> list[PrivacyEvidence]:
+    """The DP claims an update's membership evidence tested, over ``items`` (membership evidence per update)."""
+    return [p for e in items if (p := e.get("privacy")) is not None and p.claimed_epsilon is not None]
 
 
 def privacy_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
     """The DP claims over the updates: their wording and whether one is violated (None: no claim tested)."""
-    claimed = [e["privacy"] for e in items if e.get("privacy", {}).get("claimed-epsilon") is not None]
+    claimed = claims_tested(items)
     if not claimed:
         return "", None
-    broken = [p for p in claimed if not p["consistent"]]
-    bound = max(p["empirical-epsilon"] for p in claimed)
-    confidence = claimed[0]["confidence"]
-    null = max(p["null"] for p in claimed)
+    broken = [p for p in claimed if not p.consistent]
+    bound = max(p.empirical_epsilon for p in claimed)
+    confidence = claimed[0].confidence
+    null = max(p.null for p in claimed)
     if broken:
         return (f"DP claim violated in {len(broken)} of {len(claimed)} update(s): empirical ε ≥ {bound:.2f} at "
                 f"{confidence:.0%} confidence (null {null:.2f}) against the claimed "
-                f"{broken[0]['claim']}"), True  # fmt: skip
+                f"{broken[0].claim}"), True  # fmt: skip
     return (f"consistent with the claimed ε in {len(claimed)} of {len(claimed)} update(s) (empirical ε ≥ "
             f"{bound:.2f} at {confidence:.0%} confidence, null {null:.2f}; "
-            f"claimed {claimed[0]['claim']})"), False  # fmt: skip
+            f"claimed {claimed[0].claim})"), False  # fmt: skip
 
 
 def unmeasured_part(kind: str, unverified: int, why: str) -> tuple[str, None]:

@@ -20,6 +20,7 @@ from fedvit.audit.evidence import (
     NOT_MEASURED,
     ImageEvidence,
     LabelEvidence,
+    claims_tested,
     counted,
     images_clear,
     label_images_needed,
@@ -183,8 +184,7 @@ def strongest_images(measured: list[ImageEvidence]) -> ImageEvidence:
 
 def dp_finding(updates: list[dict[str, Any]]) -> Finding:
     """A DP claim on record: the empirical ε the membership test proves, against the claimed ε."""
-    claims = [p for u in updates if (p := u["leakage"]["membership"].get("privacy") or {}).get("claimed-epsilon")
-              is not None]  # fmt: skip
+    claims = claims_tested([u["leakage"]["membership"] for u in updates])
     if not claims:
         central = next((text for u in updates for key, text in u.get("recipe-sources", []) if key == "central DP"),
                        None)  # fmt: skip
@@ -192,11 +192,11 @@ def dp_finding(updates: list[dict[str, Any]]) -> Finding:
             return Finding(NOT_MEASURED, why="central DP in the app's code: the server noises the aggregate, and "
                            "no update carries that noise (no ε of an update to test)")  # fmt: skip
         return Finding(NOT_MEASURED, why="no DP claim on record")
-    worst = max(claims, key=lambda p: p["empirical-epsilon"])
-    broken = [p for p in claims if not p["consistent"]]
-    figure = f"ε ≥ {worst['empirical-epsilon']:.2f} against the claimed {worst['claim']}"
-    interval = f"one-sided, {worst['confidence']:.0%} confidence"
-    return Finding(LEAKS if broken else NO_EVIDENCE, figure, f"ε {worst['null']:.2f}", interval)
+    worst = max(claims, key=lambda p: p.empirical_epsilon)
+    broken = [p for p in claims if not p.consistent]
+    figure = f"ε ≥ {worst.empirical_epsilon:.2f} against the claimed {worst.claim}"
+    interval = f"one-sided, {worst.confidence:.0%} confidence"
+    return Finding(LEAKS if broken else NO_EVIDENCE, figure, f"ε {worst.null:.2f}", interval)
 
 
 def short_reason(why: str) -> str:
