@@ -338,7 +338,8 @@ def null_roc_figures(values: np.ndarray, members: np.ndarray, resolution: float)
     first m + ⌊t·n⌋ + 1 images in descending order can hold a point with at most t·n false positives (t the largest
     target read), so only they are walked."""
     draws, n = members.shape
-    inside, outside = int(members[0].sum()), n - int(members[0].sum())
+    inside = int(members[0].sum())
+    outside = n - inside
     if values.ndim == 1:
         order = np.argsort(values)
         ordered, hits = values[order][None], members[:, order]
