@@ -21,8 +21,9 @@ import torch
 from benchmarks.common import ROOT, write_csv
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
+from fedvit.attacks.scores import evenly
 from fedvit.audit.evidence import privacy_evidence
-from fedvit.audit.membership_stats import judge
+from fedvit.audit.membership_stats import judge, privacy_bound
 from fedvit.observed.model_spec import ModelSpec
 from fedvit.observed.observation import Observation
 from fedvit.observed.recipe import ClientRecipe, PrivacyClaim
@@ -53,16 +54,17 @@ def row(noise: float, seed: int) -> dict:
     candidates = Candidates((planted[included], planted_labels[included]), (planted[~included],
                             planted_labels[~included]), "canaries left out", canaries=True)  # fmt: skip
     started = time.perf_counter()
-    found, _, _ = judge(loss_scores(candidate_losses(obs, candidates)), candidates, seed, DELTA)
+    scores = loss_scores(candidate_losses(obs, candidates))
+    found, _, _ = judge(scores, candidates, seed)
+    member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
+    bound = privacy_bound(scores, member_labels, non_member_labels, True, DELTA, seed)
     claimed = gdp_epsilon(STEPS, noise, DELTA) if noise > 0 else math.inf
-    privacy = privacy_evidence(
-        PrivacyClaim(claimed, DELTA, noise, 1.0, "the app's accountant"), found["empirical-epsilon"]
-    )  # the audit's verdict on the claim
+    privacy = privacy_evidence(PrivacyClaim(claimed, DELTA, noise, 1.0, "the app's accountant"), bound)
     out = {"noise multiplier": noise, "seed": seed, "canaries in": int(included.sum()),
            "canaries out": int((~included).sum()), "claimed ε (δ 1e-5)": round(claimed, 3),
            "empirical ε ≥ (95%)": round(privacy.empirical_epsilon, 3), "null ε": round(privacy.null, 3),
            "consistent": privacy.consistent,
-           "AUC": round(found["auc"], 3), "score": found["score"], "training s": round(trained, 1),
+           "AUC": round(found.auc, 3), "score": found.score, "training s": round(trained, 1),
            "audit s": round(time.perf_counter() - started, 1)}  # fmt: skip
     print(out, flush=True)
     return out

@@ -90,11 +90,11 @@ def rows(case: tuple[str, str, str, int, int], threads: int, references: int = 0
             "local epochs": epoch, "train acc": round(accuracy(model, images, labels), 3),
             "held-out acc": round(accuracy(model, *candidates.non_members), 3),
             **({"shadow updates": len(shadows)} if shadows is not None else {}),
-            "AUC": round(member["auc"], 3), "null AUC (99.9th pct)": round(member["null"]["auc"], 3),
-            "TPR@0.1% FPR": member["tpr@0.001"], "null TPR@0.1%": rounded(member["null"]["tpr@0.001"]),
-            "TPR@1% FPR": member["tpr@0.01"], "null TPR@1%": rounded(member["null"]["tpr@0.01"]),
-            "FPR resolution": round(member["fpr-resolution"], 4),
-            "clears": member["clears-null"], "membership s": round(time.perf_counter() - started, 1),
+            "AUC": round(member.auc, 3), "null AUC (99.9th pct)": round(member.null.auc, 3),
+            "TPR@0.1% FPR": member.tpr_at_0_1_percent, "null TPR@0.1%": rounded(member.null.tpr_at_0_1_percent),
+            "TPR@1% FPR": member.tpr_at_1_percent, "null TPR@1%": rounded(member.null.tpr_at_1_percent),
+            "FPR resolution": round(member.fpr_resolution, 4),
+            "clears": member.clears_null, "membership s": round(time.perf_counter() - started, 1),
         })  # fmt: skip
         print(out[-1], flush=True)
     return out

@@ -22,7 +22,7 @@ from benchmarks.membership_onset import images_of
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
 from fedvit.audit.membership_runs import simulated_power
-from fedvit.audit.membership_stats import judge
+from fedvit.audit.membership_stats import Judgement, judge
 from fedvit.observed.model_spec import head_bias
 from fedvit.observed.observation import Observation
 from fedvit.observed.recipe import ClientRecipe
@@ -32,10 +32,10 @@ EPOCHS, SIZE, OTHERS, POOL = (1, 3, 10, 30), 1000, 2000, 4000
 DATA = ("app images", "textures")
 
 
-def figures(found: dict) -> dict:
-    return {"AUC": round(found["auc"], 3), "null AUC": round(found["null"]["auc"], 3),
-            "TPR@1% FPR": found["tpr@0.01"], "null TPR@1%": None if found["null"]["tpr@0.01"] is None
-            else round(found["null"]["tpr@0.01"], 4), "clears": found["clears-null"]}  # fmt: skip
+def figures(found: Judgement) -> dict:
+    return {"AUC": round(found.auc, 3), "null AUC": round(found.null.auc, 3),
+            "TPR@1% FPR": found.tpr_at_1_percent, "null TPR@1%": None if found.null.tpr_at_1_percent is None
+            else round(found.null.tpr_at_1_percent, 4), "clears": found.clears_null}  # fmt: skip
 
 
 def rows(data: str, partition: str, seed: int = 0) -> list[dict]:
@@ -61,7 +61,7 @@ def rows(data: str, partition: str, seed: int = 0) -> list[dict]:
         out.append({"data": data, "partition": partition, "images": SIZE, "local epochs": epoch,
                     **{f"observed {k}": v for k, v in figures(observed).items()},
                     **{f"simulated {k}": v for k, v in figures(simulated).items()},
-                    "agree": observed["clears-null"] == simulated["clears-null"],
+                    "agree": observed.clears_null == simulated.clears_null,
                     "observed s": round(observed_s, 1),
                     "simulation s": round(time.perf_counter() - started, 1)})  # fmt: skip
         print(out[-1], flush=True)

@@ -19,7 +19,7 @@ from benchmarks.label_distribution import BATCH, LR, MOMENTUM, epochs_at, models
 from benchmarks.membership_onset import images_of
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.membership import candidate_losses, loss_scores
-from fedvit.audit.membership_stats import judge
+from fedvit.audit.membership_stats import Judgement, judge
 from fedvit.observed.model_spec import head_bias
 from fedvit.observed.observation import Observation
 from fedvit.observed.recipe import ClientRecipe
@@ -32,8 +32,8 @@ def rounded(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def interval(found: dict, key: str) -> str | None:
-    ci = found.get(f"{key}-ci")
+def interval(found: Judgement, target: str) -> str | None:
+    ci = found.operating_points[target].tpr_ci
     return None if ci is None else f"{ci[0]:.3f}–{ci[1]:.3f}"
 
 
@@ -57,19 +57,18 @@ def main() -> None:
         keep = np.concatenate([np.flatnonzero(other_labels == k)[:per_class] for k in range(10)])
         candidates = Candidates((images, labels), (others[keep], other_labels[keep]), "other textures")
         found, _, _ = judge(loss_scores(candidate_losses(obs, candidates)), candidates, 0)
-        fit = found.get("fit-check", {})
         rows.append({
-            "non-members per class": found["non-members-per-class"], "members": found["members"],
-            "FPR resolution": rounded(found["fpr-resolution"]), "score": found["score"], "AUC": round(found["auc"], 3),
-            "TPR@1% FPR": rounded(found["tpr@0.01"]), "TPR@1% 95% CI": interval(found, "tpr@0.01"),
-            "FPR reached (1%)": rounded(found.get("fpr@0.01")),
-            "TPR@0.1% FPR": rounded(found["tpr@0.001"]), "TPR@0.1% 95% CI": interval(found, "tpr@0.001"),
-            "TPR@0.1% needs (per class)": found.get("tpr@0.001-needs"),
-            "TPR@0.1% parametric": rounded(found["tpr@0.001-parametric"]),
-            "fit agrees at 1%": fit.get("agrees"),
-            "TPR@resolution": rounded(found["tpr@resolution"]),
-            "TPR@resolution 95% CI": interval(found, "tpr@resolution"),
-            "clears null": found["clears-null"],
+            "non-members per class": found.non_members_per_class, "members": found.members,
+            "FPR resolution": rounded(found.fpr_resolution), "score": found.score, "AUC": round(found.auc, 3),
+            "TPR@1% FPR": rounded(found.tpr_at_1_percent), "TPR@1% 95% CI": interval(found, "0.01"),
+            "FPR reached (1%)": rounded(found.operating_points["0.01"].fpr),
+            "TPR@0.1% FPR": rounded(found.tpr_at_0_1_percent), "TPR@0.1% 95% CI": interval(found, "0.001"),
+            "TPR@0.1% needs (per class)": found.operating_points["0.001"].needs,
+            "TPR@0.1% parametric": rounded(found.parametric),
+            "fit agrees at 1%": None if found.fit_check is None else found.fit_check.agrees,
+            "TPR@resolution": rounded(found.tpr_at_resolution),
+            "TPR@resolution 95% CI": interval(found, "resolution"),
+            "clears null": found.clears_null,
         })  # fmt: skip
         print(rows[-1], flush=True)
     write_csv(rows, OUT)

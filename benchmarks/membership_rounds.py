@@ -53,16 +53,16 @@ def rows(data: str, partition: str, seed: int = 0) -> list[dict]:
         if r in ROUNDS:
             started = time.perf_counter()
             combined, _, _ = judge(over_rounds(updates), candidates, seed)
-            best = max(singles, key=lambda s: s["auc"])
+            best = max(singles, key=lambda s: s.auc)
             out.append({"data": data, "partition": partition, "images": SIZE, "rounds": r,
-                        "combined AUC": round(combined["auc"], 3),
-                        "combined null AUC": round(combined["null"]["auc"], 3),
-                        "combined TPR@1% FPR": combined["tpr@0.01"],
-                        "combined null TPR@1%": None if combined["null"]["tpr@0.01"] is None
-                        else round(combined["null"]["tpr@0.01"], 4),
-                        "combined clears": combined["clears-null"],
-                        "best round AUC": round(best["auc"], 3),
-                        "rounds clearing alone": sum(s["clears-null"] for s in singles),
+                        "combined AUC": round(combined.auc, 3),
+                        "combined null AUC": round(combined.null.auc, 3),
+                        "combined TPR@1% FPR": combined.tpr_at_1_percent,
+                        "combined null TPR@1%": None if combined.null.tpr_at_1_percent is None
+                        else round(combined.null.tpr_at_1_percent, 4),
+                        "combined clears": combined.clears_null,
+                        "best round AUC": round(best.auc, 3),
+                        "rounds clearing alone": sum(s.clears_null for s in singles),
                         "combination s": round(time.perf_counter() - started, 1)})  # fmt: skip
             print(out[-1], flush=True)
     return out

@@ -60,7 +60,7 @@ def figures(update: dict) -> dict:
         "membership AUC": member.get("auc"),
         "null AUC": member.get("null", {}).get("auc"),
         "TPR": member.get(f"tpr@{at}"),
-        "at FPR": 0.01 if at == "0.01" else member.get("fpr@resolution"),
+        "at FPR": 0.01 if at == "0.01" else (member.get("operating-points") or {}).get("resolution", {}).get("fpr"),
         "membership beyond null": member.get("clears"),
         "recipe fits": (update.get("recipe-fit") or {}).get("fits"),
     }

@@ -14,6 +14,7 @@ from fedvit.audit.evidence import (
     NOT_MEASURED,
     ImageEvidence,
     LabelEvidence,
+    MembershipEvidence,
     image_evidence,
     images_clear,
     label_evidence,
@@ -23,7 +24,7 @@ from fedvit.audit.evidence import (
     null_text,
 )
 from fedvit.audit.frontier import leaks
-from fedvit.audit.membership_stats import judge
+from fedvit.audit.membership_stats import RocFigures, judge
 from fedvit.audit.summary import (
     LEAKS,
     NO_EVIDENCE,
@@ -37,10 +38,10 @@ from fedvit.audit.summary import (
 )
 from tests.report_checks import impossible_figures
 
-NONE = {"status": "not measured", "why": "not in this test"}  # membership's evidence (a dict)
+NONE = MembershipEvidence(NOT_MEASURED, "not in this test")
 
 
-def update(name: str, partition: int, labels: LabelEvidence | None = None, membership: dict | None = None,
+def update(name: str, partition: int, labels: LabelEvidence | None = None, membership: MembershipEvidence | None = None,
            images: ImageEvidence | None = None, examples: int = 2) -> dict:  # fmt: skip
     """An update entry as the pipeline writes it, with the leakage evidence given."""
     leakage = {"labels": labels or LabelEvidence(NOT_MEASURED, "not in this test"), "membership": membership or NONE,
@@ -113,15 +114,15 @@ def test_a_two_member_client_is_not_resolvable_for_membership(members, outside, 
     result, _, _ = judge(family(member_labels, outside_labels, members), candidates)
     evidence = membership_evidence(result, "")
     finding = membership_finding([update("u", 0, membership=evidence)], None)
-    assert result["auc"] == 1.0
+    assert result.auc == 1.0
     if leaked:
-        assert evidence["clears"] and evidence["resolvable"] and finding.word == LEAKS, (finding, result["null"])
+        assert evidence.clears and evidence.resolvable and finding.word == LEAKS, (finding, result.null)
         assert finding.null.startswith("clears at AUC > 0.")
     else:
-        assert result["null"]["auc"] >= 1.0 and not evidence["resolvable"], result["null"]
+        assert result.null.auc >= 1.0 and not evidence.resolvable, result.null
         assert finding.word == NOT_RESOLVABLE and "no AUC" in finding.null and "with 2 members" in finding.null
-        assert f"at least about {evidence['members-needed']} needed" in finding.figure
-        assert evidence["members-needed"] == 6  # 1 / C(5 + 3, 3)² < 0.001 / 3, the first with 3 per class
+        assert f"at least about {evidence.members_to_resolve} needed" in finding.figure
+        assert evidence.members_to_resolve == 6  # 1 / C(5 + 3, 3)² < 0.001 / 3, the first with 3 per class
     assert not impossible_figures(finding.cell()), finding.cell()
 
 
@@ -130,9 +131,9 @@ def test_a_report_text_with_an_auc_above_one_or_a_tpr_above_100_percent_is_caugh
     assert impossible_figures(old) == ["AUC 1.050", "TPR 103.1%"]
     assert impossible_figures("AUC 0.812 (null 1.013, the choice among 3)") == ["null 1.013"]
     assert impossible_figures("null: clears at AUC &gt; 0.930, TPR &gt; 94.3%") == []
-    text = null_text({"auc": 1.05, "tpr@0.01": 1.031}, "tpr@0.01", 2)
+    text = null_text(RocFigures(1.05, tpr_at_1_percent=1.031), "0.01", 2)
     assert text == "no AUC or TPR can clear it with 2 members" and not impossible_figures(text)
-    assert null_text({"auc": 0.93, "tpr@0.01": 1.2}, "tpr@0.01") == "no TPR can clear it (AUC > 0.930)"
+    assert null_text(RocFigures(0.93, tpr_at_1_percent=1.2), "0.01") == "no TPR can clear it (AUC > 0.930)"
 
 
 @pytest.mark.parametrize(("top1", "null", "chance", "images"),

@@ -361,7 +361,6 @@ def test_the_fl_dp_sa_shaped_app_is_audited_with_its_central_dp_and_noise_said(t
     noise. The report names σ, C and N with their source and states the aggregate's gap to the next broadcast as
     that noise, measured beside its expected std σ·C/N."""
     from fedvit.audit.pipeline import AuditOptions, run_audit
-    from fedvit.audit.report import markdown
     from fedvit.core.budget import AuditConfig
 
     folder = fl_dp_sa_app(tmp_path / "app")
@@ -373,7 +372,7 @@ def test_the_fl_dp_sa_shaped_app_is_audited_with_its_central_dp_and_noise_said(t
     first = report["secure-aggregation"]["rounds"][0]
     assert first["aggregate"].startswith("rebuilt") and math.isclose(first["central-dp-std"], 0.1 * 1.0 / 3)
     assert 0.8 < first["next-broadcast-rms-difference"] / first["central-dp-std"] < 1.2, first  # the noise, measured
-    text = markdown(report)
+    text = (tmp_path / "out" / "audit.md").read_text()
     assert "the server's central-DP noise, of expected std σ·C/N = 0.0333" in text and "equals" not in text
     built = line_of(folder, "dpsa_server_app.py", "DifferentialPrivacyClientSideFixedClipping(")
     aggregate = report["updates"][0]
@@ -381,7 +380,7 @@ def test_the_fl_dp_sa_shaped_app_is_audited_with_its_central_dp_and_noise_said(t
     assert central.startswith(f"central DP: DifferentialPrivacyClientSideFixedClipping ({built})")
     assert "σ 0.1 (" in central and "run config 'noise-multiplier'" in central and "C 1 (" in central
     assert "clipping" in dict(aggregate["recipe-sources"])["update clipping"]
-    dp_cell = next(f for f in report["findings"] if f["client"] == "the aggregate (SecAgg+)")["dp_claim"]
+    dp_cell = next(f for f in report["findings"] if f["client"] == "the aggregate (SecAgg+)")["dp-claim"]
     assert "central DP in the app's code" in dp_cell["why"], dp_cell
 
 

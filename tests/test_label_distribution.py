@@ -31,9 +31,21 @@ from fedvit.attacks.labels import label_accuracy
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.scores import Score
 from fedvit.attacks.simulation import OTHER_DRAW, simulate, step_weights
-from fedvit.audit.evidence import image_evidence, label_evidence, membership_evidence, verdict_detail
+from fedvit.audit.evidence import (
+    MembershipEvidence,
+    image_evidence,
+    label_evidence,
+    membership_evidence,
+    verdict_detail,
+)
+from fedvit.audit.json_fields import from_keys
 from fedvit.audit.membership_runs import infer
 from fedvit.audit.membership_stats import (
+    Judgement,
+    OperatingPoint,
+    PrivacyBound,
+    RocFigures,
+    ScoreJudgement,
     calibrate,
     class_ranks,
     clears_null,
@@ -197,12 +209,13 @@ def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case():
 
 def test_membership_figures_and_their_null():
     separable = roc_figures(np.arange(100.0) + 1000, np.arange(1000.0))
-    assert separable == {"auc": 1.0, "tpr@0.001": 1.0, "tpr@0.01": 1.0, "tpr@resolution": 1.0}
+    assert separable.named() == {"auc": 1.0, "tpr@0.001": 1.0, "tpr@0.01": 1.0, "tpr@resolution": 1.0,
+                                 "tpr@0.001-parametric": None}
     obs, images, labels = client_update(64, 1, alpha=0.0)
     still = Observation(update=obs.received, received=obs.received, num_classes=10, spec=SPEC,
                         skeleton=Net(), client=obs.client, head_bias="fc3.bias")  # fmt: skip
     result, inside, outside = infer(still, Candidates((images, labels), make_images(500, 99), "other"))
-    assert (inside == 0.5).all() and result["auc"] == 0.5 and not membership_evidence(result, "")["clears"]
+    assert (inside == 0.5).all() and result.auc == 0.5 and not membership_evidence(result, "").clears
 
 
 def test_psnr_table_is_psnr():
@@ -246,17 +259,20 @@ def test_tpr_is_given_only_at_fprs_the_calibration_resolves_with_exact_intervals
         extra = intervals(*calibrated, resolution)
         for target in ("0.001", "0.01"):
             if target in resolved:
-                low, high = extra[f"tpr@{target}-ci"]
-                assert low <= figures[f"tpr@{target}"] <= high and extra[f"fpr@{target}"] <= float(target)
+                low, high = extra[target].tpr_ci
+                assert low <= figures.tpr(target) <= high and extra[target].fpr <= float(target)
             else:
-                assert figures[f"tpr@{target}"] is None and extra[f"tpr@{target}-needs"] == round(1 / float(target))
-        assert figures["tpr@resolution"] > 0 and extra["fpr@resolution"] <= resolution + 1e-12
-        null = {k: (None if v is None else 0.0) for k, v in figures.items()} | {"auc": 0.5}
+                assert figures.tpr(target) is None and extra[target].needs == round(1 / float(target))
+        assert figures.tpr_at_resolution > 0 and extra["resolution"].fpr <= resolution + 1e-12
+        null = from_keys(RocFigures, {k: (None if v is None else 0.0) for k, v in figures.named().items()}
+                         | {"auc": 0.5})  # fmt: skip
         assert clears_null(figures, null)  # read at 1% where resolved, else at the resolution
-        e = {"status": "measured", "clears": True, **figures, **extra, "null": null, "members": 500,
-             "non-members": len(outside), "non-member-source": "test", "fpr-resolution": resolution,
-             "non-members-per-class": fewest, "score": "s", "scores": {"s": figures}}  # fmt: skip
-        text = evidence_text(e)
+        one = ScoreJudgement(**dataclasses.asdict(figures), null=null, clears_null=True, per_class=True)
+        judged = Judgement(**dataclasses.asdict(figures), members=500, non_members=len(outside),
+                           non_member_source="test", score="s", reference="", operating_points=extra, null=null,
+                           clears_null=True, fpr_resolution=resolution, non_members_per_class=fewest,
+                           members_needed=1, scores={"s": one})  # fmt: skip
+        text = evidence_text(membership_evidence(judged, ""))
         assert "TPR@0.1% FPR not resolved (needs ≥ 1000 non-members per class)" in text
         assert ("TPR@1% FPR not resolved (needs ≥ 100" in text) == ("0.01" not in resolved), text
     assert clopper_pearson(0, 100)[1] == pytest.approx(1 - 0.025 ** (1 / 100))  # the exact bound at k = 0
@@ -278,22 +294,31 @@ def test_below_the_resolution_a_gaussian_fit_gives_tpr_at_0_1_percent_where_it_a
     gaussian = Score("gaussian", "", rng.normal(3, 1, 500), rng.normal(0, 1, 900))
     found = judge([gaussian], candidates)[0]
     truth = 1 - norm.cdf(norm.ppf(0.999) - 3)
-    assert found["tpr@0.001"] is None and found["tpr@0.01"] is None
-    assert abs(found["tpr@0.001-parametric"] - truth) < 0.07 and found["fit-check"]["agrees"], found
-    assert found["null"]["tpr@0.001-parametric"] < 0.05
+    assert found.tpr_at_0_1_percent is None and found.tpr_at_1_percent is None
+    assert abs(found.parametric - truth) < 0.07 and found.fit_check.agrees, found
+    assert found.null.parametric < 0.05
     assert "; parametric " in tpr_text(found, "0.001") and "agreeing with the empirical CDF" in tpr_text(found, "0.001")
     tailed = Score("tailed", "", rng.exponential(1, 500) ** 3 + 3, rng.exponential(1, 900) ** 3)
     found = judge([tailed], candidates)[0]
-    assert not found["fit-check"]["agrees"], found["fit-check"]
+    assert not found.fit_check.agrees, found.fit_check
     assert "disagrees with the empirical CDF" in tpr_text(found, "0.001") and "; parametric " not in tpr_text(
         found, "0.001")  # fmt: skip
+
+
+def judgement(auc: float, tpr: float, null: RocFigures) -> Judgement:
+    """Membership figures of 500 members with 200 non-members per class: AUC and TPR at 1% FPR against ``null``."""
+    figures = RocFigures(auc, None, tpr, tpr)
+    return Judgement(**dataclasses.asdict(figures), members=500, non_members=2000, non_member_source="test", score="s",
+                     reference="", operating_points={"0.01": OperatingPoint(None, 0.01, [0.0, 1.0], [0.0, 1.0])},
+                     null=null, clears_null=clears_null(figures, null), fpr_resolution=0.005,
+                     non_members_per_class=200, members_needed=1, scores={})  # fmt: skip
 
 
 def test_the_verdict_says_leaks_only_beyond_a_null():
     from fedvit.audit.evidence import ImageEvidence, LabelEvidence
 
     measured = LabelEvidence("measured", error=0.3, null_error=0.32, margin=0.05, clears=False)
-    none = {"status": "not measured", "why": "no candidates"}
+    none = MembershipEvidence("not measured", "no candidates")
     no_images = ImageEvidence("not measured", "no candidates")
     unverified = LabelEvidence("estimated (unverified)", benchmarked_error="4% in the benchmark")
     update = lambda labels: {"leakage": {"labels": labels, "membership": none, "images": no_images}}  # noqa: E731
@@ -303,13 +328,14 @@ def test_the_verdict_says_leaks_only_beyond_a_null():
     assert said.startswith("unverified: labels estimated for 1 update(s), unverified"), said
     leaking = dataclasses.replace(measured, error=0.1, clears=True)
     assert verdict_detail([update(leaking)], "").startswith("LEAKS: labels")
-    figures = {"status": "measured", "auc": 0.56, "tpr@0.01": 0.02, "null": {"auc": 0.53, "tpr@0.01": 0.03}}
+    figures = membership_evidence(judgement(0.56, 0.02, RocFigures(0.53, tpr_at_1_percent=0.03)), "")
     nothing = LabelEvidence("not measured", "no candidates")
-    average = {"leakage": {"labels": nothing, "images": no_images, "membership": figures | {"clears": False}}}
+    average = {"leakage": {"labels": nothing, "images": no_images, "membership": figures}}
     said = verdict_detail([average], "")
     assert said.startswith("no evidence at this budget") and "AUC alone beyond its null in 1" in said, said
     exposed = {"leakage": {"labels": nothing, "images": no_images,
-                           "membership": figures | {"tpr@0.01": 0.05, "clears": True}}}  # fmt: skip
+                           "membership": membership_evidence(judgement(0.56, 0.05, figures.figures.null),
+                                                             "")}}  # fmt: skip
     assert verdict_detail([exposed], "").startswith("LEAKS: membership beyond the null in 1 of 1")
 
 
@@ -381,10 +407,10 @@ def test_memorised_members_clear_the_within_class_null_and_a_noised_update_does_
                            skeleton=Net(), client=client, head_bias="fc3.bias")  # fmt: skip
 
     result, _, _ = infer(observed(sent), Candidates(members, outsiders, "other noise images"))
-    assert result["auc"] > 0.9 and result["clears-null"], result
+    assert result.auc > 0.9 and result.clears_null, result
     noised = {n: w + rng.normal(0, 50, w.shape).astype(np.float32) for n, w in sent.items()}
     result, _, _ = infer(observed(noised), Candidates(members, outsiders, "other noise images"))
-    assert not result["clears-null"], result
+    assert not result.clears_null, result
 
 
 def test_membership_shows_once_a_realistic_client_memorises():
@@ -393,9 +419,9 @@ def test_membership_shows_once_a_realistic_client_memorises():
     own images far better than others of their class, the calibrated AUC clears its null (the onset
     benchmarks/membership_onset.py measures)."""
     found = {epochs: infer(*textures_update(epochs, 0.5))[0] for epochs in (3, 30)}
-    assert not found[3]["clears-null"], found[3]
+    assert not found[3].clears_null, found[3]
     memorised = found[30]
-    assert memorised["auc"] > memorised["null"]["auc"] + 0.03, memorised
+    assert memorised.auc > memorised.null.auc + 0.03, memorised
 
 
 @functools.cache
@@ -437,12 +463,12 @@ def test_the_strongest_score_is_reported_against_the_null_of_the_same_maximum():
     found = candidate_losses(obs, candidates)
     scores = [sent_loss_score(found, False), sent_loss_score(found, True), loss_drop_score(found)]
     result, _, _ = judge(scores, candidates)
-    assert result["scores"]["loss of the sent weights"]["auc"] == pytest.approx(threshold_auc, abs=1e-6)
-    assert result["auc"] >= threshold_auc - 1e-9 and result["auc"] > result["null"]["auc"] + 0.1, result
+    assert result.scores["loss of the sent weights"].auc == pytest.approx(threshold_auc, abs=1e-6)
+    assert result.auc >= threshold_auc - 1e-9 and result.auc > result.null.auc + 0.1, result
     labels_of = candidates.members[1], candidates.non_members[1]
     for single in scores:  # alone, a score's null is lower: the family's accounts for the choice
-        alone = null_figures([single], *labels_of)[0]
-        family = result["scores"][single.name]["null"]
+        alone = null_figures([single], *labels_of)[0].named()
+        family = result.scores[single.name].null.named()
         assert all(alone[k] <= family[k] + 1e-12 for k in alone if alone[k] is not None), (single.name, alone, family)
 
 
@@ -459,17 +485,16 @@ def test_the_empirical_epsilon_compares_sides_of_one_class_composition():
     by_class = Score("class 0 first", "raw", -members + rng.normal(0, 0.01, 300),
                      -non_members + rng.normal(0, 0.01, 1000), per_class=False)  # fmt: skip
     noise = Score("noise", "per class", rng.normal(size=300), rng.normal(size=1000))
-    found, _, _ = judge([by_class, noise], candidates, delta=1e-5)
-    bound = found["empirical-epsilon"]
-    assert bound["scores"] == ["class 0 first", "noise"] and bound["members"] == bound["non-members"] == 100, bound
-    assert bound["epsilon-lower"] < 0.5 and bound["null-draws"] == 200, bound
+    bound_of = lambda scores, c: privacy_bound(scores, c.members[1], c.non_members[1], c.canaries, 1e-5)  # noqa: E731
+    bound = bound_of([by_class, noise], candidates)
+    assert bound.scores == ["class 0 first", "noise"] and bound.members == bound.non_members == 100, bound
+    assert bound.epsilon_lower < 0.5 and bound.null_draws == 200, bound
     leaking = Score("members higher", "per class", rng.normal(3, 1, 300), rng.normal(size=1000))
-    leaked, _, _ = judge([by_class, leaking], candidates, delta=1e-5)
-    assert leaked["empirical-epsilon"]["epsilon-lower"] > max(1.0, leaked["empirical-epsilon"]["null"] + 0.5), leaked
-    canaries = dataclasses.replace(candidates, canaries=True)
-    planted, _, _ = judge([by_class, noise], canaries, delta=1e-5)
-    assert planted["empirical-epsilon"]["members"] == 300 and planted["empirical-epsilon"]["non-members"] == 1000
-    assert planted["empirical-epsilon"]["epsilon-lower"] > 1.5, planted["empirical-epsilon"]
+    leaked = bound_of([by_class, leaking], candidates)
+    assert leaked.epsilon_lower > max(1.0, leaked.null + 0.5), leaked
+    planted = bound_of([by_class, noise], dataclasses.replace(candidates, canaries=True))
+    assert planted.members == 300 and planted.non_members == 1000
+    assert planted.epsilon_lower > 1.5, planted
 
 
 def test_the_empirical_epsilon_proves_nothing_on_a_control_without_information(monkeypatch):
@@ -493,10 +518,10 @@ def test_the_empirical_epsilon_proves_nothing_on_a_control_without_information(m
         family = [Score("calibrated", "", inside, outside), Score("raw", "", inside + 0, outside + 0, per_class=False),
                   Score("raw, negated", "", -inside, -outside, per_class=False)]  # fmt: skip
         found = privacy_bound(family, member_labels, non_member_labels, False, 1e-5, seed=len(audit_bounds))
-        assert found["scores"] == ["calibrated", "raw, negated"], found  # equal raw values count once
-        audit_bounds.append(found["epsilon-lower"])
+        assert found.scores == ["calibrated", "raw, negated"], found  # equal raw values count once
+        audit_bounds.append(found.epsilon_lower)
         ranks = calibrate(inside, outside, member_labels, non_member_labels)
-        rank_bounds.append(empirical_epsilon([ranks], 1e-5)["epsilon-lower"])
+        rank_bounds.append(empirical_epsilon([ranks], 1e-5).epsilon_lower)
     audit_bounds, rank_bounds = np.array(audit_bounds), np.array(rank_bounds)
     print(
         f"bound > 0: audit {np.sum(audit_bounds > 0)} of 40 (largest {audit_bounds.max():.3f}); "
@@ -512,11 +537,10 @@ def test_a_dp_claim_is_violated_only_beyond_the_bounds_null():
     from fedvit.observed.recipe import PrivacyClaim
 
     claim = PrivacyClaim(0.1, 1e-5, None, None, "run config")
-    found = {"epsilon-lower": 0.3, "null": 0.4, "null-draws": 200, "delta": 1e-5, "confidence": 0.95,
-             "thresholds": 10, "at": None, "members": 5, "non-members": 5, "scores": ["s"]}  # fmt: skip
+    found = PrivacyBound(0.3, 1e-5, 0.95, 10, None, null=0.4, null_draws=200, members=5, non_members=5, scores=["s"])
     assert privacy_evidence(claim, found).consistent
-    assert not privacy_evidence(claim, found | {"null": 0.2}).consistent
-    assert privacy_evidence(claim, found | {"null": 0.0, "epsilon-lower": 0.1}).consistent
+    assert not privacy_evidence(claim, dataclasses.replace(found, null=0.2)).consistent
+    assert privacy_evidence(claim, dataclasses.replace(found, null=0.0, epsilon_lower=0.1)).consistent
     assert privacy_evidence(None, found).consistent is None  # no claim: nothing to be consistent with
 
 
@@ -554,12 +578,12 @@ def test_a_clients_rounds_combined_show_more_than_its_best_round():
                                                                                      strict=True)})  # fmt: skip
     singles = [judge(scores, candidates)[0] for scores in rounds["members"]]
     combined = judge(over_rounds(rounds["members"]), candidates)[0]
-    best = max(s["auc"] for s in singles)
-    assert combined["auc"] >= best and combined["auc"] > combined["null"]["auc"], ([s["auc"] for s in singles],
+    best = max(s.auc for s in singles)
+    assert combined.auc >= best and combined.auc > combined.null.auc, ([s.auc for s in singles],
                                                                                   combined)  # fmt: skip
-    assert combined["reference"].endswith("over 5 update(s)")
+    assert combined.reference.endswith("over 5 update(s)")
     control = judge(over_rounds(rounds["strangers"]), strangers)[0]
-    assert not control["clears-null"], control
+    assert not control.clears_null, control
 
 
 def test_shadow_residuals_single_out_the_members_of_a_realistic_client():
@@ -571,22 +595,22 @@ def test_shadow_residuals_single_out_the_members_of_a_realistic_client():
 
     obs, candidates = textures_update(3, 0.5, others=4000)
     drop = infer(obs, candidates)[0]
-    assert not drop["clears-null"], drop
+    assert not drop.clears_null, drop
     counts = np.bincount(candidates.members[1], minlength=10)
     kept, pool = split_for_references(candidates)
     shadows = reference_updates(obs, pool, counts, 0.9, seed=0)
     found = infer(obs, kept, 0, shadows, pool)[0]
-    assert len(shadows) == 8 and found["reference"].startswith("the update beyond 8 shadow updates"), found
-    assert found["reference"].endswith("at 3 point(s) of the local training (2000 shadow images' gradients "
+    assert len(shadows) == 8 and found.reference.startswith("the update beyond 8 shadow updates"), found
+    assert found.reference.endswith("at 3 point(s) of the local training (2000 shadow images' gradients "
                                        "projected out)"), found  # fmt: skip
-    assert found["clears-null"] and found["tpr@0.01"] > found["null"]["tpr@0.01"] + 0.01, found
-    assert found["auc"] > found["null"]["auc"] + 0.1, found
+    assert found.clears_null and found.tpr_at_1_percent > found.null.tpr_at_1_percent + 0.01, found
+    assert found.auc > found.null.auc + 0.1, found
 
     images, labels = make_textures(8000, 4242)
     never_held = np.concatenate([np.flatnonzero(labels == c)[: counts[c]] for c in range(10)])
     strangers = Candidates((images[never_held], labels[never_held]), kept.non_members, kept.source)
     control = infer(obs, strangers, 0, shadows, pool)[0]
-    assert not control["clears-null"] and control["auc"] < control["null"]["auc"], control
+    assert not control.clears_null and control.auc < control.null.auc, control
 
 
 def test_shadows_never_train_on_a_scored_non_member():
@@ -605,9 +629,9 @@ def test_shadows_never_train_on_a_scored_non_member():
     counts = np.bincount(strangers[1], minlength=10)
     scored = Auxiliary(*kept.non_members, "the scored non-members")
     leaky = infer(obs, kept, 0, reference_updates(obs, scored, counts, 0.9, seed=0), scored)[0]
-    assert leaky["clears-null"], leaky  # a membership signal where there is none
+    assert leaky.clears_null, leaky  # a membership signal where there is none
     sound = infer(obs, kept, 0, reference_updates(obs, pool, counts, 0.9, seed=0), pool)[0]
-    assert sound["auc"] < sound["null"]["auc"] and not sound["clears-null"], sound
+    assert sound.auc < sound.null.auc and not sound.clears_null, sound
 
 
 def test_a_score_that_only_tells_the_class_is_not_membership():
@@ -623,8 +647,8 @@ def test_a_score_that_only_tells_the_class_is_not_membership():
     raw = roc_figures(inside, outside)
     figures = roc_figures(*calibrate(inside, outside, member_labels, outsider_labels))
     null = null_figures([Score("class", "", inside, outside)], member_labels, outsider_labels)[0]
-    assert raw["auc"] > 0.7 and abs(figures["auc"] - 0.5) < 0.05, (raw, figures)
-    assert not (figures["auc"] > null["auc"] and figures["tpr@0.01"] > null["tpr@0.01"])
+    assert raw.auc > 0.7 and abs(figures.auc - 0.5) < 0.05, (raw, figures)
+    assert not (figures.auc > null.auc and figures.tpr_at_1_percent > null.tpr_at_1_percent)
 
 
 def test_calibration_ranks_each_class_among_its_non_members():
@@ -662,13 +686,13 @@ def test_calibrated_auc_is_the_within_class_auc_however_skewed_the_classes():
     tail = lambda n, shift: rng.exponential(1.0, n) ** 3 + shift  # noqa: E731
     inside = np.where(member_labels == 0, tail(1000, 0.3), rng.normal(0.3, 1, 1000))
     outside = np.where(outsider_labels == 0, tail(1000, 0.0), rng.normal(0.0, 1, 1000))
-    within = [roc_figures(inside[member_labels == c], outside[outsider_labels == c])["auc"] for c in (0, 1)]
-    pooled = roc_figures(*calibrate(inside, outside, member_labels, outsider_labels))["auc"]
+    within = [roc_figures(inside[member_labels == c], outside[outsider_labels == c]).auc for c in (0, 1)]
+    pooled = roc_figures(*calibrate(inside, outside, member_labels, outsider_labels)).auc
     assert abs(pooled - (0.9 * within[0] + 0.1 * within[1])) < 0.01, (pooled, within)
     null_inside, null_outside = tail(1000, 0.0), tail(1000, 0.0)  # class 0 both sides: no membership
     null_inside[member_labels == 1] = rng.normal(0, 1, 100)
     null_outside[outsider_labels == 1] = rng.normal(0, 1, 900)
-    null = roc_figures(*calibrate(null_inside, null_outside, member_labels, outsider_labels))["auc"]
+    null = roc_figures(*calibrate(null_inside, null_outside, member_labels, outsider_labels)).auc
     assert abs(null - 0.5) < 0.03, null
 
 
@@ -939,7 +963,7 @@ def test_the_batched_null_judges_every_draw_as_the_real_split_is_judged(members,
         batched = null_roc_figures(null_judged(kind, classes, masks), masks, resolution)
         batched[PARAMETRIC] = null_parametric(kind, classes, masks)
         for d, mask in enumerate(masks):
-            one = score_figures(resplit(kind, mask), classes[mask], classes[~mask], resolution)
+            one = score_figures(resplit(kind, mask), classes[mask], classes[~mask], resolution).named()
             assert list(one) == list(batched), kind.name
             for figure, value in one.items():
                 if value is None:
@@ -968,7 +992,7 @@ def test_the_batched_null_reads_a_tpr_whose_point_lies_at_the_last_false_positiv
     batched = null_roc_figures(np.r_[inside, outside], masks, resolution)
     assert batched["tpr@0.01"][0] == (0.9 if tied_at_the_edge else 1.0)
     for d, mask in enumerate(masks):
-        one = score_figures(resplit(score, mask), classes[mask], classes[~mask], resolution)
+        one = score_figures(resplit(score, mask), classes[mask], classes[~mask], resolution).named()
         for figure, value in batched.items():
             assert value is None if one[figure] is None else value[d] == pytest.approx(one[figure], abs=1e-12)
 
@@ -1026,4 +1050,4 @@ def test_membership_takes_the_label_estimate_as_an_input_whatever_the_order_of_t
     reordered = registry.measure_all(obs, held)
     assert {n: f.status for n, f in reordered.findings.items()} == {n: f.status for n, f in measured.findings.items()}
     first, again = registry.evidence(measured).leakage, registry.evidence(reordered).leakage
-    assert again["membership"]["auc"] == first["membership"]["auc"] and again["labels"] == first["labels"]
+    assert again["membership"].figures.auc == first["membership"].figures.auc and again["labels"] == first["labels"]

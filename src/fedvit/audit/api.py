@@ -97,8 +97,7 @@ def audit_captures(
     Raises ``ValueError`` (or its subclasses: fedvit's ``AuditInputError``, ``SpecError``) saying what to change.
     """
     from fedvit.audit.evidence import LEAKAGE_KINDS
-    from fedvit.audit.pipeline import AuditOptions, run_audit
-    from fedvit.audit.summary import ClientFinding
+    from fedvit.audit.pipeline import AuditOptions, audit_captured
 
     captures, out = Path(captures), Path(out)
     if decoys < 0 or membership_references < 0:
@@ -137,9 +136,10 @@ def audit_captures(
         leakage=kinds,
         app_facts=tuple(dict(f) for f in app_facts),
     )
-    report = run_audit(captures, out, options)
+    written = audit_captured(captures, out, options)
+    report = written.report
     log.info(f"audit: {report['verdict']}")
-    clients = tuple(ClientFinding.from_dict(f) for f in report["findings"])
+    clients = tuple(written.findings)
     paths = {kind: out / name for kind, name in OUTPUTS.items() if (out / name).is_file()}
     return AuditResult(report["verdict"], clients, paths, report)
 

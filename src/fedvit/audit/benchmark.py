@@ -232,7 +232,7 @@ def run_benchmark(
             dataset_mean=dataset_mean_image(base, size) if exchanges else None,
             gallery=gallery_from_test_split(base, size, decoys) if decoys > 0 else None,
         )
-        report, attacked = audit_exchanges(exchanges, out, options)
+        report, _, attacked = audit_exchanges(exchanges, out, options)
         if keep is not None:
             print(f"audit benchmark: captures kept in {keep}", flush=True)
     rows = report["rows"]

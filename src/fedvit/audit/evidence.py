@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedvit.audit.membership_stats import clopper_pearson
+from fedvit.audit.json_fields import flattened
+from fedvit.audit.membership_stats import Judgement, PrivacyBound, RocFigures, clopper_pearson
+
+if TYPE_CHECKING:
+    from fedvit.observed.recipe import PrivacyClaim
 
 LABELS = "labels (head-bias gradient)"  # the label estimate's name as an attack (report rows, the frontier)
 LABEL_MARGIN = 0.05  # the counts must misplace ≥ 5 points of the images fewer than the prior does
@@ -100,24 +104,18 @@ def out_of_reach(value: float | None) -> bool:
     return value is not None and value >= 1.0 - 1e-12
 
 
-def membership_reach(result: dict[str, Any]) -> dict[str, Any]:
-    """Whether a membership null can be cleared at all: each null is a threshold (the 99.9% quantile of
+def membership_reach(figures: Judgement) -> tuple[str, ...]:
+    """The figures whose null no value can clear: each membership null is a threshold (the 99.9% quantile of
     within-class shuffles, mapped back from the family's standardised maximum), so it can sit at or above the
-    largest value its figure takes (AUC 1, TPR 100%), where no figure clears it. Then: which figures block, and
-    about how many members would bring the null within reach
-    (:func:`fedvit.audit.membership_stats.members_needed`)."""
-    at = "tpr@0.01" if result.get("tpr@0.01") is not None else "tpr@resolution"
-    null = result["null"]
-    blocked = [name for name, value in (("AUC", null["auc"]), ("TPR", null.get(at))) if out_of_reach(value)]
-    if not blocked:
-        return {"resolvable": True}
-    need = max(int(result.get("members-needed") or 0), int(result["members"]) + 1)
-    return {"resolvable": False, "blocked": blocked, "members-needed": need}
+    largest value its figure takes (AUC 1, TPR 100%), where no figure clears it. Empty: the null is within reach."""
+    null = figures.null
+    at = null.tpr(figures.judged_at)
+    return tuple(name for name, value in (("AUC", null.auc), ("TPR", at)) if out_of_reach(value))
 
 
-def needed_text(reach: dict[str, Any], members: int) -> str:
-    """How many members a null out of reach would need (:func:`membership_reach`), as the report says it."""
-    return f"not resolvable with {counted(members, 'member')}: at least about {reach['members-needed']} needed"
+def needed_text(needed: int | None, members: int) -> str:
+    """How many members a null out of reach would need (:class:`MembershipEvidence`), as the report says it."""
+    return f"not resolvable with {counted(members, 'member')}: at least about {needed} needed"
 
 
 def counted(n: int, noun: str) -> str:
@@ -135,10 +133,11 @@ def threshold_text(value: float | None, figure: str) -> str:
     return f"{figure} > " + (f"{value:.3f}" if figure == "AUC" else f"{value:.1%}")
 
 
-def null_text(null: dict[str, Any], at: str | None = None, members: int | None = None) -> str:
-    """A membership null's AUC and (at ``at``, e.g. "tpr@0.01") TPR thresholds in one phrase: "clears at AUC >
+def null_text(null: RocFigures, at: str | None = None, members: int | None = None) -> str:
+    """A membership null's AUC and (at ``at``, "0.01" or "resolution") TPR thresholds in one phrase: "clears at AUC >
     0.930, TPR > 94.3%", or "no AUC can clear it with 2 members" where a threshold is out of reach."""
-    figures = [("AUC", null["auc"])] + ([("TPR", null[at])] if at is not None and null.get(at) is not None else [])
+    tpr = None if at is None else null.tpr(at)
+    figures = [("AUC", null.auc)] + ([("TPR", tpr)] if tpr is not None else [])
     reachable = [threshold_text(value, name) for name, value in figures if not out_of_reach(value)]
     blocked = [name for name, value in figures if out_of_reach(value)]
     if not blocked:
@@ -194,14 +193,40 @@ class PowerEvidence:
     status: str  # MEASURED or NOT_MEASURED
     why: str = ""
     scores: str = ""  # the scores the twin is judged on
-    simulated: dict[str, Any] | None = None  # the twin's judged figures (auc, tpr@…, null, clears-null, members, …)
+    simulated: Judgement | None = None  # the twin judged
+    aggregate_of: int | None = None  # a SecAgg+ aggregate: the members simulated
     observed_auc: float | None = None  # the strongest of the same scores on the update
     could_have_seen: bool = False  # the twin clears its null
     per_member: PowerEvidence | None = None
 
 
-# one update's evidence of one leakage type (membership's still the dict of its judge's figures)
-Evidence = LabelEvidence | ImageEvidence | dict[str, Any]
+@dataclasses.dataclass(frozen=True)
+class MembershipEvidence:
+    """The strongest membership score against its null within the family (:func:`membership_evidence`);
+    ``audit.json`` holds the judged figures beside the verdict's fields."""
+
+    status: str  # MEASURED or NOT_MEASURED
+    why: str = ""
+    figures: Judgement | None = flattened(Judgement)
+    clears: bool = False  # the figures clear their null (:func:`fedvit.audit.membership_stats.clears_null`)
+    blocked: tuple[str, ...] = ()  # the figures whose null no value can clear (:func:`membership_reach`)
+    members_to_resolve: int | None = None  # where blocked: about how many members would bring the null in reach
+    power: PowerEvidence | None = None
+    privacy: PrivacyEvidence | None = None
+    measures: str | None = None  # what the members are, where not the update's own images
+
+    @property
+    def resolvable(self) -> bool:
+        """Whether a figure could clear the null at all."""
+        return not self.blocked
+
+    @property
+    def measured(self) -> bool:
+        return self.status == MEASURED
+
+
+# one update's evidence of one leakage type
+Evidence = LabelEvidence | ImageEvidence | MembershipEvidence
 
 
 def label_evidence(counts: np.ndarray | None, why: str, accuracy: float | None, prior: float | None,
@@ -242,11 +267,17 @@ def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> Imag
                          scores.get("psnr"), images)  # fmt: skip
 
 
-def membership_evidence(result: dict[str, Any] | None, why: str) -> dict[str, Any]:
-    """Membership figures against the within-class shuffled-label null (:func:`fedvit.audit.membership_stats.judge`)."""
-    if result is None:
-        return {"status": NOT_MEASURED, "why": why}
-    return {"status": MEASURED, **result, "clears": result["clears-null"], **membership_reach(result)}
+def membership_evidence(figures: Judgement | None, why: str, power: PowerEvidence | None = None,
+                        privacy: PrivacyEvidence | None = None, measures: str | None = None) -> MembershipEvidence:
+    """Membership figures against the within-class shuffled-label null (:func:`fedvit.audit.membership_stats.judge`)
+    and whether that null can be cleared at all (:func:`membership_reach`); where it cannot, about how many members
+    would bring it within reach (:func:`fedvit.audit.membership_stats.members_needed`, at least one more)."""
+    if figures is None:
+        return MembershipEvidence(NOT_MEASURED, why, power=power, measures=measures)
+    blocked = membership_reach(figures)
+    needed = max(figures.members_needed, figures.members + 1) if blocked else None
+    return MembershipEvidence(MEASURED, "", figures, figures.clears_null, blocked, needed, power, privacy,
+                              measures)  # fmt: skip
 
 
 DEFAULT_DELTA = 1e-5  # the δ of the empirical ε where canaries are audited without a claim
@@ -263,7 +294,7 @@ class PrivacyEvidence:
     delta: float
     confidence: float
     thresholds: int  # the thresholds the bound was taken over (its Bonferroni split)
-    at: Any  # where the bound was found (score, side, threshold)
+    at: dict[str, float] | None  # the TPR and FPR of the threshold that gave it
     members: int
     non_members: int
     scores: list[str]
@@ -272,25 +303,24 @@ class PrivacyEvidence:
     consistent: bool | None = None  # None: no claim to test
 
 
-def privacy_evidence(claim: Any, found: dict[str, Any]) -> PrivacyEvidence:
+def privacy_evidence(claim: PrivacyClaim | None, found: PrivacyBound) -> PrivacyEvidence:
     """The empirical lower bound on ε (:func:`fedvit.audit.membership_stats.privacy_bound`) beside its null and the
     client's claim (a :class:`fedvit.observed.recipe.PrivacyClaim`, or None): a bound above both the claimed ε and
     its null violates the claim at the bound's confidence; consistent otherwise."""
-    bound = PrivacyEvidence(found["epsilon-lower"], found["null"], found["null-draws"], found["delta"],
-                            found["confidence"], found["thresholds"], found["at"], found["members"],
-                            found["non-members"], found["scores"])  # fmt: skip
+    bound = PrivacyEvidence(found.epsilon_lower, found.null, found.null_draws, found.delta, found.confidence,
+                            found.thresholds, found.at, found.members, found.non_members, found.scores)  # fmt: skip
     if claim is None:
         return bound
-    violated = found["epsilon-lower"] > max(claim.epsilon, found["null"])
+    violated = found.epsilon_lower > max(claim.epsilon, found.null)
     return dataclasses.replace(bound, claimed_epsilon=claim.epsilon, claim=claim.described(), consistent=not violated)
 
 
-def claims_tested(items: list[dict[str, Any]]) -> list[PrivacyEvidence]:
+def claims_tested(items: list[MembershipEvidence]) -> list[PrivacyEvidence]:
     """The DP claims an update's membership evidence tested, over ``items`` (membership evidence per update)."""
-    return [p for e in items if (p := e.get("privacy")) is not None and p.claimed_epsilon is not None]
+    return [p for e in items if (p := e.privacy) is not None and p.claimed_epsilon is not None]
 
 
-def privacy_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
+def privacy_part(items: list[MembershipEvidence]) -> tuple[str, bool | None]:
     """The DP claims over the updates: their wording and whether one is violated (None: no claim tested)."""
     claimed = claims_tested(items)
     if not claimed:
@@ -344,30 +374,36 @@ def images_part(items: list[ImageEvidence]) -> tuple[str, bool | None]:
     return beyond_part("images", sum(e.clears for e in measured), len(measured), detail)
 
 
-def membership_part(items: list[dict[str, Any]]) -> tuple[str, bool | None]:
+def membership_part(items: list[MembershipEvidence]) -> tuple[str, bool | None]:
     """Membership over the updates: the wording and whether it leaks (None: nothing measured)."""
-    measured = [e for e in items if e["status"] == MEASURED]
+    measured = [e for e in items if e.measured]
     if not measured:
-        return unmeasured_part("membership", 0, items[0]["why"] if items else "")
-    hits = sum(e["clears"] for e in measured)
-    detail = (f"AUC {np.mean([e['auc'] for e in measured]):.3f}; null: "
-              f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest update")  # fmt: skip
-    resolved = [e for e in measured if e.get("tpr@0.01") is not None]
+        return unmeasured_part("membership", 0, items[0].why if items else "")
+    hits = sum(e.clears for e in measured)
+    figures = [e.figures for e in measured]
+    detail = (f"AUC {np.mean([f.auc for f in figures]):.3f}; null: "
+              f"{null_text(hardest_null(figures))} in the hardest update")  # fmt: skip
+    resolved = [f for f in figures if f.tpr_at_1_percent is not None]
     if resolved:
-        hardest = max(e["null"]["tpr@0.01"] for e in resolved)
-        detail += (f", TPR@1% FPR {np.mean([e['tpr@0.01'] for e in resolved]):.1%} (null: "
+        hardest = max(f.null.tpr_at_1_percent for f in resolved)
+        detail += (f", TPR@1% FPR {np.mean([f.tpr_at_1_percent for f in resolved]):.1%} (null: "
                    f"{threshold_text(hardest, 'TPR')} in the hardest)")  # fmt: skip
-    if unresolvable := sum(not e.get("resolvable", True) for e in measured):
+    if unresolvable := sum(not e.resolvable for e in measured):
         detail += f"; not resolvable in {unresolvable} (too few members for any figure to clear the null)"
     if len(resolved) < len(measured):  # the verdict read TPR at the resolution there
         detail += (f"; 1% FPR not resolved in {len(measured) - len(resolved)} (too few non-members per class: "
                    "TPR read at the resolution)")  # fmt: skip
-    detail += power_summary([e.get("power") for e in measured], hits)
-    on_average = sum(e["auc"] > e["null"]["auc"] and not e["clears"] for e in measured)
+    detail += power_summary([e.power for e in measured], hits)
+    on_average = sum(e.figures.auc > e.figures.null.auc and not e.clears for e in measured)
     if on_average:  # Carlini et al.: an AUC says the update informs on average, not that any member is exposed
         detail += (f"; AUC alone beyond its null in {on_average}: membership information on average, no "
                    "member singled out at 1% FPR")  # fmt: skip
     return beyond_part("membership", hits, len(measured), detail)
+
+
+def hardest_null(figures: list[Judgement]) -> RocFigures:
+    """The highest AUC null among ``figures`` (the update hardest to clear), as a null of its own."""
+    return RocFigures(max(f.null.auc for f in figures))
 
 
 PARTS = {"labels": labels_part, "membership": membership_part, "images": images_part}  # by LEAKAGE_KINDS
@@ -380,7 +416,7 @@ def power_summary(powers: list[PowerEvidence | None], hits: int) -> str:
         return ""
     seen = sum(p.could_have_seen for p in powered)
     text = (f"; power of the loss scores: simulated updates like these, with known members, clear their null in "
-            f"{seen} of {len(powered)} (AUC {np.mean([p.simulated['auc'] for p in powered]):.3f})")  # fmt: skip
+            f"{seen} of {len(powered)} (AUC {np.mean([p.simulated.auc for p in powered]):.3f})")  # fmt: skip
     if hits == 0 and seen == len(powered):
         text += ": the audit could have seen membership like the simulation's, and these updates hold less"
     elif hits == 0 and seen == 0:
@@ -388,18 +424,29 @@ def power_summary(powers: list[PowerEvidence | None], hits: int) -> str:
     return text
 
 
-def rounds_part(clients: list[dict[str, Any]]) -> tuple[str, bool | None]:
+def rounds_part(clients: list[ClientRounds]) -> tuple[str, bool | None]:
     """Membership per client over its updates: the wording and whether it leaks (None: nothing measured)."""
-    measured = [c["membership"] for c in clients if c["membership"]["status"] == MEASURED]
+    measured = [c.membership for c in clients if c.membership.measured]
     if not measured:
         return "membership over rounds not measured", None
-    hits = sum(e["clears"] for e in measured)
+    hits = sum(e.clears for e in measured)
+    figures = [e.figures for e in measured]
     return (f"membership over each client's updates beyond the null for {hits} of {len(measured)} client(s) "
-            f"(AUC {np.mean([e['auc'] for e in measured]):.3f}; null: "
-            f"{null_text({'auc': max(e['null']['auc'] for e in measured)})} in the hardest)", hits > 0)  # fmt: skip
+            f"(AUC {np.mean([f.auc for f in figures]):.3f}; null: {null_text(hardest_null(figures))} in the "
+            "hardest)", hits > 0)  # fmt: skip
 
 
-def verdict_detail(updates: list[dict[str, Any]], nothing: str, clients: list[dict[str, Any]] | None = None) -> str:
+@dataclasses.dataclass(frozen=True)
+class ClientRounds:
+    """One client's membership over its captured updates combined (:func:`fedvit.audit.registry.judge_rounds`)."""
+
+    client: str
+    updates: list[str]
+    membership: MembershipEvidence
+    seconds: float
+
+
+def verdict_detail(updates: list[dict[str, Any]], nothing: str, clients: list[ClientRounds] | None = None) -> str:
     """One line: per leakage type, the evidence against its null (and, for clients with several updates, their
     membership over them). "LEAKS" only where a figure clears its margin; "no evidence at this budget" where
     everything measured stayed within it; "unverified" where nothing could be checked."""

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from fedvit.audit.summary import FINDING_FIELDS, KINDS
+from fedvit.audit.summary import KINDS, ClientFinding
 
 
 class Picture(NamedTuple):
@@ -30,8 +30,9 @@ def recipe_values(update: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def render(report: dict[str, Any], pictures: list[Picture]) -> str:
-    """The page for ``report`` (``audit.json``'s content) with ``pictures`` inline."""
+def render(report: dict[str, Any], findings: list[ClientFinding], pictures: list[Picture]) -> str:
+    """The page for ``report`` (``audit.json``'s content) and its per-client ``findings``, with ``pictures``
+    inline."""
     env = Environment(
         loader=PackageLoader("fedvit.audit", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -39,17 +40,16 @@ def render(report: dict[str, Any], pictures: list[Picture]) -> str:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    findings = [{"client": f["client"], "updates": f["updates"], "cells": [f[name] for name in FINDING_FIELDS]}
-                for f in report["findings"]]  # fmt: skip
+    rows = [{"client": f.client, "updates": f.updates, "cells": list(f.by_kind().values())} for f in findings]
     figures = [{"title": p.title, "caption": p.caption, "data": base64.b64encode(p.png).decode()} for p in pictures]
     recipes = [{"update": u["update"], "rows": recipe_values(u)} for u in report["updates"] if recipe_values(u)]
     return env.get_template("audit.html.j2").render(
-        report=report, findings=findings, kinds=KINDS, figures=figures, recipes=recipes
+        report=report, findings=rows, kinds=KINDS, figures=figures, recipes=recipes
     )
 
 
-def write_html(report: dict[str, Any], pictures: list[Picture], path: Path) -> None:
+def write_html(report: dict[str, Any], findings: list[ClientFinding], pictures: list[Picture], path: Path) -> None:
     """Write the page atomically."""
     from fedvit.core.results import atomic_write
 
-    atomic_write(path, render(report, pictures).encode())
+    atomic_write(path, render(report, findings, pictures).encode())

@@ -5,7 +5,6 @@ members and judged as the real one is, by the loss scores) and one score judged 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
@@ -18,13 +17,13 @@ from fedvit.attacks.membership import (
 )
 from fedvit.attacks.reidentification import evenly_spaced
 from fedvit.attacks.simulation import Simulation, simulate
-from fedvit.audit.membership_stats import judge
+from fedvit.audit.membership_stats import Judgement, judge
 from fedvit.observed.observation import Observation
 
 
 def simulated_power(
     obs: Observation, pool: Auxiliary, counts: np.ndarray, momentum: float, seed: int, non_members: int
-) -> dict[str, Any]:  # fmt: skip
+) -> Judgement:  # fmt: skip
     """Membership in an update like this one where membership is known: the client's local training simulated from
     the received weights with its recipe, ``momentum`` and the estimated class ``counts`` on images drawn from
     ``pool`` (the label estimate's simulation), then judged as the real update is, by the loss scores
@@ -44,7 +43,7 @@ def simulated_power(
 
 def aggregate_power(
     obs: Observation, pool: Auxiliary, counts: np.ndarray, momentum: float, seed: int, non_members: int, members: int
-) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+) -> tuple[Judgement, Judgement]:  # fmt: skip
     """:func:`simulated_power` for a SecAgg+ aggregate of ``members`` FedAvg clients: each member's local training
     simulated from the received weights with ``obs``'s recipe (one member's) on its own share of ``pool``,
     ``counts`` split evenly among them; their weights averaged by their sizes, as FedAvg does; then judged by the
@@ -84,7 +83,7 @@ def member_counts(counts: np.ndarray, members: int) -> np.ndarray:
 def infer(
     obs: Observation, candidates: Candidates, seed: int = 0,
     shadows: list[Simulation] | None = None, pool: Auxiliary | None = None,
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[Judgement, np.ndarray, np.ndarray]:  # fmt: skip
     """One score judged alone (:func:`~fedvit.audit.membership_stats.judge`):
     :func:`~fedvit.attacks.membership.alignment_score` against ``shadows``
     (:func:`~fedvit.attacks.membership.reference_updates`) trained on ``pool``, images that are none of the candidates

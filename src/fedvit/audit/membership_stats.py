@@ -12,13 +12,14 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from scipy.special import ndtri
 
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.scores import Score, evenly
+from fedvit.audit.json_fields import from_keys, keyed, named
 
 FPRS = (0.001, 0.01)
 CONFIDENCE = 0.95  # Clopper–Pearson intervals on the TPR and the FPR reached
@@ -28,6 +29,104 @@ FIT_MINIMUM = 20  # non-members of a class a Gaussian fit of their scores needs 
 PARAMETRIC = "tpr@0.001-parametric"  # TPR at 0.1% FPR of the per-class Gaussian fit
 NULL_BATCH = 2_000_000  # draws × candidates judged at once by the null (each array of the batch: 16 MB)
 EPSILON_NULL_DRAWS = 200  # within-class shuffles behind the empirical ε's null (each one a full bound: ~12 ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class RocFigures:
+    """A score's ROC figures (:func:`roc_figures`), or a null's thresholds for them (:func:`null_figures`): AUC, TPR
+    at each of :data:`FPRS` (None below the FPR resolution) and at the resolution itself, and the TPR at 0.1% FPR of
+    the per-class Gaussian fit (None without one)."""
+
+    auc: float
+    tpr_at_0_1_percent: float | None = named("tpr@0.001")
+    tpr_at_1_percent: float | None = named("tpr@0.01")
+    tpr_at_resolution: float | None = named("tpr@resolution")
+    parametric: float | None = named(PARAMETRIC)
+
+    def tpr(self, target: str) -> float | None:
+        """The TPR at ``target``: "0.001", "0.01" or "resolution"."""
+        return self.named()[f"tpr@{target}"]
+
+    @property
+    def judged_at(self) -> str:
+        """The target a TPR is judged at: 1% FPR where resolved, else the resolution."""
+        return "0.01" if self.tpr_at_1_percent is not None else "resolution"
+
+    def named(self) -> dict[str, float | None]:
+        """The figures under their statistical names ("auc", "tpr@0.01", ...)."""
+        return keyed(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatingPoint:
+    """At one FPR target: the FPR the ROC reaches there, and 95% Clopper–Pearson intervals of the TPR (of the members)
+    and of that FPR (of the non-members); below the resolution, only the non-members per class it needs."""
+
+    needs: int | None = None
+    fpr: float | None = None
+    tpr_ci: list[float] | None = None
+    fpr_ci: list[float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FitCheck:
+    """The per-class Gaussian fit against the empirical CDF (:func:`fit_check`)."""
+
+    target: float
+    found: float  # the share of non-members the fit's ``target`` threshold passes
+    ci: list[float]
+    agrees: bool  # the interval holds ``target``
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScoreJudgement(RocFigures):
+    """One score of the family: its figures, its null within the family and whether it clears it."""
+
+    null: RocFigures
+    clears_null: bool
+    per_class: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Judgement(RocFigures):
+    """One update's (or one client's rounds') membership judged (:func:`judge`): the strongest score's figures, its
+    intervals and null, and every score of the family beside it."""
+
+    members: int
+    non_members: int
+    non_member_source: str
+    score: str  # the strongest score's name
+    reference: str
+    operating_points: dict[str, OperatingPoint]  # per target ("0.001", "0.01", "resolution")
+    null: RocFigures
+    clears_null: bool
+    fpr_resolution: float  # after calibration: 1 / the fewest non-members of a member's class
+    non_members_per_class: int
+    members_needed: int  # :func:`members_needed`
+    scores: dict[str, ScoreJudgement]
+    fit_check: FitCheck | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonBound:
+    """The lower bound on ε a membership test proves (:func:`empirical_epsilon`) and where it was found."""
+
+    epsilon_lower: float
+    delta: float
+    confidence: float
+    thresholds: int  # the thresholds it was taken over (its Bonferroni split)
+    at: dict[str, float] | None  # the TPR and FPR of the threshold that gave it
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrivacyBound(EpsilonBound):
+    """:func:`privacy_bound`: the bound on the family's raw values, and its null over within-class shuffles."""
+
+    null: float
+    null_draws: int
+    members: int
+    non_members: int
+    scores: list[str]
 
 
 def class_ranks(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -115,30 +214,31 @@ def needs(target: float) -> int:
     return math.ceil(1.0 / target - 1e-9)
 
 
-def roc_figures(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float = 0.0) -> dict[str, Any]:
+def roc_figures(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float = 0.0) -> RocFigures:
     """ROC AUC, TPR at each of :data:`FPRS` that ``resolution`` (:func:`fpr_resolution`) allows (None below it)
     and TPR at the resolution itself (members positive, a higher score meaning member)."""
     fpr, tpr, auc = split_roc(member_scores, non_member_scores)
-    figures: dict[str, Any] = {"auc": auc}
+    figures: dict[str, float | None] = {"auc": auc}
     for f in FPRS:
         figures[f"tpr@{f:g}"] = operating_point(fpr, tpr, f)[0] if resolved(f, resolution) else None
-    return figures | {"tpr@resolution": operating_point(fpr, tpr, max(resolution, 0.0))[0]}
+    return from_keys(RocFigures, figures | {"tpr@resolution": operating_point(fpr, tpr, max(resolution, 0.0))[0]})
 
 
-def intervals(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float) -> dict[str, Any]:
-    """Per resolved FPR target (and the resolution): the FPR actually reached, and 95% Clopper–Pearson intervals on
-    the TPR (of the members) and on that FPR (of the non-members); per target below the resolution, the
-    non-members per class it needs."""
+def intervals(member_scores: np.ndarray, non_member_scores: np.ndarray, resolution: float
+              ) -> dict[str, OperatingPoint]:  # fmt: skip
+    """Per FPR target ("0.001", "0.01", "resolution") its :class:`OperatingPoint`: where resolved, the FPR actually
+    reached and 95% Clopper–Pearson intervals on the TPR (of the members) and on that FPR (of the non-members);
+    below the resolution, the non-members per class it needs."""
     fpr, tpr, _ = split_roc(member_scores, non_member_scores)
-    out: dict[str, Any] = {}
+    out: dict[str, OperatingPoint] = {}
     for name, target in [*((f"{f:g}", f) for f in FPRS), ("resolution", resolution)]:
         if not resolved(target, resolution):
-            out[f"tpr@{name}-needs"] = needs(target)
+            out[name] = OperatingPoint(needs=needs(target))
             continue
         rate, reached = operating_point(fpr, tpr, target)
-        out[f"tpr@{name}-ci"] = clopper_pearson(round(rate * len(member_scores)), len(member_scores))
-        out[f"fpr@{name}"] = reached
-        out[f"fpr@{name}-ci"] = clopper_pearson(round(reached * len(non_member_scores)), len(non_member_scores))
+        out[name] = OperatingPoint(
+            None, reached, clopper_pearson(round(rate * len(member_scores)), len(member_scores)),
+            clopper_pearson(round(reached * len(non_member_scores)), len(non_member_scores)))  # fmt: skip
     return out
 
 
@@ -206,12 +306,12 @@ def resplit(score: Score | RoundsScore, is_member: np.ndarray) -> Score | Rounds
 
 def score_figures(
     score: Score | RoundsScore, member_labels: np.ndarray, non_member_labels: np.ndarray, resolution: float
-) -> dict[str, Any]:  # fmt: skip
+) -> RocFigures:  # fmt: skip
     """:func:`roc_figures` of the score's judged values, and the TPR at 0.1% FPR of its Gaussian fit
     (:func:`fitted`; None without one)."""
     found = roc_figures(*judged(score, member_labels, non_member_labels), resolution)
     fit = fitted(score, member_labels, non_member_labels)
-    return found | {PARAMETRIC: None if fit is None else float(np.mean(fit[0] > ndtri(1 - FPRS[0])))}
+    return dataclasses.replace(found, parametric=None if fit is None else float(np.mean(fit[0] > ndtri(1 - FPRS[0]))))
 
 
 def over_rounds(updates: list[list[Score]]) -> list[RoundsScore]:
@@ -236,7 +336,7 @@ def within_class_shuffles(is_member: np.ndarray, classes: np.ndarray, draws: int
 
 def null_figures(
     scores: list[Score] | list[RoundsScore], member_labels: np.ndarray, non_member_labels: np.ndarray, seed: int = 0
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[RocFigures]:  # fmt: skip
     """Per score, the null of each figure across :data:`NULL_DRAWS` shuffles of the member/non-member labels within
     each class, every score judged on each draw as on the real split (calibrated on the draw's own non-members
     where it is calibrated). Several scores are one family (Westfall and Young's max-T): each figure is
@@ -260,7 +360,7 @@ def null_figures(
             for name, values in figures.items():
                 batches[k].setdefault(name, []).append(values)
     draws = [{name: None if parts[0] is None else np.concatenate(parts) for name, parts in b.items()} for b in batches]
-    nulls: list[dict[str, Any]] = [dict.fromkeys(draws[0]) for _ in scores]
+    nulls: list[dict[str, float | None]] = [dict.fromkeys(draws[0]) for _ in scores]
     for figure in draws[0]:  # a figure a score lacks (below the resolution, no fit) is None in every draw
         present = [k for k in range(len(scores)) if draws[k][figure] is not None]
         if not present:
@@ -273,7 +373,7 @@ def null_figures(
         threshold = np.quantile(((found - centre) / spread).max(1), NULL_QUANTILE)
         for j, k in enumerate(present):
             nulls[k][figure] = float(centre[j] + threshold * spread[j])
-    return nulls
+    return [from_keys(RocFigures, null) for null in nulls]
 
 
 def null_mid_ranks(values: np.ndarray, reference: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -408,62 +508,54 @@ def members_needed(member_labels: np.ndarray, non_member_labels: np.ndarray, sco
     return total
 
 
-def clears_null(figures: dict[str, Any], null: dict[str, Any]) -> bool:
+def clears_null(figures: RocFigures, null: RocFigures) -> bool:
     """A finding: AUC beyond its null, and TPR beyond its null at 1% FPR where resolved, else at the resolution."""
-    at = "tpr@0.01" if figures["tpr@0.01"] is not None else "tpr@resolution"
-    return figures["auc"] > null["auc"] and figures[at] > null[at]
+    at = figures.judged_at
+    return figures.auc > null.auc and figures.tpr(at) > null.tpr(at)
 
 
 def judge(
-    scores: list[Score] | list[RoundsScore], candidates: Candidates, seed: int = 0, delta: float | None = None
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
+    scores: list[Score] | list[RoundsScore], candidates: Candidates, seed: int = 0
+) -> tuple[Judgement, np.ndarray, np.ndarray]:  # fmt: skip
     """Membership figures of one update from its strongest score against that score's null within the family
     (:func:`null_figures`): the score with the highest AUC among those that clear their null, else the highest AUC
-    of all; every score's figures and null beside it; with a ``delta``, the ε the family proves
-    (:func:`privacy_bound`). Returns them and the strongest score's judged values on the members and non-members
-    (``scores`` were taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
+    of all; every score's figures and null beside it. Returns them and the strongest score's judged values on the
+    members and non-members (``scores`` were taken on ``candidates``, at most :data:`MAX_CANDIDATES` per side)."""
     member_labels, non_member_labels = evenly(*candidates.members)[1], evenly(*candidates.non_members)[1]
     resolution, fewest = fpr_resolution(member_labels, non_member_labels)
     values = [judged(s, member_labels, non_member_labels) for s in scores]
     each = [score_figures(s, member_labels, non_member_labels, resolution) for s in scores]
     nulls = null_figures(scores, member_labels, non_member_labels, seed)
     cleared = [clears_null(f, n) for f, n in zip(each, nulls, strict=True)]
-    best = max(range(len(scores)), key=lambda k: (cleared[k], each[k]["auc"]))
+    best = max(range(len(scores)), key=lambda k: (cleared[k], each[k].auc))
     inside, outside = values[best]
-    result = {
-        "members": len(inside),
-        "non-members": len(outside),
-        "non-member-source": candidates.source,
-        "score": scores[best].name,
-        "reference": scores[best].reference,
-        **each[best],
-        **intervals(inside, outside, resolution),
-        "null": nulls[best],
-        "clears-null": cleared[best],
-        "fpr-resolution": resolution,  # after calibration: 1 / the fewest non-members of a member's class
-        "non-members-per-class": fewest,
-        "members-needed": members_needed(member_labels, non_member_labels, len(scores)),
-        "scores": {
-            s.name: {**{k: f[k] for k in ("auc", "tpr@0.01", "tpr@resolution", PARAMETRIC)}, "null": n,
-                     "clears-null": c, "per-class": s.per_class}
-            for s, f, n, c in zip(scores, each, nulls, cleared, strict=True)
-        },  # fmt: skip
-    }
-    if (fit := fitted(scores[best], member_labels, non_member_labels)) is not None:
-        result["fit-check"] = fit_check(fit[1])
-    if delta is not None:
-        result["empirical-epsilon"] = privacy_bound(scores, member_labels, non_member_labels, candidates.canaries,
-                                                    delta, seed)  # fmt: skip
+    fit = fitted(scores[best], member_labels, non_member_labels)
+    result = Judgement(
+        **dataclasses.asdict(each[best]),
+        members=len(inside),
+        non_members=len(outside),
+        non_member_source=candidates.source,
+        score=scores[best].name,
+        reference=scores[best].reference,
+        operating_points=intervals(inside, outside, resolution),
+        null=nulls[best],
+        clears_null=cleared[best],
+        fpr_resolution=resolution,
+        non_members_per_class=fewest,
+        members_needed=members_needed(member_labels, non_member_labels, len(scores)),
+        scores={s.name: ScoreJudgement(**dataclasses.asdict(f), null=n, clears_null=c, per_class=s.per_class)
+                for s, f, n, c in zip(scores, each, nulls, cleared, strict=True)},  # fmt: skip
+        fit_check=None if fit is None else fit_check(fit[1]),
+    )
     return result, inside, outside
 
 
-def fit_check(non_members: np.ndarray, target: float = FPRS[1]) -> dict[str, Any]:
+def fit_check(non_members: np.ndarray, target: float = FPRS[1]) -> FitCheck:
     """The per-class Gaussian fit against the empirical CDF where both apply: the share of non-members its ``target``
     FPR threshold passes, with its Clopper–Pearson interval; the fit agrees when the interval holds ``target``."""
     passed = int(np.sum(non_members > ndtri(1 - target)))
     low, high = clopper_pearson(passed, len(non_members))
-    return {"target": target, "found": passed / max(len(non_members), 1), "ci": [low, high],
-            "agrees": bool(low <= target <= high)}  # fmt: skip
+    return FitCheck(target, passed / max(len(non_members), 1), [low, high], bool(low <= target <= high))
 
 
 def exchangeable_sides(
@@ -489,7 +581,7 @@ def exchangeable_sides(
 def privacy_bound(
     scores: list[Score], member_labels: np.ndarray, non_member_labels: np.ndarray,
     canaries: bool, delta: float, seed: int = 0,
-) -> dict[str, Any]:  # fmt: skip
+) -> PrivacyBound:  # fmt: skip
     """The :func:`empirical_epsilon` of the family's raw values on :func:`exchangeable_sides`, and its null: the
     largest bound over :data:`EPSILON_NULL_DRAWS` shuffles of the same sides' member/non-member labels within each
     class (a control that holds no information, through the same code). Raw values, not the per-class ranks the
@@ -513,13 +605,13 @@ def privacy_bound(
     null, draws = 0.0, EPSILON_NULL_DRAWS if len(inside) and len(outside) else 0
     for shuffled in within_class_shuffles(is_member, labels, draws, seed):
         drawn = empirical_epsilon([(p[shuffled], p[~shuffled]) for p in pooled], delta)
-        null = max(null, drawn["epsilon-lower"])
-    return found | {"null": null, "null-draws": draws, "members": len(inside),
-                    "non-members": len(outside), "scores": [s.name for s in family]}  # fmt: skip
+        null = max(null, drawn.epsilon_lower)
+    return PrivacyBound(**dataclasses.asdict(found), null=null, null_draws=draws, members=len(inside),
+                        non_members=len(outside), scores=[s.name for s in family])  # fmt: skip
 
 
 def empirical_epsilon(judged: list[tuple[np.ndarray, np.ndarray]], delta: float,
-                      confidence: float = CONFIDENCE) -> dict[str, Any]:  # fmt: skip
+                      confidence: float = CONFIDENCE) -> EpsilonBound:  # fmt: skip
     """A lower bound on the ε of any (ε, δ)-DP training that the membership test refutes below it. A threshold test
     of (ε, δ)-DP training has TPR ≤ e^ε FPR + δ and TNR ≤ e^ε FNR + δ (Kairouz et al., ICML 2015), so
     ε ≥ ln((TPR − δ) / FPR) and ε ≥ ln((TNR − δ) / FNR) (Jagielski et al., arXiv 2006.07709; Nasr et al., arXiv
@@ -546,4 +638,4 @@ def empirical_epsilon(judged: list[tuple[np.ndarray, np.ndarray]], delta: float,
             k = int(np.argmax(found))
             if found[k] > best:
                 best, at = float(found[k]), {"tpr": float(true_pos[k] / n1), "fpr": float(false_pos[k] / n0)}
-    return {"epsilon-lower": best, "delta": delta, "confidence": confidence, "thresholds": tests, "at": at}
+    return EpsilonBound(best, delta, confidence, tests, at)

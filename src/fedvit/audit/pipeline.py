@@ -25,7 +25,7 @@ from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES, forget_received_projection
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import ModelInputError, trial_logits
-from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict_detail
+from fedvit.audit.evidence import LEAKAGE_KINDS, ClientRounds, threat_model, verdict_detail
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
@@ -37,7 +37,15 @@ from fedvit.audit.node_matching import with_matched_nodes
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
 from fedvit.audit.report import TOP_LEVEL_KEYS, as_json, json_text, markdown, save_grid
 from fedvit.audit.secagg import OBSERVERS, TLS, NotRebuilt, aggregate_exchange, describe_rounds, secagg_rounds
-from fedvit.audit.summary import client_findings, client_name, client_of, jointly_leaking, short_verdict, together
+from fedvit.audit.summary import (
+    ClientFinding,
+    client_findings,
+    client_name,
+    client_of,
+    jointly_leaking,
+    short_verdict,
+    together,
+)
 from fedvit.audit.user_data import Truths, UserData, run_config
 from fedvit.capture.reader import (
     NOTHING_ON_THE_WIRE,
@@ -127,6 +135,15 @@ class Audited(NamedTuple):
     obs: Observation
     truth: np.ndarray | None
     reconstructions: dict[str, Reconstruction]
+
+
+class Written(NamedTuple):
+    """An audit written out: ``audit.json``'s content, the per-client findings it was built from, and per exchange
+    what was attacked."""
+
+    report: dict[str, Any]
+    findings: list[ClientFinding]
+    attacked: list[Audited]
 
 
 # ---------------------------------------------------------------------------- reading
@@ -425,10 +442,9 @@ def attack_exchange(
 def audit_exchanges(
     exchanges: list[Exchange], out: Path, options: AuditOptions, notes: list[str] | None = None,
     secure: Secured | None = None, tls_links: int = 0,
-) -> tuple[dict[str, Any], list[Audited]]:  # fmt: skip
+) -> Written:  # fmt: skip
     """Attack and score every exchange; write ``audit.json``, ``audit.md``, ``grid.png`` and the frontier under
-    ``out``. Returns the report and, per exchange, what was attacked (``tls_links``: links a wire tap could not
-    read)."""
+    ``out`` (``tls_links``: links a wire tap could not read)."""
     out.mkdir(parents=True, exist_ok=True)
     reader, truths = Reader(options), Truths(options.data, options.decoys, options.gallery)
     truths.hold(exchanges)
@@ -458,7 +474,7 @@ def audit_exchanges(
             if (scores := recs.pop("scores")) is not None and scores[0]:
                 by_client.setdefault(client_of(update), []).append((update["update"], scores))
                 if slices := truths.slices.get(ex.label):  # a SecAgg+ aggregate: each member's images in it
-                    split, power = scores[1], update["leakage"]["membership"].get("power")
+                    split, power = scores[1], update["leakage"]["membership"].power
                     update["membership-members"] = member_membership(scores[0], split.candidates, split.seed, slices,
                                                                      power)  # fmt: skip
             attacked.append(Audited(obs, truth[0], recs))
@@ -478,14 +494,14 @@ def audit_exchanges(
     masked = [client_name(node, recorded, options.data) for node, recorded in (secure.masked if secure else [])]
     findings = client_findings(updates, clients, masked)
     joint = jointly_leaking(updates, findings)
-    report = as_json({
+    typed = {
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "— (no update was readable: nothing attacked)",
         "read-from-app": [dict(f) for f in options.app_facts],
         "threat-model": threat_model(observers, any(u["assumptions"] for u in updates), tls_links),
         "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds),
                                  jointly=together(joint)),
-        "findings": [dataclasses.asdict(f) for f in findings],
+        "findings": findings,
         "together": joint,
         "verdict-detail": verdict_detail(updates, NOTHING_ON_THE_WIRE, clients),
         "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
@@ -499,14 +515,16 @@ def audit_exchanges(
             "protocol": "SecAgg+ (Flower's SecAggPlusWorkflow and secaggplus_mod)", "observers": OBSERVERS, "tls": TLS,
             "rounds": secure.rounds,
         },
-    })
+    }
+    report = as_json(typed)
     assert tuple(report) == TOP_LEVEL_KEYS
     atomic_write(out / "audit.json", json_text(report).encode())
-    atomic_write(out / "audit.md", markdown(report).encode())
+    atomic_write(out / "audit.md", markdown(typed).encode())
     save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
     write_frontier(rows, out, {})
-    write_html(report, pictures(report, rocs, out, any(a.reconstructions for a in attacked)), out / "audit.html")
-    return report, attacked
+    drawn = pictures(report, rocs, out, any(a.reconstructions for a in attacked))
+    write_html(report, findings, drawn, out / "audit.html")
+    return Written(report, findings, attacked)
 
 
 def pictures(
@@ -536,7 +554,7 @@ def pictures(
     return found
 
 
-def rounds_combined(by_client: dict[str, list[tuple[str, Any]]]) -> list[dict[str, Any]]:
+def rounds_combined(by_client: dict[str, list[tuple[str, Any]]]) -> list[ClientRounds]:
     """Per client with two or more audited updates, its membership over all of them (:func:`judge_rounds`)."""
     out = []
     for client, found in by_client.items():
@@ -545,8 +563,8 @@ def rounds_combined(by_client: dict[str, list[tuple[str, Any]]]) -> list[dict[st
         started = time.perf_counter()
         log.info(f"audit: {client}: membership over its {len(found)} updates")
         evidence = judge_rounds([scores for _, scores in found])
-        out.append({"client": client, "updates": [name for name, _ in found], "membership": evidence,
-                    "seconds": round(time.perf_counter() - started, 1)})  # fmt: skip
+        out.append(ClientRounds(client, [name for name, _ in found], evidence, round(time.perf_counter() - started,
+                                                                                     1)))  # fmt: skip
     return out
 
 
@@ -562,6 +580,11 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     folder of any Flower app): see the module docstring. Returns the report (``audit.json``'s content); progress and
     notes go to the ``fedvit.audit`` logger. Raises :class:`AuditInputError` with what to change. The public entry
     point with plain types is :func:`fedvit.audit.api.audit_captures`."""
+    return audit_captured(captures, out, options).report
+
+
+def audit_captured(captures: Path, out: Path, options: AuditOptions | None = None) -> Written:
+    """:func:`run_audit`, returning everything it wrote (:class:`Written`)."""
     options = options or AuditOptions()
     captures = Path(captures)
     if not captures.exists():
@@ -595,9 +618,7 @@ def run_audit(captures: Path, out: Path, options: AuditOptions | None = None) ->
     title = options.title or f"fedvit audit of {captures}"
     if options.spec is not None and exchanges and all(is_fedvit(ex) for ex in exchanges):
         raise AuditInputError("--model: these are captures of fedvit's own app, whose run config names its model")
-    report, _ = audit_exchanges(exchanges, Path(out), dataclasses.replace(options, title=title), notes, secure,
-                                hidden)  # fmt: skip
-    return report
+    return audit_exchanges(exchanges, Path(out), dataclasses.replace(options, title=title), notes, secure, hidden)
 
 
 def unstated_normalisation(reader: Reader, exchanges: list[Exchange]) -> str | None:

@@ -48,6 +48,7 @@ from fedvit.audit.evidence import (
     Evidence,
     ImageEvidence,
     LabelEvidence,
+    MembershipEvidence,
     PowerEvidence,
     image_evidence,
     label_evidence,
@@ -55,7 +56,7 @@ from fedvit.audit.evidence import (
     privacy_evidence,
 )
 from fedvit.audit.membership_runs import aggregate_power, simulated_power
-from fedvit.audit.membership_stats import Roc, judge, over_rounds
+from fedvit.audit.membership_stats import Judgement, Roc, judge, over_rounds, privacy_bound
 from fedvit.audit.metrics import as_batch, score
 from fedvit.core.budget import AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
@@ -464,7 +465,8 @@ MEMBERSHIP_SCORES: tuple[Measure, ...] = (
 )
 
 
-def judge_membership(obs: Observation, findings: dict[str, Outcome], held: Held) -> tuple[dict[str, Any], Roc | None]:
+def judge_membership(obs: Observation, findings: dict[str, Outcome], held: Held
+                     ) -> tuple[MembershipEvidence, Roc | None]:  # fmt: skip
     """The strongest membership score against its null within the family
     (:func:`fedvit.audit.membership_stats.judge`), what a simulated update like this one shows (:func:`power`)
     and, where the update claims DP or canaries are scored, the empirical ε; beside it the strongest score's judged
@@ -474,13 +476,14 @@ def judge_membership(obs: Observation, findings: dict[str, Outcome], held: Held)
         return membership_evidence(None, next(iter(findings.values())).status.removeprefix("not applicable: ")), None
     split, claim = held.split, recipe(obs).privacy
     delta = claim.delta if claim is not None else DEFAULT_DELTA if split.candidates.canaries else None
-    result, inside, outside = judge(scores, split.candidates, split.seed, delta)
-    member_classes, non_member_classes = evenly(*split.candidates.members)[1], evenly(*split.candidates.non_members)[1]
-    roc = Roc(inside, outside, member_classes, non_member_classes, result["fpr-resolution"])
-    result["power"] = power(obs, held, result)
+    figures, inside, outside = judge(scores, split.candidates, split.seed)
+    member_labels, non_member_labels = evenly(*split.candidates.members)[1], evenly(*split.candidates.non_members)[1]
+    roc = Roc(inside, outside, member_labels, non_member_labels, figures.fpr_resolution)
+    privacy = None
     if delta is not None:  # on the loss scores, and the shadows' only where the recipe fits: it stands either way
-        result["privacy"] = privacy_evidence(claim, result.pop("empirical-epsilon"))
-    return membership_evidence(result, ""), roc
+        bound = privacy_bound(scores, member_labels, non_member_labels, split.candidates.canaries, delta, split.seed)
+        privacy = privacy_evidence(claim, bound)
+    return membership_evidence(figures, "", power(obs, held, figures), privacy), roc
 
 
 def power_applies(obs: Observation, held: Held) -> str | None:
@@ -499,14 +502,13 @@ def power_applies(obs: Observation, held: Held) -> str | None:
     return None
 
 
-def power(obs: Observation, held: Held, result: dict[str, Any]) -> PowerEvidence:
+def power(obs: Observation, held: Held, result: Judgement) -> PowerEvidence:
     """What the audit could have seen in this update (:func:`~fedvit.audit.membership_runs.simulated_power`), beside
     what it saw with the same scores."""
     if (why := power_applies(obs, held)) is not None:
         return PowerEvidence(NOT_MEASURED, why)
     split, counts = held.split, held.estimate.simulated_counts
     members = len(obs.meta.get("member-examples") or {})
-    kept = ("auc", "tpr@0.01", "tpr@resolution", "null", "clears-null", "members", "non-members", "score")
     one = None
     if members >= 2 and len(held.aux.images) < (need := int(np.sum(counts))):
         return PowerEvidence(NOT_MEASURED, f"a simulated aggregate of {members} clients needs {need} distinct "
@@ -514,19 +516,17 @@ def power(obs: Observation, held: Held, result: dict[str, Any]) -> PowerEvidence
                              "--decoy-partitions)")  # fmt: skip
     if members >= 2:  # a SecAgg+ aggregate: N members simulated and averaged, the union and one member judged
         simulated, one = aggregate_power(dataclasses.replace(obs, client=member_recipe(obs)), held.aux,
-                                         counts, recipe(obs).momentum, split.seed, result["non-members"],
+                                         counts, recipe(obs).momentum, split.seed, result.non_members,
                                          members)  # fmt: skip
     else:
-        simulated = simulated_power(obs, held.aux, counts, recipe(obs).momentum, split.seed, result["non-members"])
-    observed = max(result["scores"][name]["auc"] for name in LOSS_SCORES if name in result["scores"])
+        simulated = simulated_power(obs, held.aux, counts, recipe(obs).momentum, split.seed, result.non_members)
+    observed = max(result.scores[name].auc for name in LOSS_SCORES if name in result.scores)
     scores = f"the strongest of: {', '.join(LOSS_SCORES)}"
-    aggregate = {} if one is None else {"aggregate-of": members}
+    aggregate = None if one is None else members
     per_member = None
     if one is not None:  # what the audit could see of one client's images in an aggregate of this N
-        per_member = PowerEvidence(MEASURED, "", scores, {k: one[k] for k in kept} | aggregate,
-                                   could_have_seen=one["clears-null"])  # fmt: skip
-    return PowerEvidence(MEASURED, "", scores, {k: simulated[k] for k in kept} | aggregate, observed,
-                         simulated["clears-null"], per_member)  # fmt: skip
+        per_member = PowerEvidence(MEASURED, "", scores, one, aggregate, could_have_seen=one.clears_null)
+    return PowerEvidence(MEASURED, "", scores, simulated, aggregate, observed, simulated.clears_null, per_member)
 
 
 def membership_scores(findings: dict[str, Outcome]) -> list[Score]:
@@ -535,7 +535,7 @@ def membership_scores(findings: dict[str, Outcome]) -> list[Score]:
     return [f.extra for n, f in findings.items() if n in names and f.applied]
 
 
-def judge_rounds(updates: list[tuple[list[Score], MembershipSplit]]) -> dict[str, Any]:
+def judge_rounds(updates: list[tuple[list[Score], MembershipSplit]]) -> MembershipEvidence:
     """One client's membership over its captured updates (:func:`fedvit.audit.membership_stats.over_rounds`), against
     the same family null with each shuffle applied to every update alike. Needs the same candidates in each
     update (the client's images and the non-members, as ``--data`` maps them)."""

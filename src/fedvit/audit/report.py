@@ -11,8 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from fedvit.audit.evidence import needed_text, null_text, threshold_text
+from fedvit.audit.evidence import (
+    MEASURED,
+    ClientRounds,
+    Evidence,
+    ImageEvidence,
+    LabelEvidence,
+    PowerEvidence,
+    PrivacyEvidence,
+    needed_text,
+    null_text,
+    threshold_text,
+)
 from fedvit.audit.frontier import fmt, reid_cell
+from fedvit.audit.json_fields import FLATTEN, json_key
+from fedvit.audit.membership_stats import Judgement
 from fedvit.audit.metrics import as_batch, match_batch
 from fedvit.audit.secagg import gap_text
 from fedvit.audit.summary import ClientFinding, summary_table
@@ -28,10 +41,18 @@ NOT_APPLICABLE = "not applicable: "
 
 def as_json(value: Any) -> Any:
     """``value`` as ``audit.json`` holds it, the one place the audit's types become JSON: a dataclass (a leakage
-    type's evidence) an object of its fields, named in kebab case (``null_error`` → ``null-error``); numpy scalars
+    type's evidence) an object of its fields, named in kebab case (``null_error`` → ``null-error``) unless the field
+    names itself (:mod:`fedvit.audit.json_fields`), a flattened field's beside its parent's; numpy scalars
     and arrays numbers and lists; mappings, lists and tuples element by element; anything else as it is."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name.replace("_", "-"): as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if (kind := f.metadata.get(FLATTEN)) is None:
+                out[json_key(f)] = as_json(item)
+            else:  # its fields beside the parent's (None where it is None: one schema)
+                out |= as_json(item) if item is not None else {json_key(g): None for g in dataclasses.fields(kind)}
+        return out
     if isinstance(value, dict):
         return {key: as_json(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
@@ -106,11 +127,10 @@ def secure_lines(secure: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
-def summary_lines(findings: list[dict[str, Any]]) -> list[str]:
-    """The summary table of ``audit.json``'s ``findings`` (:func:`fedvit.audit.summary.summary_table`)."""
-    if not findings:
+def summary_lines(rows: list[ClientFinding]) -> list[str]:
+    """The summary table of the report's findings (:func:`fedvit.audit.summary.summary_table`)."""
+    if not rows:
         return []
-    rows = [ClientFinding.from_dict(f) for f in findings]
     legend = ("Each cell: **the finding** (leaks: beyond the null by the margin, its interval clear of it; no "
               "evidence: within it; could not have seen: within it, and so was a simulated update with known members; "
               "not resolvable: too few images or members for any figure to clear the null; not measured), the "
@@ -175,90 +195,89 @@ def not_applicable_lines(updates: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-def client_lines(clients: list[dict[str, Any]]) -> list[str]:
+def client_lines(clients: list[ClientRounds]) -> list[str]:
     """Per client with several updates: its membership over all of them."""
     if not clients:
         return []
     lines = ["### Membership per client, its updates combined", ""]
-    lines += [f"- **{c['client']}** ({len(c['updates'])} updates: {', '.join(c['updates'])}): "
-              f"{evidence_text(c['membership'])}" for c in clients]  # fmt: skip
+    lines += [f"- **{c.client}** ({len(c.updates)} updates: {', '.join(c.updates)}): "
+              f"{evidence_text(c.membership)}" for c in clients]  # fmt: skip
     return lines + [""]
 
 
-def evidence_text(e: dict[str, Any]) -> str:
+def evidence_text(e: Evidence) -> str:
     """One leakage type of one update: the figure beside its null and margin (see :mod:`fedvit.audit.evidence`)."""
-    if e["status"] != "measured":
-        return e["status"] + ": " + (e.get("benchmarked-error") or e.get("why") or "")
-    verdict = "beyond the null" if e["clears"] else "within the null" if e.get("resolvable", True) else (
-        needed_text(e, e["members"]))
-    if "error" in e:
-        return (f"error {e['error']:.1%} vs prior {e['null-error']:.1%} (margin {e['margin']:.0%}): {verdict}")
-    if "auc" in e:
-        null = e["null"]
-        rates = "; ".join(tpr_text(e, f) for f in ("0.001", "0.01"))
-        others = ", ".join(f"{name} {s['auc']:.3f}" for name, s in e["scores"].items() if name != e["score"])
-        return (f"strongest of {len(e['scores'])} score(s): {e['score']}" + (f" (AUC of the others: {others})"
-                if others else "") + f"; AUC {e['auc']:.3f} (null: {null_text(null)}, the choice among "
-                f"{len(e['scores'])} accounted for); {rates}; {e['members']} members, "
-                f"{e['non-members']} non-members ({e['non-member-source']}), FPR resolution "
-                f"{e['fpr-resolution']:.2%} (the fewest non-members of a member's class: "
-                f"{e['non-members-per-class']}): {verdict}" + power_text(e.get("power"))
-                + privacy_text(e.get("privacy")))
-    return f"re-identified {e['top1']:.0%} top-1 vs null {e['null-top1']:.0%} (margin {e['margin']:.0%}): {verdict}"
+    if e.status != MEASURED:
+        return e.status + ": " + ((e.benchmarked_error if isinstance(e, LabelEvidence) else None) or e.why or "")
+    verdict = "beyond the null" if e.clears else "within the null"
+    if isinstance(e, LabelEvidence):
+        return f"error {e.error:.1%} vs prior {e.null_error:.1%} (margin {e.margin:.0%}): {verdict}"
+    if isinstance(e, ImageEvidence):
+        return f"re-identified {e.top1:.0%} top-1 vs null {e.null_top1:.0%} (margin {e.margin:.0%}): {verdict}"
+    f = e.figures
+    if not e.clears and not e.resolvable:
+        verdict = needed_text(e.members_to_resolve, f.members)
+    rates = "; ".join(tpr_text(f, target) for target in ("0.001", "0.01"))
+    others = ", ".join(f"{name} {s.auc:.3f}" for name, s in f.scores.items() if name != f.score)
+    return (f"strongest of {len(f.scores)} score(s): {f.score}" + (f" (AUC of the others: {others})" if others
+            else "") + f"; AUC {f.auc:.3f} (null: {null_text(f.null)}, the choice among {len(f.scores)} accounted "
+            f"for); {rates}; {f.members} members, {f.non_members} non-members ({f.non_member_source}), FPR "
+            f"resolution {f.fpr_resolution:.2%} (the fewest non-members of a member's class: "
+            f"{f.non_members_per_class}): {verdict}" + power_text(e.power) + privacy_text(e.privacy))  # fmt: skip
 
 
-def privacy_text(privacy: dict[str, Any] | None) -> str:
+def privacy_text(privacy: PrivacyEvidence | None) -> str:
     """The empirical ε the membership test proves, against the client's DP claim where it makes one."""
-    if not privacy:
+    if privacy is None:
         return ""
-    text = (f"; empirical ε ≥ {privacy['empirical-epsilon']:.2f} (δ {privacy['delta']:g}, "
-            f"{privacy['confidence']:.0%} confidence over {privacy['thresholds']} thresholds; {privacy['members']} "
-            f"members against {privacy['non-members']} non-members; null "
-            f"{privacy['null']:.2f}, the largest of {privacy['null-draws']} within-class shuffles)")  # fmt: skip
-    if privacy["claimed-epsilon"] is None:
+    text = (f"; empirical ε ≥ {privacy.empirical_epsilon:.2f} (δ {privacy.delta:g}, {privacy.confidence:.0%} "
+            f"confidence over {privacy.thresholds} thresholds; {privacy.members} members against "
+            f"{privacy.non_members} non-members; null {privacy.null:.2f}, the largest of {privacy.null_draws} "
+            "within-class shuffles)")  # fmt: skip
+    if privacy.claimed_epsilon is None:
         return text
-    return text + (": consistent with" if privacy["consistent"] else ": violates") + f" the claimed {privacy['claim']}"
+    return text + (": consistent with" if privacy.consistent else ": violates") + f" the claimed {privacy.claim}"
 
 
-def parametric_text(e: dict[str, Any]) -> str:
+def parametric_text(f: Judgement) -> str:
     """TPR at 0.1% FPR from the per-class Gaussian fit (LiRA's offline test), where it agrees with the empirical CDF."""
-    check, value = e.get("fit-check"), e.get("tpr@0.001-parametric")
-    if check is None or value is None:
+    check = f.fit_check
+    if check is None or f.parametric is None:
         return ""
-    passed = f"{check['found']:.2%} of the non-members pass its {check['target']:.0%} threshold"
-    if not check["agrees"]:
+    passed = f"{check.found:.2%} of the non-members pass its {check.target:.0%} threshold"
+    if not check.agrees:
         return f"; a per-class Gaussian fit disagrees with the empirical CDF ({passed}): no parametric figure"
-    return (f"; parametric {value:.1%} (null: {threshold_text(e['null']['tpr@0.001-parametric'], 'TPR')}; a "
-            f"per-class Gaussian fit of the "
-            f"non-members, LiRA's offline test, agreeing with the empirical CDF: {passed})")  # fmt: skip
+    return (f"; parametric {f.parametric:.1%} (null: {threshold_text(f.null.parametric, 'TPR')}; a per-class "
+            f"Gaussian fit of the non-members, LiRA's offline test, agreeing with the empirical CDF: "
+            f"{passed})")  # fmt: skip
 
 
-def power_text(power: dict[str, Any] | None) -> str:
+def power_text(power: PowerEvidence | None) -> str:
     """What the audit could have seen: the simulated update with known members beside this one (same scores)."""
-    if not power:
+    if power is None:
         return ""
-    if power["status"] != "measured":
-        return f"; power not measured ({power['why']})"
-    sim = power["simulated"]
-    like = (f"an aggregate of {sim['aggregate-of']} clients like this one, simulated with known members, shows for "
-            f"{sim['members']} of their images AUC" if sim.get("aggregate-of") else
-            f"an update like this one, simulated with {sim['members']} known members, shows AUC")  # fmt: skip
-    return (f"; power of the loss scores: {like} "
-            f"{sim['auc']:.3f} (null: {null_text(sim['null'])}; {sim['score']}), "
-            + ("beyond" if power["could-have-seen"] else "within") + " its null: the audit "
-            + ("could" if power["could-have-seen"] else "could not") + " have seen membership like it; this one "
-            f"shows AUC {power['observed-auc']:.3f} with the same scores")  # fmt: skip
+    if power.status != MEASURED:
+        return f"; power not measured ({power.why})"
+    sim = power.simulated
+    like = (f"an aggregate of {power.aggregate_of} clients like this one, simulated with known members, shows for "
+            f"{sim.members} of their images AUC" if power.aggregate_of else
+            f"an update like this one, simulated with {sim.members} known members, shows AUC")  # fmt: skip
+    seen = power.could_have_seen
+    return (f"; power of the loss scores: {like} {sim.auc:.3f} (null: {null_text(sim.null)}; {sim.score}), "
+            + ("beyond" if seen else "within") + " its null: the audit " + ("could" if seen else "could not")
+            + f" have seen membership like it; this one shows AUC {power.observed_auc:.3f} with the same scores")
 
 
-def tpr_text(e: dict[str, Any], target: str) -> str:
+def tpr_text(f: Judgement, target: str) -> str:
     """TPR at one FPR target with its 95% interval and the FPR reached, or what resolving the target needs."""
     name = f"TPR@{float(target):.1%}".replace(".0%", "%") + " FPR"
-    if e.get(f"tpr@{target}") is None:
-        return f"{name} not resolved (needs ≥ {e[f'tpr@{target}-needs']} non-members per class)" + (
-            parametric_text(e) if target == "0.001" else "")
-    low, high = e[f"tpr@{target}-ci"]
-    return (f"{name} {e[f'tpr@{target}']:.1%} [{low:.1%}, {high:.1%}] at FPR {e[f'fpr@{target}']:.2%} "
-            f"(null: {threshold_text(e['null'][f'tpr@{target}'], 'TPR')})")  # fmt: skip
+    point = f.operating_points[target]
+    if f.tpr(target) is None:
+        return f"{name} not resolved (needs ≥ {point.needs} non-members per class)" + (
+            parametric_text(f) if target == "0.001" else "")
+    low, high = point.tpr_ci
+    return (f"{name} {f.tpr(target):.1%} [{low:.1%}, {high:.1%}] at FPR {point.fpr:.2%} "
+            f"(null: {threshold_text(f.null.tpr(target), 'TPR')})")  # fmt: skip
 
 
 GRID_IMAGES_PER_UPDATE = 4  # true images shown per update in grid.png (a batch can be larger)

@@ -18,8 +18,10 @@ from typing import Any
 from fedvit.audit.evidence import (
     MEASURED,
     NOT_MEASURED,
+    ClientRounds,
     ImageEvidence,
     LabelEvidence,
+    MembershipEvidence,
     claims_tested,
     counted,
     images_clear,
@@ -71,12 +73,6 @@ class ClientFinding:
     def by_kind(self) -> dict[str, Finding]:
         return dict(zip(KINDS, (getattr(self, name) for name in FINDING_FIELDS), strict=True))
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> ClientFinding:
-        """The finding as ``audit.json``'s ``findings`` holds it (``dataclasses.asdict``), back as the dataclass."""
-        return cls(**{**values, "updates": tuple(values["updates"]),
-                      **{name: Finding(**values[name]) for name in FINDING_FIELDS}})  # fmt: skip
-
 
 def _ci(low: float, high: float) -> str:
     return f"[{low:.1%}, {high:.1%}]"
@@ -119,38 +115,44 @@ def strongest_labels(measured: list[LabelEvidence]) -> LabelEvidence:
                - e.null_error)  # fmt: skip
 
 
-def membership_finding(updates: list[dict[str, Any]], combined: dict[str, Any] | None) -> Finding:
+def membership_finding(updates: list[dict[str, Any]], combined: MembershipEvidence | None) -> Finding:
     """Membership of a client's images: over its updates combined where there are several, else its one update.
     A null is printed as the threshold it is (:func:`fedvit.audit.evidence.null_text`)."""
-    measured = [u["leakage"]["membership"] for u in updates if u["leakage"]["membership"]["status"] == MEASURED]
-    if combined is not None and combined["status"] == MEASURED:
+    found: list[MembershipEvidence] = [u["leakage"]["membership"] for u in updates]
+    return membership_row([e for e in found if e.measured], combined, found[0].why if found else "", len(updates))
+
+
+def membership_row(measured: list[MembershipEvidence], combined: MembershipEvidence | None, why: str,
+                   updates: int) -> Finding:  # fmt: skip
+    """The membership finding of measured updates, or of their ``combined`` evidence where measured."""
+    if combined is not None and combined.measured:
         e = combined
     elif measured:
-        e = max(measured, key=lambda m: m["auc"] - m["null"]["auc"])
+        e = max(measured, key=lambda m: m.figures.auc - m.figures.null.auc)
     else:
-        why = combined["why"] if combined else updates[0]["leakage"]["membership"].get("why", "")
-        return Finding(NOT_MEASURED, why=why)
-    at = "0.01" if e.get("tpr@0.01") is not None else "resolution"
-    fpr = 0.01 if at == "0.01" else e.get("fpr@resolution", e.get("fpr-resolution"))
-    tpr = e.get(f"tpr@{at}")
-    figure = f"AUC {e['auc']:.3f}" + ("" if tpr is None else f", TPR {tpr:.1%} at FPR {fpr:.1%}")
+        return Finding(NOT_MEASURED, why=combined.why if combined else why)
+    f = e.figures
+    at = f.judged_at
+    point = f.operating_points[at]
+    fpr = 0.01 if at == "0.01" else point.fpr if point.fpr is not None else f.fpr_resolution
+    tpr = f.tpr(at)
+    figure = f"AUC {f.auc:.3f}" + ("" if tpr is None else f", TPR {tpr:.1%} at FPR {fpr:.1%}")
     if combined is e:
-        figure += f" ({len(updates)} updates combined)"
-    null = null_text(e["null"], f"tpr@{at}", e["members"])
-    ci = e.get(f"tpr@{at}-ci")
-    power, word = "—", LEAKS if e["clears"] else NO_EVIDENCE
-    if not e["clears"] and not e["resolvable"]:  # membership_evidence's reach of the null
-        figure += f"; {needed_text(e, e['members'])}"
+        figure += f" ({updates} updates combined)"
+    null = null_text(f.null, at, f.members)
+    power, word = "—", LEAKS if e.clears else NO_EVIDENCE
+    if not e.clears and not e.resolvable:  # membership_evidence's reach of the null
+        figure += f"; {needed_text(e.members_to_resolve, f.members)}"
         word = NOT_RESOLVABLE
-    powers = [p for m in ([e] if combined is not e else measured) if (p := m.get("power")) is not None
+    powers = [p for m in ([e] if combined is not e else measured) if (p := m.power) is not None
               and p.status == MEASURED]  # fmt: skip
     if powers:
         seen = sum(p.could_have_seen for p in powers)
-        auc = sum(p.simulated["auc"] for p in powers) / len(powers)
+        auc = sum(p.simulated.auc for p in powers) / len(powers)
         power = f"simulated AUC {auc:.3f}, beyond its null in {seen} of {len(powers)}"
         if word == NO_EVIDENCE and seen == 0:
             word = UNSEEABLE
-    return Finding(word, figure, null, "—" if ci is None else "TPR " + _ci(*ci), power)
+    return Finding(word, figure, null, "—" if point.tpr_ci is None else "TPR " + _ci(*point.tpr_ci), power)
 
 
 def image_finding(updates: list[dict[str, Any]]) -> Finding:
@@ -223,14 +225,14 @@ def client_name(node: Any, recorded: int | None, data: Any) -> str:
     return f"partition {partition}" if partition is not None else f"node {node}"
 
 
-def client_findings(updates: list[dict[str, Any]], clients: list[dict[str, Any]],
+def client_findings(updates: list[dict[str, Any]], clients: list[ClientRounds],
                     masked: list[str] = ()) -> list[ClientFinding]:  # fmt: skip
     """One row per client (:func:`client_of` its updates), in audit order; ``clients``: membership combined;
     ``masked``: clients whose updates SecAgg+ masked (every figure: not measurable)."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for u in updates:
         grouped.setdefault(client_of(u), []).append(u)
-    combined = {c["client"]: c["membership"] for c in clients}
+    combined = {c.client: c.membership for c in clients}
     rows = [
         ClientFinding(
             client, tuple(u["update"] for u in mine), label_finding(mine),
@@ -239,7 +241,7 @@ def client_findings(updates: list[dict[str, Any]], clients: list[dict[str, Any]]
         for client, mine in grouped.items()
     ]
     hidden = Finding(NOT_MEASURED, why=MASKED)
-    in_aggregate: dict[str, list[dict[str, Any]]] = {}  # a masked client's images in the aggregates, per round
+    in_aggregate: dict[str, list[MembershipEvidence]] = {}  # a masked client's images in the aggregates
     for u in updates:
         for name, e in (u.get("membership-members") or {}).items():
             in_aggregate.setdefault(name, []).append(e)
@@ -248,13 +250,14 @@ def client_findings(updates: list[dict[str, Any]], clients: list[dict[str, Any]]
     return sorted(rows, key=lambda f: client_order(f.client))
 
 
-def member_finding(found: list[dict[str, Any]]) -> Finding:
+def member_finding(found: list[MembershipEvidence]) -> Finding:
     """A SecAgg+ member's membership: of its images in the aggregates it joined (the strongest round), else not
     measured (masked)."""
-    if not any(e["status"] == MEASURED for e in found):
+    measured = [e for e in found if e.measured]
+    if not measured:
         return Finding(NOT_MEASURED, why=MASKED)
-    found = membership_finding([{"leakage": {"membership": e}} for e in found], None)
-    return dataclasses.replace(found, figure=f"its images in the aggregate: {found.figure}")
+    row = membership_row(measured, None, "", len(measured))
+    return dataclasses.replace(row, figure=f"its images in the aggregate: {row.figure}")
 
 
 def client_order(client: str) -> tuple[int, int | str]:
