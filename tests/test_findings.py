@@ -10,6 +10,7 @@ import pytest
 
 from fedvit.attacks.holdings import Candidates
 from fedvit.attacks.scores import Score
+from fedvit.audit.entries import UpdateAudit
 from fedvit.audit.evidence import (
     NOT_MEASURED,
     ImageEvidence,
@@ -42,12 +43,11 @@ NONE = MembershipEvidence(NOT_MEASURED, "not in this test")
 
 
 def update(name: str, partition: int, labels: LabelEvidence | None = None, membership: MembershipEvidence | None = None,
-           images: ImageEvidence | None = None, examples: int = 2) -> dict:  # fmt: skip
+           images: ImageEvidence | None = None, examples: int = 2) -> UpdateAudit:  # fmt: skip
     """An update entry as the pipeline writes it, with the leakage evidence given."""
     leakage = {"labels": labels or LabelEvidence(NOT_MEASURED, "not in this test"), "membership": membership or NONE,
                "images": images or ImageEvidence(NOT_MEASURED, "not in this test")}  # fmt: skip
-    return {"update": name, "node": partition, "partition": partition, "examples": examples, "attacks": {},
-            "leakage": leakage}  # fmt: skip
+    return UpdateAudit(name, partition, partition=partition, examples=examples, leakage=leakage)
 
 
 def exact_counts(images: int, prior_error: float) -> LabelEvidence:

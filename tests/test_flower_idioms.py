@@ -26,6 +26,8 @@ from fedvit.attacks.simulation import (
     simulate,
     takes_channels_last,
 )
+from fedvit.audit.entries import UpdateAudit
+from fedvit.audit.evidence import NOT_MEASURED, MembershipEvidence
 from fedvit.audit.pipeline import probe_model
 from fedvit.audit.secagg import gap_text, gap_to_broadcast
 from fedvit.audit.summary import dp_finding
@@ -182,9 +184,10 @@ def test_central_dp_is_read_from_the_server_with_its_sources_and_said_of_every_u
     sources = dict(client.sources)
     assert sources["central DP"].startswith(f"central DP: DifferentialPrivacyClientSideFixedClipping ({built})")
     assert "std 0.667 per entry" in sources["central DP"] and client.update_clip == 4.0
-    update = {"recipe-sources": list(client.sources), "leakage": {"membership": {}}}
+    unmeasured = {"membership": MembershipEvidence(NOT_MEASURED, "not in this test")}
+    update = UpdateAudit("u", recipe_sources=list(client.sources), leakage=unmeasured)
     assert "central DP in the app's code" in dp_finding([update]).why
-    assert dp_finding([{"recipe-sources": [], "leakage": {"membership": {}}}]).why == "no DP claim on record"
+    assert dp_finding([UpdateAudit("u", leakage=unmeasured)]).why == "no DP claim on record"
 
 
 def test_an_aggregates_gap_to_the_next_broadcast_is_said_as_the_noise_it_is():

@@ -22,6 +22,7 @@ from fedvit.audit.json_fields import flattened
 from fedvit.audit.membership_stats import Judgement, PrivacyBound, RocFigures, clopper_pearson
 
 if TYPE_CHECKING:
+    from fedvit.audit.entries import ClientRounds, UpdateAudit
     from fedvit.observed.recipe import PrivacyClaim
 
 LABELS = "labels (head-bias gradient)"  # the label estimate's name as an attack (report rows, the frontier)
@@ -436,26 +437,16 @@ def rounds_part(clients: list[ClientRounds]) -> tuple[str, bool | None]:
             "hardest)", hits > 0)  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True)
-class ClientRounds:
-    """One client's membership over its captured updates combined (:func:`fedvit.audit.registry.judge_rounds`)."""
-
-    client: str
-    updates: list[str]
-    membership: MembershipEvidence
-    seconds: float
-
-
-def verdict_detail(updates: list[dict[str, Any]], nothing: str, clients: list[ClientRounds] | None = None) -> str:
+def verdict_detail(updates: list[UpdateAudit], nothing: str, clients: list[ClientRounds] | None = None) -> str:
     """One line: per leakage type, the evidence against its null (and, for clients with several updates, their
     membership over them). "LEAKS" only where a figure clears its margin; "no evidence at this budget" where
     everything measured stayed within it; "unverified" where nothing could be checked."""
     if not updates:
         return nothing
-    parts = {kind: PARTS[kind]([u["leakage"][kind] for u in updates]) for kind in LEAKAGE_KINDS}
+    parts = {kind: PARTS[kind]([u.leakage[kind] for u in updates]) for kind in LEAKAGE_KINDS}
     if clients:
         parts["rounds"] = rounds_part(clients)
-    privacy = privacy_part([u["leakage"]["membership"] for u in updates])
+    privacy = privacy_part([u.membership for u in updates])
     if privacy[1] is not None:
         parts["privacy"] = privacy
     leaks = [text for text, hit in parts.values() if hit]

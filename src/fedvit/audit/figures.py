@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from fedvit.audit.entries import UpdateAudit
 from fedvit.audit.membership_stats import Roc, split_roc, within_class_shuffles
 from fedvit.audit.summary import client_of
 
@@ -83,12 +84,12 @@ def roc_figure(clients: dict[str, list[tuple[str, Roc]]]) -> Any:
     return fig
 
 
-def label_figure(updates: list[dict[str, Any]]) -> Any | None:
+def label_figure(updates: list[UpdateAudit]) -> Any | None:
     """Per update the recovered class counts beside the prior's (N × its class shares) and the true counts where the
     scoring data gives them; None where no update has counts."""
     from fedvit.core.plots import plt
 
-    drawn = [u for u in updates if u.get("labels")][:MAX_LABEL_PANELS]
+    drawn = [u for u in updates if u.labels][:MAX_LABEL_PANELS]
     if not drawn:
         return None
     cols = min(3, len(drawn))
@@ -97,15 +98,15 @@ def label_figure(updates: list[dict[str, Any]]) -> Any | None:
     for ax in axes.flat[len(drawn):]:
         ax.axis("off")
     for ax, u in zip(axes.flat, drawn, strict=False):
-        evidence = u["leakage"]["labels"]
-        recovered = {int(c): n for c, n in u["labels"].items()}
-        shares = evidence.get("prior-shares")
+        evidence = u.labels_evidence
+        recovered = {int(c): n for c, n in u.labels.items()}
+        shares = evidence.prior_shares
         classes = len(shares) if shares else max(recovered) + 1
         x = np.arange(classes)
         total = sum(recovered.values())
         ax.bar(x - 0.2, [recovered.get(c, 0) for c in x], 0.4, label="recovered", color="tab:red")
-        if evidence.get("true-counts") is not None:
-            ax.bar(x + 0.2, evidence["true-counts"][:classes], 0.4, label="true", color="tab:blue")
+        if evidence.true_counts is not None:
+            ax.bar(x + 0.2, evidence.true_counts[:classes], 0.4, label="true", color="tab:blue")
         if shares:
             ax.plot(x, np.array(shares) * total, "k_", ms=10, mew=1.5, label="prior (no information)")
         ax.set_title(short_update(u), fontsize=8)
@@ -116,9 +117,9 @@ def label_figure(updates: list[dict[str, Any]]) -> Any | None:
     return fig
 
 
-def short_update(update: dict[str, Any]) -> str:
+def short_update(update: UpdateAudit) -> str:
     """An update's short name: its client and round ("partition 0, round 2")."""
-    return f"{client_of(update)}, round {update['round']}" if update.get("round") is not None else update["update"]
+    return f"{client_of(update)}, round {update.round}" if update.round is not None else update.update
 
 
 def png(fig: Any, dpi: int = 110) -> bytes:

@@ -25,7 +25,8 @@ from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES, forget_received_projection
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.simulation import ModelInputError, trial_logits
-from fedvit.audit.evidence import LEAKAGE_KINDS, ClientRounds, threat_model, verdict_detail
+from fedvit.audit.entries import ClientRounds, RecipeFitted, UpdateAudit
+from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict_detail
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
@@ -374,7 +375,7 @@ class Reader:
 def attack_exchange(
     obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str,
     aux: Auxiliary | None = None, candidates: Candidates | None = None, device: str | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:  # fmt: skip
+) -> tuple[list[dict[str, Any]], UpdateAudit, dict[str, Any]]:  # fmt: skip
     """Every registry entry on one observation (:func:`fedvit.audit.registry.measure_all`): its report rows, its
     update entry, its reconstructions (and under "ranks" the re-identification ranks, under "membership" the member
     and non-member scores). ``aux``: labelled images that are not the client's (the label simulation's);
@@ -396,42 +397,35 @@ def attack_exchange(
     statuses = {n: f.status for n, f in findings.items() if f.status is not None and f.applied}
     statuses |= {n: f.status for n, f in findings.items() if f.status is not None and not f.applied}
     labelled = findings[LABELS].rows[0]
-    update = {
-        "update": obs.meta.get("update") or obs.meta["label"],
-        "node": obs.meta.get("node"),
-        "round": obs.meta.get("round"),
-        "partition": obs.meta.get("partition"),
-        "sent": obs.meta.get("sent") or ("gradient" if client.sends_gradient else "weights") + " (run config)",
-        "batch": client.batch,
-        "steps": client.steps,
-        "examples": client.examples,
-        "recipe": client.described(),
-        "recipe-sources": [[key, text] for key, text in client.sources],  # per value: "value (where it came from)"
-        "app-code": obs.meta.get("app-code"),
-        "recipe-fit": None
-        if (fit := held.estimate.recipe_fit) is None
-        else {
-            "recipe": fit.recipe,
-            "scale": fit.scale,
-            "cosine": fit.cosine,
-            "own-cosine": fit.own_cosine,
-            "cosine-bound": fit.cosine_bound,
-            "direction-unresolved": fit.direction_unresolved,  # the bound below LOWEST_COSINE_BOUND: never fits
-            "flatness": list(fit.flatness),
-            "fits": fit.fits,
-            "checked": held.fit_check and not held.estimate.fit_unchecked,
-            "not-checked": held.estimate.fit_unchecked or (None if held.fit_check else "--no-fit-check"),
-        },
+    fit = held.estimate.recipe_fit
+    scored = {k.replace("-", "_"): (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS)
+              if k != "reid-ranks"}  # fmt: skip
+    update = UpdateAudit(
+        update=obs.meta.get("update") or obs.meta["label"],
+        node=obs.meta.get("node"),
+        round=obs.meta.get("round"),
+        partition=obs.meta.get("partition"),
+        sent=obs.meta.get("sent") or ("gradient" if client.sends_gradient else "weights") + " (run config)",
+        batch=client.batch,
+        steps=client.steps,
+        examples=client.examples,
+        recipe=client.described(),
+        recipe_sources=list(client.sources),  # per value: "value (where it came from)"
+        app_code=obs.meta.get("app-code"),
+        recipe_fit=None if fit is None else RecipeFitted.of(
+            fit, held.fit_check and not held.estimate.fit_unchecked,
+            held.estimate.fit_unchecked or (None if held.fit_check else "--no-fit-check")),  # fmt: skip
         # recipe values no record carries and nothing estimated, and (another app) what no record can carry
-        "assumptions": client.assumed() + ([] if obs.defence.fedvit else unrecorded(client)),
-        "labels": labelled["labels"],
-        "label-accuracy": labelled["label-accuracy"],
-        "frozen-features": held.features.note,  # a partial update: its head on cached features?
-        "attacks": statuses,
-        "best-attack": best,
-        "leakage": judged.leakage,
-        "seconds": round(time.perf_counter() - started, 1),
-    } | {k: (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS) if k != "reid-ranks"}
+        assumptions=client.assumed() + ([] if obs.defence.fedvit else unrecorded(client)),
+        labels=labelled["labels"],
+        label_accuracy=labelled["label-accuracy"],
+        frozen_features=held.features.note,  # a partial update: its head on cached features?
+        attacks=statuses,
+        best_attack=best,
+        leakage=judged.leakage,
+        seconds=round(time.perf_counter() - started, 1),
+        **scored,
+    )
     recs = {n: f.reconstruction for n, f in findings.items() if f.reconstruction is not None}
     ranks = {n: f.scores["reid-ranks"] for n, f in findings.items() if f.reconstruction is not None}
     split = held.split
@@ -466,22 +460,22 @@ def audit_exchanges(
                 obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates, device
             )
             rows += update_rows
-            updates.append(update)
             observers.append(ex.observer)
             grid_ranks.append(recs.pop("ranks"))
             if (roc := recs.pop("membership")) is not None:
-                rocs.setdefault(client_of(update), []).append((f"round {update['round']}", roc))
+                rocs.setdefault(client_of(update), []).append((f"round {update.round}", roc))
             if (scores := recs.pop("scores")) is not None and scores[0]:
-                by_client.setdefault(client_of(update), []).append((update["update"], scores))
+                by_client.setdefault(client_of(update), []).append((update.update, scores))
                 if slices := truths.slices.get(ex.label):  # a SecAgg+ aggregate: each member's images in it
-                    split, power = scores[1], update["leakage"]["membership"].power
-                    update["membership-members"] = member_membership(scores[0], split.candidates, split.seed, slices,
-                                                                     power)  # fmt: skip
+                    split, power = scores[1], update.membership.power
+                    members = member_membership(scores[0], split.candidates, split.seed, slices, power)
+                    update = dataclasses.replace(update, membership_members=members)
+            updates.append(update)
             attacked.append(Audited(obs, truth[0], recs))
-            log.info(f"audit: {update['update']}: labels {update['labels']}; " + (
-                "unscored" if update["psnr"] is None else
-                f"best {update['best-attack']} {update['psnr']:.2f} dB, re-id top-1 {update['reid-top1']:.0%}"
-            ) + f" ({update['seconds']:.0f} s)")  # fmt: skip
+            log.info(f"audit: {update.update}: labels {update.labels}; " + (
+                "unscored" if update.psnr is None else
+                f"best {update.best_attack} {update.psnr:.2f} dB, re-id top-1 {update.reid_top1:.0%}"
+            ) + f" ({update.seconds:.0f} s)")  # fmt: skip
     finally:
         forget_received_projection()
     models = dict.fromkeys(
@@ -498,7 +492,7 @@ def audit_exchanges(
         "title": options.title or "fedvit audit",
         "model": "; ".join(models) or "— (no update was readable: nothing attacked)",
         "read-from-app": [dict(f) for f in options.app_facts],
-        "threat-model": threat_model(observers, any(u["assumptions"] for u in updates), tls_links),
+        "threat-model": threat_model(observers, any(u.assumptions for u in updates), tls_links),
         "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds),
                                  jointly=together(joint)),
         "findings": findings,
@@ -522,13 +516,13 @@ def audit_exchanges(
     atomic_write(out / "audit.md", markdown(typed).encode())
     save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
     write_frontier(rows, out, {})
-    drawn = pictures(report, rocs, out, any(a.reconstructions for a in attacked))
+    drawn = pictures(updates, rocs, out, any(a.reconstructions for a in attacked))
     write_html(report, findings, drawn, out / "audit.html")
     return Written(report, findings, attacked)
 
 
 def pictures(
-    report: dict[str, Any], rocs: dict[str, list[tuple[str, Roc]]], out: Path, attacked: bool
+    updates: list[UpdateAudit], rocs: dict[str, list[tuple[str, Roc]]], out: Path, attacked: bool
 ) -> list[Picture]:
     """The report's pictures, each also a file under ``out``: the membership ROC per client, the label counts and,
     where an image attack ran, the reconstruction grid (written by :func:`save_grid`)."""
@@ -539,7 +533,7 @@ def pictures(
             "update, drawn only above the FPR resolution (1 / the fewest non-members of a member's class); grey: "
             f"the same values with the member labels shuffled within each class ({BAND_DRAWS} shuffles, 95%).",
             png(roc_figure(rocs))))  # fmt: skip
-    if (labels := label_figure(report["updates"])) is not None:
+    if (labels := label_figure(updates)) is not None:
         found.append(Picture(
             "Label counts per update", "The class counts recovered from the update (red) against the prior's, N × the "
             "population's class shares (the no-information guess, black), and the true counts (blue) where the "

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from fedvit.audit.entries import ClientRounds, UpdateAudit
 from fedvit.audit.evidence import (
     MEASURED,
-    ClientRounds,
     Evidence,
     ImageEvidence,
     LabelEvidence,
@@ -139,46 +139,46 @@ def summary_lines(rows: list[ClientFinding]) -> list[str]:
     return ["## Per client", "", *summary_table(rows), "", legend, ""]
 
 
-def update_lines(updates: list[dict[str, Any]]) -> list[str]:
+def update_lines(updates: list[UpdateAudit]) -> list[str]:
     """Per update: what was sent, the recipe read, the labels, the strongest attack's scores, each attack's status."""
     if not updates:
         return []
 
-    def unscored(row: dict[str, Any], key: str, spec: str) -> str:
-        return "unscored" if row.get(key) is None else format(row[key], spec)
+    def unscored(value: float | None, spec: str) -> str:
+        return "unscored" if value is None else format(value, spec)
 
     lines = ["## Updates", "", "| update | sent | B × steps | labels (recovered) | best attack | PSNR dB | SSIM "
              "| re-id top-1 | rank |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for u in updates:
-        labels = "—" if u["labels"] is None else str(u["labels"])
+        labels = "—" if u.labels is None else str(u.labels)
         lines.append(
-            f"| {u['update']} | {u['sent']} | {u['batch']} × {u['steps']} | {labels} | {u.get('best-attack') or '—'} "
-            f"| {unscored(u, 'psnr', '.2f')} | {unscored(u, 'ssim', '.3f')} | {unscored(u, 'reid-top1', '.0%')} "
-            f"| {unscored(u, 'reid-rank', '.1f')} |"
+            f"| {u.update} | {u.sent} | {u.batch} × {u.steps} | {labels} | {u.best_attack or '—'} "
+            f"| {unscored(u.psnr, '.2f')} | {unscored(u.ssim, '.3f')} | {unscored(u.reid_top1, '.0%')} "
+            f"| {unscored(u.reid_rank, '.1f')} |"
         )
     lines += ["", "### Attacks per update", ""]
     for u in updates:
-        lines.append(f"- **{u['update']}**: recipe: {u['recipe']}")
-        if u["assumptions"]:
-            lines.append(f"  - assumed (no record carries them): {'; '.join(u['assumptions'])}")
-        if u.get("frozen-features"):
-            lines.append(f"  - frozen backbone: {u['frozen-features']}")
-        lines += [f"  - {name}: {status}" for name, status in u["attacks"].items()
+        lines.append(f"- **{u.update}**: recipe: {u.recipe}")
+        if u.assumptions:
+            lines.append(f"  - assumed (no record carries them): {'; '.join(u.assumptions)}")
+        if u.frozen_features:
+            lines.append(f"  - frozen backbone: {u.frozen_features}")
+        lines += [f"  - {name}: {status}" for name, status in u.attacks.items()
                   if not status.startswith(NOT_APPLICABLE)]  # fmt: skip
-        lines += [f"  - evidence, {kind}: {evidence_text(e)}" for kind, e in u["leakage"].items()]
+        lines += [f"  - evidence, {kind}: {evidence_text(e)}" for kind, e in u.leakage.items()]
         lines += [f"  - evidence, membership of {name}'s images in this aggregate: {evidence_text(e)}"
-                  for name, e in (u.get("membership-members") or {}).items()]  # fmt: skip
+                  for name, e in (u.membership_members or {}).items()]  # fmt: skip
     return lines + [""] + not_applicable_lines(updates)
 
 
-def not_applicable_lines(updates: list[dict[str, Any]]) -> list[str]:
+def not_applicable_lines(updates: list[UpdateAudit]) -> list[str]:
     """The attacks that did not apply, once per reason: which attacks, on which updates."""
     by_reason: dict[str, dict[str, list[str]]] = {}  # reason -> attack -> updates
     for u in updates:
-        for name, status in u["attacks"].items():
+        for name, status in u.attacks.items():
             if status.startswith(NOT_APPLICABLE):  # "withheld: <why>" and "<why>": one reason
                 reason = status.removeprefix(NOT_APPLICABLE).removeprefix("withheld: ")
-                by_reason.setdefault(reason, {}).setdefault(name, []).append(u["update"])
+                by_reason.setdefault(reason, {}).setdefault(name, []).append(u.update)
     for reason in sorted(by_reason, key=len, reverse=True):  # the same why with more said: under the shorter one
         shorter = [r for r in by_reason if r != reason and reason.startswith(r + ";")]
         if shorter:
@@ -189,7 +189,7 @@ def not_applicable_lines(updates: list[dict[str, Any]]) -> list[str]:
     lines = ["### Attacks that did not apply", ""]
     for reason, attacks in by_reason.items():
         on = {tuple(names) for names in attacks.values()}
-        where = "all updates" if on == {tuple(u["update"] for u in updates)} else "; ".join(
+        where = "all updates" if on == {tuple(u.update for u in updates)} else "; ".join(
             ", ".join(names) for names in on)  # fmt: skip
         lines.append(f"- {', '.join(attacks)} ({where}): {reason}")
     return lines + [""]

@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fedvit.audit.entries import ClientRounds, UpdateAudit
 from fedvit.audit.evidence import (
     MEASURED,
     NOT_MEASURED,
-    ClientRounds,
     ImageEvidence,
     LabelEvidence,
     MembershipEvidence,
@@ -78,11 +78,11 @@ def _ci(low: float, high: float) -> str:
     return f"[{low:.1%}, {high:.1%}]"
 
 
-def label_finding(updates: list[dict[str, Any]]) -> Finding:
+def label_finding(updates: list[UpdateAudit]) -> Finding:
     """Label counts over a client's updates: the share of its images they misplace against the prior's, of its
     strongest update (:func:`strongest_labels`; its updates train on the same images, so they are not pooled), judged
     by :func:`fedvit.audit.evidence.labels_clear` with that update's interval."""
-    found: list[LabelEvidence] = [u["leakage"]["labels"] for u in updates]
+    found = [u.labels_evidence for u in updates]
     measured = [e for e in found if e.status == MEASURED]
     if not measured:
         e = found[0]
@@ -115,10 +115,10 @@ def strongest_labels(measured: list[LabelEvidence]) -> LabelEvidence:
                - e.null_error)  # fmt: skip
 
 
-def membership_finding(updates: list[dict[str, Any]], combined: MembershipEvidence | None) -> Finding:
+def membership_finding(updates: list[UpdateAudit], combined: MembershipEvidence | None) -> Finding:
     """Membership of a client's images: over its updates combined where there are several, else its one update.
     A null is printed as the threshold it is (:func:`fedvit.audit.evidence.null_text`)."""
-    found: list[MembershipEvidence] = [u["leakage"]["membership"] for u in updates]
+    found = [u.membership for u in updates]
     return membership_row([e for e in found if e.measured], combined, found[0].why if found else "", len(updates))
 
 
@@ -155,15 +155,15 @@ def membership_row(measured: list[MembershipEvidence], combined: MembershipEvide
     return Finding(word, figure, null, "—" if point.tpr_ci is None else "TPR " + _ci(*point.tpr_ci), power)
 
 
-def image_finding(updates: list[dict[str, Any]]) -> Finding:
+def image_finding(updates: list[UpdateAudit]) -> Finding:
     """Images: the best attack's re-identification (top-1) against the same reconstructions among unseen images, of
     the client's strongest update (its updates hold the same images, so they are not pooled), judged by
     :func:`fedvit.audit.evidence.images_clear`."""
-    found: list[ImageEvidence] = [u["leakage"]["images"] for u in updates]
+    found = [u.images for u in updates]
     measured = [e for e in found if e.status == MEASURED]
     if not measured:
         why = found[0].why
-        skipped = [status for status in updates[0].get("attacks", {}).values() if "not attempted: " in status]
+        skipped = [status for status in updates[0].attacks.values() if "not attempted: " in status]
         if skipped:  # no image attack ran: say why the inversions were not attempted
             why = skipped[0].split("not attempted: ", 1)[1]
         return Finding(NOT_MEASURED, why=short_reason(why))
@@ -184,12 +184,11 @@ def strongest_images(measured: list[ImageEvidence]) -> ImageEvidence:
     return max(measured, key=lambda m: (m.clears, m.top1 - m.null_top1))
 
 
-def dp_finding(updates: list[dict[str, Any]]) -> Finding:
+def dp_finding(updates: list[UpdateAudit]) -> Finding:
     """A DP claim on record: the empirical ε the membership test proves, against the claimed ε."""
-    claims = claims_tested([u["leakage"]["membership"] for u in updates])
+    claims = claims_tested([u.membership for u in updates])
     if not claims:
-        central = next((text for u in updates for key, text in u.get("recipe-sources", []) if key == "central DP"),
-                       None)  # fmt: skip
+        central = next((text for u in updates for key, text in u.recipe_sources if key == "central DP"), None)
         if central is not None:  # the noise is the server's, on the aggregate: no update carries it to be tested
             return Finding(NOT_MEASURED, why="central DP in the app's code: the server noises the aggregate, and "
                            "no update carries that noise (no ε of an update to test)")  # fmt: skip
@@ -210,12 +209,12 @@ AGGREGATE_ROW = "the aggregate (SecAgg+)"
 MASKED = "masked by SecAgg+: not measurable from a masked vector"
 
 
-def client_of(update: dict[str, Any]) -> str:
+def client_of(update: UpdateAudit) -> str:
     """Whose update this is: its partition where known (the scoring data's mapping), else its node; a SecAgg+
     round's aggregate is the server's view of all its clients."""
-    if update.get("node") == AGGREGATE:
+    if update.node == AGGREGATE:
         return AGGREGATE_ROW
-    return f"partition {update['partition']}" if update.get("partition") is not None else f"node {update['node']}"
+    return f"partition {update.partition}" if update.partition is not None else f"node {update.node}"
 
 
 def client_name(node: Any, recorded: int | None, data: Any) -> str:
@@ -225,17 +224,17 @@ def client_name(node: Any, recorded: int | None, data: Any) -> str:
     return f"partition {partition}" if partition is not None else f"node {node}"
 
 
-def client_findings(updates: list[dict[str, Any]], clients: list[ClientRounds],
+def client_findings(updates: list[UpdateAudit], clients: list[ClientRounds],
                     masked: list[str] = ()) -> list[ClientFinding]:  # fmt: skip
     """One row per client (:func:`client_of` its updates), in audit order; ``clients``: membership combined;
     ``masked``: clients whose updates SecAgg+ masked (every figure: not measurable)."""
-    grouped: dict[str, list[dict[str, Any]]] = {}
+    grouped: dict[str, list[UpdateAudit]] = {}
     for u in updates:
         grouped.setdefault(client_of(u), []).append(u)
     combined = {c.client: c.membership for c in clients}
     rows = [
         ClientFinding(
-            client, tuple(u["update"] for u in mine), label_finding(mine),
+            client, tuple(u.update for u in mine), label_finding(mine),
             membership_finding(mine, combined.get(client)), image_finding(mine), dp_finding(mine),
         )  # fmt: skip
         for client, mine in grouped.items()
@@ -243,7 +242,7 @@ def client_findings(updates: list[dict[str, Any]], clients: list[ClientRounds],
     hidden = Finding(NOT_MEASURED, why=MASKED)
     in_aggregate: dict[str, list[MembershipEvidence]] = {}  # a masked client's images in the aggregates
     for u in updates:
-        for name, e in (u.get("membership-members") or {}).items():
+        for name, e in (u.membership_members or {}).items():
             in_aggregate.setdefault(name, []).append(e)
     rows += [ClientFinding(c, (), hidden, member_finding(in_aggregate.get(c, [])), hidden, hidden)
              for c in dict.fromkeys(masked) if c not in grouped]  # fmt: skip
@@ -303,19 +302,19 @@ def together(said: dict[str, str]) -> str:
     return ("Together: " + "; ".join(said.values()) + ".") if said else ""
 
 
-def jointly_leaking(updates: list[dict[str, Any]], findings: list[ClientFinding]) -> dict[str, str]:
+def jointly_leaking(updates: list[UpdateAudit], findings: list[ClientFinding]) -> dict[str, str]:
     """The clients together, where none's own evidence of a leakage type leaks but their pooled evidence does
     (label counts over all their images against the prior's error, re-identification over all their images), by
     the same rule as each client's: the leakage type → what was found. Each client counts once, by its strongest
     update (its rounds hold the same images); the SecAgg+ aggregate is not a client."""
-    mine: dict[str, list[dict[str, Any]]] = {}
+    mine: dict[str, list[UpdateAudit]] = {}
     for u in updates:
         if client_of(u) != AGGREGATE_ROW:
             mine.setdefault(client_of(u), []).append(u)
     if len(mine) < 2:
         return {}
     said: dict[str, str] = {}
-    measured = lambda us, kind: [u["leakage"][kind] for u in us if u["leakage"][kind].status == MEASURED]  # noqa: E731
+    measured = lambda us, kind: [u.leakage[kind] for u in us if u.leakage[kind].status == MEASURED]  # noqa: E731
     labels = [strongest_labels(m) for us in mine.values() if (m := measured(us, "labels"))]
     if len(labels) > 1 and not any(f.labels.word == LEAKS for f in findings):
         images = sum(judged_on(e) for e in labels)
