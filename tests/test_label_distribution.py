@@ -315,15 +315,13 @@ def judgement(auc: float, tpr: float, null: RocFigures) -> Judgement:
 
 
 def test_the_verdict_says_leaks_only_beyond_a_null():
-    from fedvit.audit.entries import UpdateAudit
     from fedvit.audit.evidence import ImageEvidence, LabelEvidence
 
     measured = LabelEvidence("measured", error=0.3, null_error=0.32, margin=0.05, clears=False)
     none = MembershipEvidence("not measured", "no candidates")
     no_images = ImageEvidence("not measured", "no candidates")
     unverified = LabelEvidence("estimated (unverified)", benchmarked_error="4% in the benchmark")
-    update = lambda labels: UpdateAudit("u", leakage={"labels": labels, "membership": none,  # noqa: E731
-                                                      "images": no_images})  # fmt: skip
+    update = lambda labels: {"labels": labels, "membership": none, "images": no_images}  # noqa: E731
     said = verdict_detail([update(measured)], "")
     assert said.startswith("no evidence at this budget: labels beyond the null in 0 of 1"), said
     said = verdict_detail([update(unverified)], "")
@@ -332,11 +330,11 @@ def test_the_verdict_says_leaks_only_beyond_a_null():
     assert verdict_detail([update(leaking)], "").startswith("LEAKS: labels")
     figures = membership_evidence(judgement(0.56, 0.02, RocFigures(0.53, tpr_at_1_percent=0.03)), "")
     nothing = LabelEvidence("not measured", "no candidates")
-    average = UpdateAudit("u", leakage={"labels": nothing, "images": no_images, "membership": figures})
+    average = {"labels": nothing, "images": no_images, "membership": figures}
     said = verdict_detail([average], "")
     assert said.startswith("no evidence at this budget") and "AUC alone beyond its null in 1" in said, said
-    exposed = UpdateAudit("u", leakage={"labels": nothing, "images": no_images, "membership": membership_evidence(
-        judgement(0.56, 0.05, figures.figures.null), "")})  # fmt: skip
+    exposed = {"labels": nothing, "images": no_images,
+               "membership": membership_evidence(judgement(0.56, 0.05, figures.figures.null), "")}
     assert verdict_detail([exposed], "").startswith("LEAKS: membership beyond the null in 1 of 1")
 
 

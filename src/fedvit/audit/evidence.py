@@ -22,7 +22,6 @@ from fedvit.audit.json_fields import flattened
 from fedvit.audit.membership_stats import Judgement, PrivacyBound, RocFigures, clopper_pearson
 
 if TYPE_CHECKING:
-    from fedvit.audit.entries import ClientRounds, UpdateAudit
     from fedvit.observed.recipe import PrivacyClaim
 
 LABELS = "labels (head-bias gradient)"  # the label estimate's name as an attack (report rows, the frontier)
@@ -425,9 +424,10 @@ def power_summary(powers: list[PowerEvidence | None], hits: int) -> str:
     return text
 
 
-def rounds_part(clients: list[ClientRounds]) -> tuple[str, bool | None]:
-    """Membership per client over its updates: the wording and whether it leaks (None: nothing measured)."""
-    measured = [c.membership for c in clients if c.membership.measured]
+def rounds_part(combined: list[MembershipEvidence]) -> tuple[str, bool | None]:
+    """Membership per client over its updates (``combined``: each client's): the wording and whether it leaks (None:
+    nothing measured)."""
+    measured = [e for e in combined if e.measured]
     if not measured:
         return "membership over rounds not measured", None
     hits = sum(e.clears for e in measured)
@@ -437,16 +437,17 @@ def rounds_part(clients: list[ClientRounds]) -> tuple[str, bool | None]:
             "hardest)", hits > 0)  # fmt: skip
 
 
-def verdict_detail(updates: list[UpdateAudit], nothing: str, clients: list[ClientRounds] | None = None) -> str:
+def verdict_detail(updates: list[dict[str, Evidence]], nothing: str,
+                   combined: list[MembershipEvidence] | None = None) -> str:  # fmt: skip
     """One line: per leakage type, the evidence against its null (and, for clients with several updates, their
     membership over them). "LEAKS" only where a figure clears its margin; "no evidence at this budget" where
     everything measured stayed within it; "unverified" where nothing could be checked."""
     if not updates:
         return nothing
-    parts = {kind: PARTS[kind]([u.leakage[kind] for u in updates]) for kind in LEAKAGE_KINDS}
-    if clients:
-        parts["rounds"] = rounds_part(clients)
-    privacy = privacy_part([u.membership for u in updates])
+    parts = {kind: PARTS[kind]([u[kind] for u in updates]) for kind in LEAKAGE_KINDS}
+    if combined:
+        parts["rounds"] = rounds_part(combined)
+    privacy = privacy_part([u["membership"] for u in updates])
     if privacy[1] is not None:
         parts["privacy"] = privacy
     leaks = [text for text, hit in parts.values() if hit]
