@@ -101,12 +101,12 @@ def breaching_fedavg(obs: Observation, step_labels: list[torch.Tensor], labels: 
 
 def row(case: tuple[int, int, int], k: int, tool: str, rec: Reconstruction, truths, gallery, seconds) -> dict:
     scored = score(rec, truths, gallery)
-    per = scored["per-image-psnr"]
+    per = scored.per_image_psnr
     n, batch, epochs = case
     out = {"images": n, "batch": batch, "epochs": epochs, "update": k, "attack": tool,
-           "matched PSNR (dB)": round(scored["psnr"], 2), "SSIM": round(scored["ssim"], 3),
+           "matched PSNR (dB)": round(scored.psnr, 2), "SSIM": round(scored.ssim, 3),
            "recovered (≥ 19 dB)": f"{sum(p >= RECOVERED_DB for p in per)}/{len(per)}",
-           "re-identified": round(scored["reid-top1"], 3), "null": scored["reid-null"],
+           "re-identified": round(scored.reid_top1, 3), "null": scored.reid_null,
            "flat reference (dB)": round(float(np.mean([psnr(best_flat_image(t), t) for t in truths])), 2),
            "seconds": round(seconds, 1)}  # fmt: skip
     print(out, flush=True)

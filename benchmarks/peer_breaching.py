@@ -39,6 +39,7 @@ from fedvit.audit.benchmark import (  # noqa: E402
     defence_config,
     partitions,
 )
+from fedvit.audit.json_fields import keyed  # noqa: E402
 from fedvit.audit.metrics import score  # noqa: E402
 from fedvit.audit.user_data import gallery_from_test_split  # noqa: E402
 from fedvit.core.budget import AuditConfig  # noqa: E402
@@ -124,9 +125,9 @@ def plain_updates(
 def scored_row(tool: str, k: int, rec: Reconstruction, truths: np.ndarray, gallery: Gallery, seconds: float) -> dict:
     """One attack's result on update ``k``, scored by the audit's own code."""
     scored = score(rec, truths, gallery)
-    print(f"  update {k} {tool}: {scored['psnr']:.2f} dB, re-id {scored['reid-top1']:.0%}, {seconds:.0f} s", flush=True)
+    print(f"  update {k} {tool}: {scored.psnr:.2f} dB, re-id {scored.reid_top1:.0%}, {seconds:.0f} s", flush=True)
     return {"tool": tool, "update": k, "seconds": seconds, "note": rec.note} | {
-        key: scored[key] for key in ("psnr", "ssim", "reid-top1", "reid-rank", "reid-chance")
+        key: keyed(scored)[key] for key in ("psnr", "ssim", "reid-top1", "reid-rank", "reid-chance")
     }
 
 

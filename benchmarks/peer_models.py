@@ -40,6 +40,7 @@ from benchmarks.common import ROOT
 from benchmarks.peer_breaching import breaching_reconstruct
 from fedvit.attacks.inversion import invert
 from fedvit.attacks.labels import recover_labels
+from fedvit.audit.json_fields import keyed
 from fedvit.audit.metrics import best_flat_image, psnr, score
 from fedvit.audit.user_data import gallery_from_test_split
 from fedvit.core.config import AuditConfig, parse_config
@@ -159,9 +160,9 @@ def run_cell(model, spec, train, gallery, batch: int, updates: int, steps: int, 
             rec = attack(attacked, spec, gradient, batch, steps, seed=k)
             seconds = time.perf_counter() - start
             scored = score(rec, truths, gallery)
-            print(f"  update {k} {tool}: {scored['psnr']:.2f} dB, re-id {scored['reid-top1']:.0%}, {seconds:.0f} s "
+            print(f"  update {k} {tool}: {scored.psnr:.2f} dB, re-id {scored.reid_top1:.0%}, {seconds:.0f} s "
                   f"(true labels {sorted(y.tolist())}; {rec.note[-40:]})", flush=True)  # fmt: skip
-            kept = {key: scored[key] for key in ("psnr", "ssim", "reid-top1", "reid-rank", "reid-chance")}
+            kept = {key: keyed(scored)[key] for key in ("psnr", "ssim", "reid-top1", "reid-rank", "reid-chance")}
             kept["baseline-psnr"] = float(np.mean([psnr(best_flat_image(t), t) for t in truths]))
             rows.append({"tool": tool, "update": k, "seconds": seconds, "note": rec.note} | kept)
     return rows

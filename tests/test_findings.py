@@ -26,6 +26,7 @@ from fedvit.audit.evidence import (
 )
 from fedvit.audit.frontier import leaks
 from fedvit.audit.membership_stats import RocFigures, judge
+from fedvit.audit.metrics import ImageScores
 from fedvit.audit.summary import (
     LEAKS,
     NO_EVIDENCE,
@@ -141,7 +142,7 @@ def test_a_report_text_with_an_auc_above_one_or_a_tpr_above_100_percent_is_caugh
                           (0.12, 0.0, 0.05, 8), (0.0, 0.0, 0.01, 8)])  # fmt: skip
 def test_images_leak_by_one_rule_in_the_report_and_the_frontier(top1, null, chance, images):
     """The frontier and the report judge the same re-identification alike (fedvit.audit.evidence.images_clear)."""
-    scores = {"reid-top1": top1, "reid-null": null, "reid-chance": chance, "psnr": 20.0}
+    scores = ImageScores(20.0, reid_top1=top1, reid_null=null, reid_chance=chance)
     row = {"reid-top1": top1, "reid-null": null, "reid-chance": chance, "reid-images": images}
     judged = image_evidence(scores, images, "").clears
     assert judged == leaks(row) == images_clear(top1, null, chance, images)

@@ -29,7 +29,7 @@ from fedvit.attacks.simulation import (
 from fedvit.audit.entries import UpdateAudit
 from fedvit.audit.evidence import NOT_MEASURED, MembershipEvidence
 from fedvit.audit.pipeline import probe_model
-from fedvit.audit.secagg import gap_text, gap_to_broadcast
+from fedvit.audit.secagg import BroadcastGap, gap_text, gap_to_broadcast
 from fedvit.audit.summary import dp_finding
 from fedvit.observed.app_code import App, app_sources, central_dp, load_app, read_code
 from fedvit.observed.model_spec import ModelSpec
@@ -197,14 +197,14 @@ def test_an_aggregates_gap_to_the_next_broadcast_is_said_as_the_noise_it_is():
     entry = gap_to_broadcast(rebuilt, noised, 0.2)
     text = gap_text(entry)
     assert "central-DP noise, of expected std σ·C/N = 0.2" in text and "equals" not in text
-    assert 0.9 < entry["next-broadcast-rms-difference"] / 0.2 < 1.1
+    assert 0.9 < entry.next_broadcast_rms_difference / 0.2 < 1.1
     largest = max(float(np.abs(b - a).max()) for a, b in zip(rebuilt, noised, strict=True))
-    assert entry["next-broadcast-max-difference"] == largest
+    assert entry.next_broadcast_max_difference == largest
     unexplained = gap_text(gap_to_broadcast(rebuilt, noised, None))
     assert "the server changed the aggregate" in unexplained and "equals" not in unexplained
     quantised = [a + 1e-6 for a in rebuilt]
     assert "equals the next round's broadcast" in gap_text(gap_to_broadcast(rebuilt, quantised, None))
-    assert gap_to_broadcast(rebuilt, rebuilt[:1], None) == {"next-broadcast-max-difference": None}  # shapes differ
+    assert gap_to_broadcast(rebuilt, rebuilt[:1], None) == BroadcastGap(None)  # the shapes differ
 
 
 # ---------------------------------------------------------------------------- the user's model, fed as it accepts

@@ -115,11 +115,11 @@ def test_batch_scores_count_unmatched_images_as_the_flat_guess():
     truths = rng.random((3, 3, 8, 8))
     exact = score(Reconstruction(truths[1]), truths)
     flat = [psnr(best_flat_image(t), t) for t in truths]
-    assert exact["matched"] == "1/3"
-    assert exact["per-image-psnr"] == [flat[0], 200.0, flat[2]]
-    assert exact["psnr"] == pytest.approx(np.mean([flat[0], 200.0, flat[2]]))
+    assert exact.matched == "1/3"
+    assert exact.per_image_psnr == [flat[0], 200.0, flat[2]]
+    assert exact.psnr == pytest.approx(np.mean([flat[0], 200.0, flat[2]]))
     everything = score(Reconstruction(truths[0], images=tuple(truths[::-1])), truths)
-    assert everything["matched"] == "3/3" and everything["psnr"] == 200.0
+    assert everything.matched == "3/3" and everything.psnr == 200.0
 
 
 def independent_patch_observation(tmp_path, batch: int):

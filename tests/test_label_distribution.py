@@ -233,7 +233,7 @@ def test_noise_matched_to_many_images_is_not_re_identification():
     noise = list(np.random.default_rng(1).random((20, 3, 32, 32)))
     scored = score(Reconstruction(noise[0], "noise", images=tuple(noise)), truths, Gallery(decoys, "decoys"))
     evidence = image_evidence(scored, 20, "")
-    assert scored["reid-null"] is not None and evidence.status == "measured" and not evidence.clears, evidence
+    assert scored.reid_null is not None and evidence.status == "measured" and not evidence.clears, evidence
     exact = score(Reconstruction(truths[0], "", images=tuple(truths)), truths, Gallery(decoys, "decoys"))
     assert image_evidence(exact, 20, "").clears
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from fedvit.audit.json_fields import flattened
 from fedvit.audit.membership_stats import Judgement, PrivacyBound, RocFigures, clopper_pearson
 
 if TYPE_CHECKING:
+    from fedvit.audit.metrics import ImageScores
     from fedvit.observed.recipe import PrivacyClaim
 
 LABELS = "labels (head-bias gradient)"  # the label estimate's name as an attack (report rows, the frontier)
@@ -255,16 +256,16 @@ def label_evidence(counts: np.ndarray | None, why: str, accuracy: float | None, 
                          label_images_needed(null))  # fmt: skip
 
 
-def image_evidence(scores: dict[str, Any] | None, images: int, why: str) -> ImageEvidence:
+def image_evidence(scores: ImageScores | None, images: int, why: str) -> ImageEvidence:
     """The best attack's re-identification against its null (see :func:`fedvit.audit.metrics.null_reid`)."""
-    if scores is None or scores.get("reid-top1") is None:
+    if scores is None or scores.reid_top1 is None:
         return ImageEvidence(NOT_MEASURED, why)
-    top1, null = scores["reid-top1"], scores.get("reid-null")
+    top1, null = scores.reid_top1, scores.reid_null
     if null is None:
         return ImageEvidence(NOT_MEASURED, "too few decoys for a null (2 per true image)", top1)
-    chance = scores.get("reid-chance")
+    chance = scores.reid_chance
     return ImageEvidence(MEASURED, "", top1, null, chance, IMAGE_MARGIN, images_clear(top1, null, chance, images),
-                         scores.get("psnr"), images)  # fmt: skip
+                         scores.psnr, images)  # fmt: skip
 
 
 def membership_evidence(figures: Judgement | None, why: str, power: PowerEvidence | None = None,

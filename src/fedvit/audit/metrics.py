@@ -11,6 +11,7 @@ re-identified among its true image and the decoys (:mod:`fedvit.attacks.reidenti
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 
 from fedvit.attacks import reidentification
 from fedvit.attacks.reidentification import Gallery
+from fedvit.audit.json_fields import from_keys
 from fedvit.observed.observation import Observation, Reconstruction, first_block
 
 DATA_RANGE = 1.0
@@ -131,11 +133,29 @@ def as_batch(truth: np.ndarray | None) -> list[np.ndarray] | None:
     return [truth] if truth.ndim == 3 else list(truth)
 
 
-def score(rec: Reconstruction, truth: np.ndarray | None, gallery: Gallery | None = None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ImageScores:
+    """A reconstruction's matched scores against the true batch (:func:`score`): mean PSNR and SSIM over every true
+    image, each image's PSNR, how many were matched, and the re-identification of the matched reconstructions
+    (:data:`REID_FIELDS`; None without a gallery)."""
+
+    psnr: float | None = None
+    ssim: float | None = None
+    per_image_psnr: list[float] | None = None
+    matched: str | None = None  # "matched/true images"
+    reid_top1: float | None = None
+    reid_rank: float | None = None
+    reid_ranks: list[int] | None = None
+    reid_gallery: int | None = None
+    reid_chance: float | None = None
+    reid_null: float | None = None  # the same protocol on images the update never saw (:func:`null_reid`)
+
+
+def score(rec: Reconstruction, truth: np.ndarray | None, gallery: Gallery | None = None) -> ImageScores:
     """Matched scores of a reconstruction against the true batch (see the module docstring)."""
     truths = as_batch(truth)
     if rec.image is None or truths is None:
-        return {"psnr": None, "ssim": None, "per-image-psnr": None, "matched": None} | dict.fromkeys(REID_FIELDS)
+        return ImageScores()
     images = rec.all_images
     pairs = match_batch(images, truths)
     flats = [best_flat_image(t) for t in truths]
@@ -146,12 +166,8 @@ def score(rec: Reconstruction, truth: np.ndarray | None, gallery: Gallery | None
     reid = reid_scores({j: images[i] for i, j, _ in pairs}, truths, gallery, flats)
     if gallery is not None:
         reid["reid-null"] = null_reid(images, truths, gallery)
-    return {
-        "psnr": float(np.mean(per_psnr)),
-        "ssim": float(np.mean(per_ssim)),
-        "per-image-psnr": per_psnr,
-        "matched": f"{len(pairs)}/{len(truths)}",
-    } | reid
+    return from_keys(ImageScores, {"psnr": float(np.mean(per_psnr)), "ssim": float(np.mean(per_ssim)),
+                                   "per-image-psnr": per_psnr, "matched": f"{len(pairs)}/{len(truths)}"} | reid)
 
 
 def null_reid(images: list[np.ndarray], truths: list[np.ndarray], gallery: Gallery) -> float | None:
@@ -170,7 +186,7 @@ def null_reid(images: list[np.ndarray], truths: list[np.ndarray], gallery: Galle
 
 def reid_scores(
     matched: dict[int, np.ndarray], truths: list[np.ndarray], gallery: Gallery | None, flats: list[np.ndarray]
-) -> dict[str, Any]:
+) -> dict[str, float | int | list[int] | None]:
     """:func:`fedvit.attacks.reidentification.score_batch`, or every re-identification field None without a gallery."""
     if gallery is None:
         return dict.fromkeys(REID_FIELDS)

@@ -33,11 +33,18 @@ from fedvit.audit.frontier import frontier_rows, write_frontier
 from fedvit.audit.html import Picture, write_html
 from fedvit.audit.members import member_membership
 from fedvit.audit.membership_stats import Roc
-from fedvit.audit.metrics import BATCH_SCORING, REID_FIELDS, SETTINGS, reference_rows, reid_setting
+from fedvit.audit.metrics import BATCH_SCORING, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.node_matching import with_matched_nodes
 from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
 from fedvit.audit.report import TOP_LEVEL_KEYS, as_json, json_text, markdown, save_grid
-from fedvit.audit.secagg import OBSERVERS, TLS, NotRebuilt, aggregate_exchange, describe_rounds, secagg_rounds
+from fedvit.audit.secagg import (
+    NotRebuilt,
+    RoundEntry,
+    SecureAggregation,
+    aggregate_exchange,
+    describe_rounds,
+    secagg_rounds,
+)
 from fedvit.audit.summary import (
     ClientFinding,
     client_findings,
@@ -398,8 +405,8 @@ def attack_exchange(
     statuses |= {n: f.status for n, f in findings.items() if f.status is not None and not f.applied}
     labelled = findings[LABELS].rows[0]
     fit = held.estimate.recipe_fit
-    scored = {k.replace("-", "_"): (best_scores[k] if best else None) for k in ("psnr", "ssim", *REID_FIELDS)
-              if k != "reid-ranks"}  # fmt: skip
+    shown = ("psnr", "ssim", "reid_top1", "reid_rank", "reid_gallery", "reid_chance", "reid_null")
+    scored = {k: getattr(best_scores, k) if best else None for k in shown}
     update = UpdateAudit(
         update=obs.meta.get("update") or obs.meta["label"],
         node=obs.meta.get("node"),
@@ -427,7 +434,7 @@ def attack_exchange(
         **scored,
     )
     recs = {n: f.reconstruction for n, f in findings.items() if f.reconstruction is not None}
-    ranks = {n: f.scores["reid-ranks"] for n, f in findings.items() if f.reconstruction is not None}
+    ranks = {n: f.scores.reid_ranks for n, f in findings.items() if f.reconstruction is not None}
     split = held.split
     scores = None if split is None else (membership_scores(findings), split)
     return rows, update, {"ranks": ranks, "membership": judged.roc, "scores": scores} | recs
@@ -506,10 +513,7 @@ def audit_exchanges(
         "rows": rows,
         "summary": frontier_rows(rows, {}),  # each attack's means per defence and setting
         "notes": list(notes or []) + truths.notes,
-        "secure-aggregation": None if not (secure and secure.rounds) else {
-            "protocol": "SecAgg+ (Flower's SecAggPlusWorkflow and secaggplus_mod)", "observers": OBSERVERS, "tls": TLS,
-            "rounds": secure.rounds,
-        },
+        "secure-aggregation": None if not (secure and secure.rounds) else SecureAggregation(secure.rounds),
     }
     report = as_json(typed)
     assert tuple(report) == TOP_LEVEL_KEYS
@@ -651,7 +655,7 @@ class Secured(NamedTuple):
     round for the aggregate), the report's entries per round and the nodes whose updates were masked."""
 
     exchanges: list[Exchange]
-    rounds: list[dict[str, Any]]
+    rounds: list[RoundEntry]
     masked: list[tuple[Any, int | None]]  # (node, the partition its node config recorded)
 
 

@@ -55,9 +55,10 @@ from fedvit.audit.evidence import (
     membership_evidence,
     privacy_evidence,
 )
+from fedvit.audit.json_fields import keyed
 from fedvit.audit.membership_runs import aggregate_power, simulated_power
 from fedvit.audit.membership_stats import Judgement, Roc, judge, over_rounds, privacy_bound
-from fedvit.audit.metrics import as_batch, score
+from fedvit.audit.metrics import ImageScores, as_batch, score
 from fedvit.core.budget import AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
 from fedvit.observed.observation import (
@@ -268,7 +269,7 @@ class Outcome:
     stage: LabelStage | None = None  # the label estimate's output for the measures after it
     applied: bool = True
     reconstruction: Reconstruction | None = None
-    scores: dict[str, Any] | None = None
+    scores: ImageScores | None = None
     extra: Any = None
     recipe: ClientRecipe | None = None
 
@@ -573,7 +574,7 @@ def image_measure(attack: Attack) -> Measure:
                     "budget": steps,
                     "steps-done": rec.steps,
                     "steps-asked": None if steps is None else steps * target.restarts,
-                    **scored,
+                    **keyed(scored),
                     "seconds": time.perf_counter() - start,
                     "note": rec.note,
                 }
@@ -603,10 +604,10 @@ MEASURES: tuple[Measure, ...] = (LABEL_COUNTS, *MEMBERSHIP_SCORES, *(image_measu
 # ---- evidence per leakage type
 
 
-def best_image(findings: dict[str, Outcome]) -> tuple[str | None, dict[str, Any] | None]:
+def best_image(findings: dict[str, Outcome]) -> tuple[str | None, ImageScores | None]:
     """The image attack whose reconstruction scored the highest PSNR, and its scores (None, None: none scored)."""
-    scored = {n: f.scores for n, f in findings.items() if f.scores and f.scores["psnr"] is not None}
-    best = max(scored, key=lambda n: scored[n]["psnr"]) if scored else None
+    scored = {n: f.scores for n, f in findings.items() if f.scores and f.scores.psnr is not None}
+    best = max(scored, key=lambda n: scored[n].psnr) if scored else None
     return best, scored.get(best)
 
 

@@ -27,7 +27,7 @@ from fedvit.audit.frontier import fmt, reid_cell
 from fedvit.audit.json_fields import FLATTEN, json_key
 from fedvit.audit.membership_stats import Judgement
 from fedvit.audit.metrics import as_batch, match_batch
-from fedvit.audit.secagg import gap_text
+from fedvit.audit.secagg import SecureAggregation, gap_text
 from fedvit.audit.summary import ClientFinding, summary_table
 from fedvit.observed.observation import Observation, Reconstruction
 
@@ -109,20 +109,20 @@ def app_fact_lines(facts: list[dict[str, str]]) -> list[str]:
     return [*lines, ""]
 
 
-def secure_lines(secure: dict[str, Any] | None) -> list[str]:
+def secure_lines(secure: SecureAggregation | None) -> list[str]:
     """Secure aggregation: what each observer holds, and per round its nodes and how the aggregate was obtained."""
     if not secure:
         return []
-    lines = ["## Secure aggregation", "", f"{secure['protocol']}. What each observer holds: {secure['observers']}. "
-             f"{secure['tls']}.", ""]  # fmt: skip
-    for r in secure["rounds"]:
+    lines = ["## Secure aggregation", "", f"{secure.protocol}. What each observer holds: {secure.observers}. "
+             f"{secure.tls}.", ""]  # fmt: skip
+    for r in secure.rounds:
         lines.append(
-            f"- **{r['round']}**: {len(r['sampled'])} node(s) sampled, {len(r['survived'])} sent a masked vector"
-            + (f" ({len(r['dropped'])} dropped: {', '.join(map(str, r['dropped']))})" if r["dropped"] else "")
-            + f"; threshold {r['settings'].get('threshold')} of {r['settings'].get('share_num')} shares; the "
-            f"aggregate: {r['aggregate']}"
-            + gap_text(r)
-            + (f" (not rebuilt: {r['not-rebuilt']})" if "not-rebuilt" in r else "")
+            f"- **{r.round}**: {len(r.sampled)} node(s) sampled, {len(r.survived)} sent a masked vector"
+            + (f" ({len(r.dropped)} dropped: {', '.join(map(str, r.dropped))})" if r.dropped else "")
+            + f"; threshold {r.settings.get('threshold')} of {r.settings.get('share_num')} shares; the "
+            f"aggregate: {r.aggregate}"
+            + gap_text(r.gap)
+            + (f" (not rebuilt: {r.not_rebuilt})" if r.not_rebuilt is not None else "")
         )
     return lines + [""]
 

@@ -13,11 +13,13 @@ Complexity", CCS 2020; Flower's ``SecAggPlusWorkflow``):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any
 
 import numpy as np
 
+from fedvit.audit.json_fields import flattened
 from fedvit.capture.reader import SECAGG_RECORD, Exchange
 from fedvit.core.secagg import ARRAY_NAMES
 
@@ -187,8 +189,43 @@ OBSERVERS = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class BroadcastGap:
+    """A rebuilt aggregate against the next round's broadcast (:func:`gap_to_broadcast`)."""
+
+    next_broadcast_max_difference: float | None  # the largest absolute difference of an entry (None: shapes differ)
+    next_broadcast_rms_difference: float | None = None  # the RMS of their difference per entry
+    aggregate_rms: float | None = None
+    central_dp_std: float | None = None  # the std per entry the app's central DP adds (None: no central DP)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundEntry:
+    """What the report says of one SecAgg+ round (:func:`describe_rounds`)."""
+
+    round: str
+    sampled: list[int]
+    survived: list[int]  # the nodes that sent a masked vector
+    dropped: list[int]
+    settings: dict[str, Any]  # the setup's parameters (:attr:`SecAggRound.settings`)
+    examples: dict[int, int]
+    aggregate: str  # how the aggregate was obtained, or why not
+    gap: BroadcastGap | None = flattened(BroadcastGap)
+    not_rebuilt: str | None = None  # why the masked vectors were not unmasked
+
+
+@dataclasses.dataclass(frozen=True)
+class SecureAggregation:
+    """The report's secure-aggregation section: the protocol, what each observer holds, and each round."""
+
+    rounds: list[RoundEntry]
+    protocol: str = "SecAgg+ (Flower's SecAggPlusWorkflow and secaggplus_mod)"
+    observers: str = OBSERVERS
+    tls: str = TLS
+
+
 def describe_rounds(rounds: list[SecAggRound], noise_std: float | None = None
-                    ) -> tuple[list[dict[str, Any]], dict[tuple[Any, int], list[np.ndarray]]]:  # fmt: skip
+                    ) -> tuple[list[RoundEntry], dict[tuple[Any, int], list[np.ndarray]]]:  # fmt: skip
     """Per SecAgg+ round, what the report says of it (nodes sampled and surviving, the protocol's settings, whether
     and how the aggregate was obtained, its gap to the next broadcast against ``noise_std``, the std per entry of
     the app's central-DP noise where its code sets one), and the aggregates obtained: rebuilt from the captures,
@@ -198,54 +235,48 @@ def describe_rounds(rounds: list[SecAggRound], noise_std: float | None = None
     for found in rounds:
         following = by_key.get((found.run_id, found.round + 1))
         after = following.broadcast if following is not None else None
-        entry: dict[str, Any] = {
-            "round": found.label,
-            "sampled": found.sampled,
-            "survived": found.replied(COLLECT),
-            "dropped": sorted(set(found.sampled) - set(found.replied(COLLECT))),
-            "settings": found.settings,
-            "examples": found.examples,
-        }
+        entry = functools.partial(RoundEntry, found.label, found.sampled, found.replied(COLLECT),
+                                  sorted(set(found.sampled) - set(found.replied(COLLECT))), found.settings,
+                                  found.examples)  # fmt: skip
         try:
             rebuilt = rebuild(found)
-            entry["aggregate"] = "rebuilt from the masked vectors and the unmask stage's shares (Flower's primitives)"
-            if after is not None:
-                entry |= gap_to_broadcast(rebuilt, after, noise_std)
+            gap = None if after is None else gap_to_broadcast(rebuilt, after, noise_std)
+            entries.append(entry("rebuilt from the masked vectors and the unmask stage's shares (Flower's "
+                                 "primitives)", gap))  # fmt: skip
             aggregates[(found.run_id, found.round)] = rebuilt
         except NotRebuilt as err:
-            entry["not-rebuilt"] = str(err)
             if after is not None:
-                entry["aggregate"] = "the next round's broadcast (FedAvg sends the aggregate on)"
+                entries.append(entry("the next round's broadcast (FedAvg sends the aggregate on)", None, str(err)))
                 aggregates[(found.run_id, found.round)] = after
             else:
-                entry["aggregate"] = "not obtained: " + str(err)
-        entries.append(entry)
+                entries.append(entry("not obtained: " + str(err), None, str(err)))
     return entries, aggregates
 
 
 EQUAL_RELATIVE = 1e-3  # an RMS gap below this share of the aggregate's RMS: SecAgg+'s quantisation, "equal"
 
 
-def gap_to_broadcast(rebuilt: list[np.ndarray], after: list[np.ndarray], noise_std: float | None) -> dict[str, Any]:
+def gap_to_broadcast(rebuilt: list[np.ndarray], after: list[np.ndarray], noise_std: float | None) -> BroadcastGap:
     """The rebuilt aggregate against the next round's broadcast: the largest absolute difference of an entry and the
     RMS of their difference per entry, the aggregate's own RMS, and the std the app's central DP would add
     (``noise_std``, None: no central DP in the code); where the shapes differ, only the largest difference, None."""
     if len(rebuilt) != len(after) or any(a.shape != b.shape for a, b in zip(rebuilt, after, strict=True)):
-        return {"next-broadcast-max-difference": None}
+        return BroadcastGap(None)
     diff = np.concatenate([(np.asarray(b, np.float64) - np.asarray(a, np.float64)).ravel()
                            for a, b in zip(rebuilt, after, strict=True)])  # fmt: skip
     scale = np.concatenate([np.asarray(a, np.float64).ravel() for a in rebuilt])
-    return {"next-broadcast-max-difference": float(np.max(np.abs(diff))) if diff.size else 0.0,
-            "next-broadcast-rms-difference": float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0,
-            "aggregate-rms": float(np.sqrt(np.mean(scale**2))) if scale.size else 0.0,
-            "central-dp-std": noise_std}  # fmt: skip
+    return BroadcastGap(float(np.max(np.abs(diff))) if diff.size else 0.0,
+                        float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0,
+                        float(np.sqrt(np.mean(scale**2))) if scale.size else 0.0, noise_std)  # fmt: skip
 
 
-def gap_text(entry: dict[str, Any]) -> str:
+def gap_text(gap: BroadcastGap | None) -> str:
     """How the report states a rebuilt aggregate's gap to the next broadcast: equal (SecAgg+'s quantisation), the
     server's central-DP noise beside its expected size, or a change the server made that the audit cannot name."""
-    rms, scale, std = (entry.get(k) for k in ("next-broadcast-rms-difference", "aggregate-rms", "central-dp-std"))
-    largest = entry.get("next-broadcast-max-difference")
+    if gap is None:
+        return ""
+    rms, scale, std = gap.next_broadcast_rms_difference, gap.aggregate_rms, gap.central_dp_std
+    largest = gap.next_broadcast_max_difference
     if rms is None:
         return "" if largest is None else f"; it equals the next round's broadcast to {largest:.1e}"
     if std is not None:
