@@ -23,6 +23,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from fedvit.attacks.holdings import Auxiliary
 from fedvit.attacks.simulation import simulate
 from fedvit.audit.api import audit_captures, find_spec_file, read_spec_file, spec_from
+from fedvit.audit.evidence import MembershipEvidence
+from fedvit.audit.json_fields import json_keys
+from fedvit.audit.membership_stats import RocFigures
 from fedvit.audit.pipeline import AuditOptions, run_audit
 from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
@@ -333,6 +336,11 @@ def test_the_python_api_takes_plain_types_returns_a_typed_result_and_prints_noth
     assert json.loads(result.paths["json"].read_text())["verdict"] == result.verdict
     report = check_markdown(tmp_path / "out")
     assert report["findings"][1]["membership"]["word"] == three.membership.word
+    for update in report["updates"]:  # measured membership: its figures, null and operating points as typed
+        member = update["leakage"]["membership"]
+        assert member["status"] == "measured" and tuple(member) == json_keys(MembershipEvidence), member
+        assert tuple(member["null"]) == json_keys(RocFigures) and set(member["operating-points"]) == {
+            "0.001", "0.01", "resolution"}  # fmt: skip
     check_html(tmp_path / "out", pictures=3)
 
     with pytest.raises(TypeError, match="cannot be named as module:name"):
@@ -602,7 +610,10 @@ def test_a_fedvit_run_and_another_apps_capture_share_one_report_schema(tmp_path)
     """One pipeline: a fedvit run captured with capture.enabled and the test app's capture give audit.json files
     with the same top-level keys; another app's capture without --model fails in one line saying what to give."""
     from fedvit.app.cli import main
-    from fedvit.audit.report import TOP_LEVEL_KEYS
+    from fedvit.audit.entries import RecipeFitted, UpdateAudit
+    from fedvit.audit.evidence import ImageEvidence, LabelEvidence
+    from fedvit.audit.report import TOP_LEVEL_KEYS, AuditReport
+    from fedvit.audit.summary import ClientFinding, Finding
     from fedvit.core.config import Config
     from tests.helpers import run_in_process
 
@@ -615,8 +626,20 @@ def test_a_fedvit_run_and_another_apps_capture_share_one_report_schema(tmp_path)
     assert main(["audit", str(tmp_path / "cap"), "--out", str(tmp_path / "app"), "--model", "cnnapp.task:Net",
                  "--app-dir", str(APP), *budget]) == 0  # fmt: skip
     fedvit, app = (json.loads((tmp_path / d / "audit.json").read_text()) for d in ("fedvit", "app"))
-    assert tuple(fedvit) == tuple(app) == TOP_LEVEL_KEYS
+    assert tuple(fedvit) == tuple(app) == TOP_LEVEL_KEYS == json_keys(AuditReport)
     assert len(fedvit["updates"]) == 2 and len(app["updates"]) == 1
+    # below the top: every object of the report has the keys its type defines, in both reports
+    for report in (fedvit, app):
+        for finding in report["findings"]:
+            assert tuple(finding) == json_keys(ClientFinding)
+            assert all(tuple(finding[k]) == json_keys(Finding) for k in ("labels", "membership", "images", "dp-claim"))
+        for update in report["updates"]:
+            assert tuple(update) == json_keys(UpdateAudit), set(update) ^ set(json_keys(UpdateAudit))
+            kinds = {"labels": LabelEvidence, "membership": MembershipEvidence, "images": ImageEvidence}
+            assert {k: tuple(e) for k, e in update["leakage"].items()} == {k: json_keys(t) for k, t in kinds.items()}
+            member = update["leakage"]["membership"]
+            assert member["null"] is None or tuple(member["null"]) == json_keys(RocFigures), member
+            assert update["recipe-fit"] is None or tuple(update["recipe-fit"]) == json_keys(RecipeFitted)
     with pytest.raises(AuditInputError, match="not from fedvit's app: give its model with --model"):
         run_audit(tmp_path / "cap", tmp_path / "x")
 

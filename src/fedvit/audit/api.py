@@ -139,7 +139,7 @@ def audit_captures(
     written = audit_captured(captures, out, options)
     report = written.report
     log.info(f"audit: {report['verdict']}")
-    clients = tuple(written.findings)
+    clients = tuple(written.audit.findings)
     paths = {kind: out / name for kind, name in OUTPUTS.items() if (out / name).is_file()}
     return AuditResult(report["verdict"], clients, paths, report)
 

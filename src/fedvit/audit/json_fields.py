@@ -36,3 +36,13 @@ def from_keys(kind: type, values: Mapping[str, Any]) -> Any:
 def keyed(value: Any) -> dict[str, Any]:
     """A dataclass's own fields keyed as ``audit.json`` keys them (not recursive)."""
     return {json_key(f): getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+def json_keys(kind: type) -> tuple[str, ...]:
+    """The keys ``audit.json`` gives an object of ``kind``, in order (a flattened field's own keys in its place): the
+    schema the type defines."""
+    keys: list[str] = []
+    for f in dataclasses.fields(kind):
+        inner = f.metadata.get(FLATTEN)
+        keys += json_keys(inner) if inner is not None else [json_key(f)]
+    return tuple(keys)

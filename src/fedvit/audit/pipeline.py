@@ -24,6 +24,7 @@ from tqdm import tqdm
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.membership import REFERENCES, forget_received_projection
 from fedvit.attacks.reidentification import Gallery
+from fedvit.attacks.scores import Score
 from fedvit.attacks.simulation import ModelInputError, trial_logits
 from fedvit.audit.entries import ClientRounds, RecipeFitted, UpdateAudit
 from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict_detail
@@ -35,8 +36,17 @@ from fedvit.audit.members import member_membership
 from fedvit.audit.membership_stats import Roc
 from fedvit.audit.metrics import BATCH_SCORING, SETTINGS, reference_rows, reid_setting
 from fedvit.audit.node_matching import with_matched_nodes
-from fedvit.audit.registry import LABELS, Held, best_image, evidence, judge_rounds, measure_all, membership_scores
-from fedvit.audit.report import TOP_LEVEL_KEYS, as_json, json_text, markdown, save_grid
+from fedvit.audit.registry import (
+    LABELS,
+    Held,
+    MembershipSplit,
+    best_image,
+    evidence,
+    judge_rounds,
+    measure_all,
+    membership_scores,
+)
+from fedvit.audit.report import AuditReport, as_json, json_text, markdown, save_grid
 from fedvit.audit.secagg import (
     NotRebuilt,
     RoundEntry,
@@ -46,7 +56,6 @@ from fedvit.audit.secagg import (
     secagg_rounds,
 )
 from fedvit.audit.summary import (
-    ClientFinding,
     client_findings,
     client_name,
     client_of,
@@ -145,12 +154,26 @@ class Audited(NamedTuple):
     reconstructions: dict[str, Reconstruction]
 
 
+class Exchanged(NamedTuple):
+    """What the audit keeps of one exchange attacked (:func:`attack_exchange`): its report rows, its update entry,
+    each attack's reconstruction and re-identification ranks, the strongest membership score's judged values (the
+    ROC; None: none ran) and the membership scores with the split they were taken on (a client's rounds combine
+    them; None: no membership candidates)."""
+
+    rows: list[dict[str, Any]]
+    update: UpdateAudit
+    reconstructions: dict[str, Reconstruction]
+    ranks: dict[str, list[int] | None]
+    roc: Roc | None
+    scores: tuple[list[Score], MembershipSplit] | None
+
+
 class Written(NamedTuple):
-    """An audit written out: ``audit.json``'s content, the per-client findings it was built from, and per exchange
-    what was attacked."""
+    """An audit written out: ``audit.json``'s content, the report it was written from, and per exchange what was
+    attacked."""
 
     report: dict[str, Any]
-    findings: list[ClientFinding]
+    audit: AuditReport
     attacked: list[Audited]
 
 
@@ -382,10 +405,9 @@ class Reader:
 def attack_exchange(
     obs: Observation, budget: AuditConfig, truth: tuple, options: AuditOptions, position: str,
     aux: Auxiliary | None = None, candidates: Candidates | None = None, device: str | None = None,
-) -> tuple[list[dict[str, Any]], UpdateAudit, dict[str, Any]]:  # fmt: skip
-    """Every registry entry on one observation (:func:`fedvit.audit.registry.measure_all`): its report rows, its
-    update entry, its reconstructions (and under "ranks" the re-identification ranks, under "membership" the member
-    and non-member scores). ``aux``: labelled images that are not the client's (the label simulation's);
+) -> Exchanged:  # fmt: skip
+    """Every registry entry on one observation (:func:`fedvit.audit.registry.measure_all`): what the audit keeps of
+    it (:class:`Exchanged`). ``aux``: labelled images that are not the client's (the label simulation's);
     ``candidates``: membership's; ``device``: where the optimisation attacks run (default ``options.device``)."""
     images, labels, gallery, exact = truth
     client = recipe(obs)
@@ -437,7 +459,7 @@ def attack_exchange(
     ranks = {n: f.scores.reid_ranks for n, f in findings.items() if f.reconstruction is not None}
     split = held.split
     scores = None if split is None else (membership_scores(findings), split)
-    return rows, update, {"ranks": ranks, "membership": judged.roc, "scores": scores} | recs
+    return Exchanged(rows, update, recs, ranks, judged.roc, scores)
 
 
 def audit_exchanges(
@@ -463,22 +485,22 @@ def audit_exchanges(
             truth = truths.of(ex, obs)
             aux = truths.auxiliary(ex, obs) if recipe(obs).several_steps else None
             candidates = truths.candidates(ex, obs, truth[0], truth[1])
-            update_rows, update, recs = attack_exchange(
-                obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates, device
-            )
-            rows += update_rows
+            done = attack_exchange(obs, budget, truth, options, f"update {k + 1}/{len(exchanges)}", aux, candidates,
+                                   device)  # fmt: skip
+            update, scores = done.update, done.scores
+            rows += done.rows
             observers.append(ex.observer)
-            grid_ranks.append(recs.pop("ranks"))
-            if (roc := recs.pop("membership")) is not None:
-                rocs.setdefault(client_of(update), []).append((f"round {update.round}", roc))
-            if (scores := recs.pop("scores")) is not None and scores[0]:
+            grid_ranks.append(done.ranks)
+            if done.roc is not None:
+                rocs.setdefault(client_of(update), []).append((f"round {update.round}", done.roc))
+            if scores is not None and scores[0]:
                 by_client.setdefault(client_of(update), []).append((update.update, scores))
                 if slices := truths.slices.get(ex.label):  # a SecAgg+ aggregate: each member's images in it
                     split, power = scores[1], update.membership.power
                     members = member_membership(scores[0], split.candidates, split.seed, slices, power)
                     update = dataclasses.replace(update, membership_members=members)
             updates.append(update)
-            attacked.append(Audited(obs, truth[0], recs))
+            attacked.append(Audited(obs, truth[0], done.reconstructions))
             log.info(f"audit: {update.update}: labels {update.labels}; " + (
                 "unscored" if update.psnr is None else
                 f"best {update.best_attack} {update.psnr:.2f} dB, re-id top-1 {update.reid_top1:.0%}"
@@ -495,35 +517,34 @@ def audit_exchanges(
     masked = [client_name(node, recorded, options.data) for node, recorded in (secure.masked if secure else [])]
     findings = client_findings(updates, clients, masked)
     joint = jointly_leaking(updates, findings)
-    typed = {
-        "title": options.title or "fedvit audit",
-        "model": "; ".join(models) or "— (no update was readable: nothing attacked)",
-        "read-from-app": [dict(f) for f in options.app_facts],
-        "threat-model": threat_model(observers, any(u.assumptions for u in updates), tls_links),
-        "verdict": short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds),
-                                 jointly=together(joint)),
-        "findings": findings,
-        "together": joint,
-        "verdict-detail": verdict_detail([u.leakage for u in updates], NOTHING_ON_THE_WIRE,
-                                         [c.membership for c in clients]),
-        "metrics": SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
-        "budget": list(budgets),
-        "updates": updates,
-        "clients": clients,
-        "rows": rows,
-        "summary": frontier_rows(rows, {}),  # each attack's means per defence and setting
-        "notes": list(notes or []) + truths.notes,
-        "secure-aggregation": None if not (secure and secure.rounds) else SecureAggregation(secure.rounds),
-    }
-    report = as_json(typed)
-    assert tuple(report) == TOP_LEVEL_KEYS
+    audit = AuditReport(
+        title=options.title or "fedvit audit",
+        model="; ".join(models) or "— (no update was readable: nothing attacked)",
+        read_from_app=[dict(f) for f in options.app_facts],
+        threat_model=threat_model(observers, any(u.assumptions for u in updates), tls_links),
+        verdict=short_verdict(findings, NOTHING_ON_THE_WIRE, secured=bool(secure and secure.rounds),
+                              jointly=together(joint)),
+        findings=findings,
+        together=joint,
+        verdict_detail=verdict_detail([u.leakage for u in updates], NOTHING_ON_THE_WIRE,
+                                      [c.membership for c in clients]),
+        metrics=SETTINGS | {"batch": BATCH_SCORING, "re-identification": reid_setting(truths.galleries)},
+        budget=list(budgets),
+        updates=updates,
+        clients=clients,
+        rows=rows,
+        summary=frontier_rows(rows, {}),  # each attack's means per defence and setting
+        notes=list(notes or []) + truths.notes,
+        secure_aggregation=None if not (secure and secure.rounds) else SecureAggregation(secure.rounds),
+    )
+    report = as_json(audit)
     atomic_write(out / "audit.json", json_text(report).encode())
-    atomic_write(out / "audit.md", markdown(typed).encode())
+    atomic_write(out / "audit.md", markdown(audit).encode())
     save_grid([(a.obs, a.truth, a.reconstructions) for a in attacked], out / "grid.png", grid_ranks)
     write_frontier(rows, out, {})
     drawn = pictures(updates, rocs, out, any(a.reconstructions for a in attacked))
     write_html(report, findings, drawn, out / "audit.html")
-    return Written(report, findings, attacked)
+    return Written(report, audit, attacked)
 
 
 def pictures(

@@ -24,19 +24,40 @@ from fedvit.audit.evidence import (
     threshold_text,
 )
 from fedvit.audit.frontier import fmt, reid_cell
-from fedvit.audit.json_fields import FLATTEN, json_key
+from fedvit.audit.json_fields import FLATTEN, json_key, json_keys
 from fedvit.audit.membership_stats import Judgement
 from fedvit.audit.metrics import as_batch, match_batch
 from fedvit.audit.secagg import SecureAggregation, gap_text
 from fedvit.audit.summary import ClientFinding, summary_table
 from fedvit.observed.observation import Observation, Reconstruction
 
-TOP_LEVEL_KEYS = (
-    "title", "model", "read-from-app", "threat-model", "verdict", "findings", "together", "verdict-detail", "metrics",
-    "budget",
-    "updates", "clients", "rows", "summary", "notes", "secure-aggregation",
-)  # fmt: skip
 NOT_APPLICABLE = "not applicable: "
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditReport:
+    """What an audit found: ``audit.json`` holds its fields in this order (:func:`as_json`, :data:`TOP_LEVEL_KEYS`),
+    ``audit.md`` reads them (:func:`markdown`)."""
+
+    title: str
+    model: str
+    read_from_app: list[dict[str, str]]  # fedvit audit-app's facts (what, value, source, side)
+    threat_model: str
+    verdict: str  # at most three lines (:func:`fedvit.audit.summary.short_verdict`)
+    findings: list[ClientFinding]
+    together: dict[str, str]  # leakage type → what the clients together show (:func:`~.summary.jointly_leaking`)
+    verdict_detail: str
+    metrics: dict[str, str]  # how the figures were scored
+    budget: list[str]
+    updates: list[UpdateAudit]
+    clients: list[ClientRounds]
+    rows: list[dict[str, Any]]  # every attack's row per update (the frontier's input)
+    summary: list[dict[str, Any]]  # each attack's means per defence and setting (:func:`~.frontier.frontier_rows`)
+    notes: list[str]
+    secure_aggregation: SecureAggregation | None
+
+
+TOP_LEVEL_KEYS = json_keys(AuditReport)  # audit.json's, in order
 
 
 def as_json(value: Any) -> Any:
@@ -67,20 +88,19 @@ def json_text(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=1, default=str)
 
 
-def markdown(report: dict[str, Any]) -> str:
+def markdown(report: AuditReport) -> str:
     """``audit.md``: the verdict (≤ 3 lines) and one row per client first, then the detail: per update what was sent,
     the recipe and the evidence, the attacks that did not apply once per reason, each attack's means."""
-    lines = [f"# {report['title']}", "", "**Verdict**", ""]
-    lines += [f"> {line}  " for line in report["verdict"].splitlines()] + [""]
-    lines += summary_lines(report["findings"])
-    lines += secure_lines(report["secure-aggregation"])
-    lines += ["## Detail", "", f"In full: {report['verdict-detail']}", "", f"Threat model: {report['threat-model']}",
-              ""]  # fmt: skip
-    lines += [f"Model: {report['model']}", ""]
-    lines += app_fact_lines(report["read-from-app"])
-    lines += [f"Budget: {'; '.join(report['budget'])}", ""]
-    lines += update_lines(report["updates"])
-    lines += client_lines(report["clients"])
+    lines = [f"# {report.title}", "", "**Verdict**", ""]
+    lines += [f"> {line}  " for line in report.verdict.splitlines()] + [""]
+    lines += summary_lines(report.findings)
+    lines += secure_lines(report.secure_aggregation)
+    lines += ["## Detail", "", f"In full: {report.verdict_detail}", "", f"Threat model: {report.threat_model}", ""]
+    lines += [f"Model: {report.model}", ""]
+    lines += app_fact_lines(report.read_from_app)
+    lines += [f"Budget: {'; '.join(report.budget)}", ""]
+    lines += update_lines(report.updates)
+    lines += client_lines(report.clients)
     lines += [
         "## Attacks (mean over updates)",
         "",
@@ -88,15 +108,15 @@ def markdown(report: dict[str, Any]) -> str:
         "| re-identified (chance) | mean rank | label accuracy | seconds | note |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in report["summary"]:
+    for r in report.summary:
         lines.append(
             f"| {r['defence']} | {r['setting']} | {r['attack']} | {r['budget'] or '—'} | {r['updates']} | "
             f"{fmt(r['psnr'], '.1f')} | {fmt(r['ssim'], '.3f')} | {fmt(r['baseline-psnr'], '.1f')} | {reid_cell(r)} "
             f"| {fmt(r['reid-rank'], '.1f')} | {fmt(r['label-accuracy'], '.0%')} | {fmt(r['seconds'], '.3f')} "
             f"| {r['note']} |"
         )
-    lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report["metrics"].items()), ""]
-    lines += [f"- {note}" for note in report["notes"]]
+    lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report.metrics.items()), ""]
+    lines += [f"- {note}" for note in report.notes]
     return "\n".join(lines) + "\n"
 
 
