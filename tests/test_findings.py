@@ -24,7 +24,7 @@ from fedvit.audit.evidence import (
     membership_evidence,
     null_text,
 )
-from fedvit.audit.frontier import leaks
+from fedvit.audit.frontier import FrontierRow, leaks
 from fedvit.audit.membership_stats import RocFigures, judge
 from fedvit.audit.metrics import ImageScores
 from fedvit.audit.summary import (
@@ -143,7 +143,7 @@ def test_a_report_text_with_an_auc_above_one_or_a_tpr_above_100_percent_is_caugh
 def test_images_leak_by_one_rule_in_the_report_and_the_frontier(top1, null, chance, images):
     """The frontier and the report judge the same re-identification alike (fedvit.audit.evidence.images_clear)."""
     scores = ImageScores(20.0, reid_top1=top1, reid_null=null, reid_chance=chance)
-    row = {"reid-top1": top1, "reid-null": null, "reid-chance": chance, "reid-images": images}
+    row = FrontierRow("plain", "B=2", "opt", reid_top1=top1, reid_null=null, reid_chance=chance, reid_images=images)
     judged = image_evidence(scores, images, "").clears
     assert judged == leaks(row) == images_clear(top1, null, chance, images)
     expected = {(1.0, 2): True, (0.5, 2): False, (0.3, 40): False, (0.45, 40): True, (0.12, 8): False}

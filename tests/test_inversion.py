@@ -202,7 +202,7 @@ def test_frontier_rows_pick_the_best_attack_and_the_accuracy_cost(tmp_path):
     assert best["plain"]["accuracy-cost"] == 0.0
     assert best["mask-fresh-r0.5"]["accuracy-cost"] == pytest.approx(0.1)
     assert best["mask-fresh-r0.5"]["baseline-psnr"] == 12.0
-    assert {r["attack"] for r in written if r["defence"] == "mask-fresh-r0.5"} == {"A", "C"}
+    assert {r.attack for r in written if r.defence == "mask-fresh-r0.5"} == {"A", "C"}
     assert "| mask-fresh-r0.5 | B=1, FedSGD | — | A | 11.0 |" in (tmp_path / "frontier.md").read_text()  # no budget
     assert (best["plain"]["verdict"], best["mask-fresh-r0.5"]["verdict"]) == ("leaks", "at baseline")
     assert (tmp_path / "frontier.png").stat().st_size > 0

@@ -104,7 +104,7 @@ def test_a_baseline_result_still_rising_with_budget_is_budget_limited_not_no_lea
     from fedvit.audit.frontier import best_attacks, frontier_rows
 
     def verdicts(rows):
-        return [r["verdict"] for r in best_attacks(frontier_rows(rows, {}))]
+        return [r.verdict for r in best_attacks(frontier_rows(rows, {}))]
 
     rising = verdicts(budget_rows([10.0, 11.0, 12.4], baseline=13.0))
     assert rising[0] == "at baseline" and rising[-1].startswith("budget-limited (still rising: +1.4 dB")
@@ -119,8 +119,8 @@ def test_a_baseline_result_still_rising_with_budget_is_budget_limited_not_no_lea
     rows = budget_rows([12.0, 12.0, 12.0], 13.0, reid=[0, 0.125, 0.375])
     rows.append(dict(rows[0], attack="closed form", budget=None, psnr=12.9, **{"reid-top1": 0.0}))
     best = best_attacks(frontier_rows(rows, {}))[-1]
-    assert best["attack"] == "closed form" and best["most-recognisable"]["attack"] == "opt"
-    assert best["most-recognisable"]["reid-top1"] == 0.375
+    assert best.attack == "closed form" and best.most_recognisable.attack == "opt"
+    assert best.most_recognisable.reid_top1 == 0.375
     capped = budget_rows([12.0, 12.0, 12.0], baseline=13.0)
     capped[2]["steps-done"] = 5000
     assert verdicts(capped)[-1] == "budget-limited (time cap: 5000 of 9600 steps)"

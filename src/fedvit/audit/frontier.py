@@ -8,6 +8,7 @@ of a plain run minus the defence's, from short training runs; None where not mea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fedvit.audit.evidence import IMAGE_MARGIN, LABELS, REID_SIGNIFICANCE, images_clear
+from fedvit.audit.json_fields import as_json
 from fedvit.core.results import atomic_write
 
 PLAIN = "plain"  # the defence whose accuracy the others are compared with
@@ -27,7 +29,59 @@ def mean_or_none(values: list[float | None]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def frontier_rows(audit_rows: list[dict[str, Any]], accuracy: dict[str, float]) -> list[dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class FrontierRow:
+    """One (defence, setting, attack, budget) of an audit: its means over the updates of that case
+    (:func:`frontier_rows`)."""
+
+    defence: str
+    setting: str
+    attack: str
+    batch_size: int | None = None
+    local_steps: int | None = None
+    budget: int | None = None  # Adam steps per restart (None: a closed form)
+    steps_done: float | None = None
+    steps_asked: float | None = None
+    updates: int = 0
+    psnr: float | None = None
+    ssim: float | None = None
+    reid_top1: float | None = None
+    reid_rank: float | None = None
+    reid_chance: float | None = None
+    reid_null: float | None = None
+    reid_images: int = 0  # the true images re-identified over
+    baseline_psnr: float | None = None  # the best flat image's: no information
+    label_accuracy: float | None = None
+    accuracy: float | None = None
+    accuracy_cost: float | None = None  # plain minus this defence's final accuracy
+    seconds: float | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recognised:
+    """The attack whose reconstructions are re-identified most at a budget."""
+
+    attack: str
+    reid_top1: float
+    reid_rank: float
+    reid_chance: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BestAttack(FrontierRow):
+    """The frontier's point at one budget: the best-PSNR attack, the case's verdict there (:func:`budget_word`)
+    and the attack re-identified most."""
+
+    budget_level: int | None
+    verdict: str
+    most_recognisable: Recognised | None
+
+
+MEANS = ("steps-done", "steps-asked", "psnr", "ssim", "reid-top1", "reid-rank", "reid-chance", "reid-null", "seconds")
+
+
+def frontier_rows(audit_rows: list[dict[str, Any]], accuracy: dict[str, float]) -> list[FrontierRow]:
     """One row per (defence, setting, attack, budget) that produced images, means over the updates of that case."""
     cases: dict[tuple[str, str], list[dict]] = {}
     for row in audit_rows:
@@ -47,98 +101,77 @@ def frontier_rows(audit_rows: list[dict[str, Any]], accuracy: dict[str, float]) 
         for attack, budget in attacks:
             scored = [r for r in rows if r["attack"] == attack and r.get("budget") == budget]
             ranks = [rank for r in scored for rank in (r.get("reid-ranks") or [])]
-            out.append(
-                {
-                    "defence": defence,
-                    "setting": setting,
-                    "batch-size": scored[0].get("batch-size"),
-                    "local-steps": scored[0].get("local-steps"),
-                    "attack": attack,
-                    "budget": budget,
-                    "steps-done": mean_or_none([r.get("steps-done") for r in scored]),
-                    "steps-asked": mean_or_none([r.get("steps-asked") for r in scored]),
-                    "updates": len(scored),
-                    "psnr": mean_or_none([r["psnr"] for r in scored]),
-                    "ssim": mean_or_none([r["ssim"] for r in scored]),
-                    "reid-top1": mean_or_none([r.get("reid-top1") for r in scored]),
-                    "reid-rank": mean_or_none([r.get("reid-rank") for r in scored]),
-                    "reid-chance": mean_or_none([r.get("reid-chance") for r in scored]),
-                    "reid-null": mean_or_none([r.get("reid-null") for r in scored]),
-                    "reid-images": len(ranks),
-                    "baseline-psnr": baseline,
-                    "label-accuracy": labels,
-                    "accuracy": accuracy.get(defence),
-                    "accuracy-cost": cost,
-                    "seconds": mean_or_none([r["seconds"] for r in scored]),
-                    "note": "" if mean_or_none([r["psnr"] for r in scored]) is not None else scored[0]["note"],
-                }
-            )
+            mean = {key: mean_or_none([r.get(key) for r in scored]) for key in MEANS}
+            out.append(FrontierRow(
+                defence, setting, attack, scored[0].get("batch-size"), scored[0].get("local-steps"), budget,
+                mean["steps-done"], mean["steps-asked"], len(scored), mean["psnr"], mean["ssim"], mean["reid-top1"],
+                mean["reid-rank"], mean["reid-chance"], mean["reid-null"], len(ranks), baseline, labels,
+                accuracy.get(defence), cost, mean["seconds"], "" if mean["psnr"] is not None else scored[0]["note"],
+            ))  # fmt: skip
     return out
 
 
 RISING_DB = 0.5  # a gain this large from the previous budget means the attack had not converged
 
 
-def leaks(row: dict[str, Any]) -> bool:
+def leaks(row: FrontierRow) -> bool:
     """Whether the row's images leak: :func:`fedvit.audit.evidence.images_clear`, the report's rule, over the case's
     true images (matched PSNR is a figure beside it: a flat image of the right colours gains dB without revealing
     any image)."""
-    if row.get("reid-top1") is None or not row.get("reid-images"):
+    if row.reid_top1 is None or not row.reid_images:
         return False
-    return images_clear(row["reid-top1"], row.get("reid-null"), row.get("reid-chance"), int(row["reid-images"]))
+    return images_clear(row.reid_top1, row.reid_null, row.reid_chance, row.reid_images)
 
 
-def _levels(rows: list[dict[str, Any]]) -> list[int | None]:
+def _levels(rows: list[FrontierRow]) -> list[int | None]:
     """The optimiser budgets of a case, ascending ([None] when no attack of it has one)."""
-    budgets = sorted({r["budget"] for r in rows if r.get("budget") is not None})
+    budgets = sorted({r.budget for r in rows if r.budget is not None})
     return budgets or [None]
 
 
-def best_attacks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def best_attacks(rows: list[FrontierRow]) -> list[BestAttack]:
     """Per (defence, setting, budget): the attack with the highest matched PSNR (the frontier's point; attacks
     without a budget, the closed forms, compete at every budget), with the case's verdict at that budget."""
-    cases: dict[tuple[str, str], list[dict]] = {}
+    cases: dict[tuple[str, str], list[FrontierRow]] = {}
     for row in rows:
-        cases.setdefault((row["defence"], row["setting"]), []).append(row)
+        cases.setdefault((row.defence, row.setting), []).append(row)
     out = []
     for case in cases.values():
         previous = None
         for level in _levels(case):
-            pool = [r for r in case if r.get("budget") in (level, None) and r["psnr"] is not None]
+            pool = [r for r in case if r.budget in (level, None) and r.psnr is not None]
             if not pool:
                 continue
-            best = max(pool, key=lambda r: r["psnr"])
-            budgeted = [r for r in pool if r.get("budget") is not None]
-            ranked = [r for r in pool if r.get("reid-top1") is not None]
-            most = max(ranked, key=lambda r: (r["reid-top1"], -r["reid-rank"])) if ranked else None
-            keys = ("attack", "reid-top1", "reid-rank", "reid-chance")
-            recognisable = None if most is None else {k: most[k] for k in keys}
-            row = dict(best, **{"budget-level": level, "verdict": budget_word(pool, budgeted, previous),
-                                "most-recognisable": recognisable})  # fmt: skip
-            out.append(row)
+            best = max(pool, key=lambda r: r.psnr)
+            budgeted = [r for r in pool if r.budget is not None]
+            ranked = [r for r in pool if r.reid_top1 is not None]
+            most = max(ranked, key=lambda r: (r.reid_top1, -r.reid_rank)) if ranked else None
+            recognisable = None if most is None else Recognised(most.attack, most.reid_top1, most.reid_rank,
+                                                                most.reid_chance)  # fmt: skip
+            out.append(BestAttack(**dataclasses.asdict(best), budget_level=level,
+                                  verdict=budget_word(pool, budgeted, previous), most_recognisable=recognisable))
             previous = budgeted
     return out
 
 
-def budget_word(pool: list[dict], budgeted: list[dict], previous: list[dict] | None) -> str:
+def budget_word(pool: list[FrontierRow], budgeted: list[FrontierRow], previous: list[FrontierRow] | None) -> str:
     """'leaks' when any attack leaks; else 'at baseline', or 'budget-limited' when the optimisation attack ran
     into its time cap or still gained ≥ RISING_DB dB (or re-identifications) over the previous budget."""
     if any(leaks(r) for r in pool):
         return "leaks"
-    if all(r.get("reid-top1") is None for r in pool):
+    if all(r.reid_top1 is None for r in pool):
         return "not judged (no re-identification: no ground truth or no decoys)"
-    capped = [r for r in budgeted if None not in (r.get("steps-done"), r.get("steps-asked"))
-              and r["steps-done"] < r["steps-asked"]]  # fmt: skip
+    capped = [r for r in budgeted if None not in (r.steps_done, r.steps_asked) and r.steps_done < r.steps_asked]
     if capped:
         r = capped[0]
-        return f"budget-limited (time cap: {r['steps-done']:.0f} of {r['steps-asked']:.0f} steps)"
+        return f"budget-limited (time cap: {r.steps_done:.0f} of {r.steps_asked:.0f} steps)"
     if budgeted and previous:
-        now = max(budgeted, key=lambda r: r["psnr"])
-        before = max(previous, key=lambda r: r["psnr"])
-        gain = now["psnr"] - before["psnr"]
-        more_reid = (now.get("reid-top1") or 0) > (before.get("reid-top1") or 0)
+        now = max(budgeted, key=lambda r: r.psnr)
+        before = max(previous, key=lambda r: r.psnr)
+        gain = now.psnr - before.psnr
+        more_reid = (now.reid_top1 or 0) > (before.reid_top1 or 0)
         if gain >= RISING_DB or more_reid:
-            return f"budget-limited (still rising: {gain:+.1f} dB from {before['budget']} to {now['budget']} steps)"
+            return f"budget-limited (still rising: {gain:+.1f} dB from {before.budget} to {now.budget} steps)"
     return "at baseline"
 
 
@@ -147,27 +180,27 @@ def fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-def reid_cell(row: dict[str, Any]) -> str:
+def reid_cell(row: FrontierRow | Recognised) -> str:
     """'top-1 rate (chance)' of a row, or '—' where re-identification was not scored."""
-    if row.get("reid-top1") is None:
+    if row.reid_top1 is None:
         return "—"
-    return f"{row['reid-top1']:.0%} ({row['reid-chance']:.0%})"
+    return f"{row.reid_top1:.0%} ({row.reid_chance:.0%})"
 
 
-def _reid(row: dict[str, Any]) -> str:
+def _reid(row: FrontierRow | Recognised) -> str:
     cell = reid_cell(row)
-    return cell if row.get("reid-top1") is None else f"{cell} / {row['reid-rank']:.1f}"
+    return cell if row.reid_top1 is None else f"{cell} / {row.reid_rank:.1f}"
 
 
-def _most_recognisable(row: dict[str, Any]) -> str:
+def _most_recognisable(row: BestAttack) -> str:
     """The best row's re-identification, or the attack whose reconstructions are re-identified most (named)."""
-    most = row.get("most-recognisable")
-    if most is None or most["attack"] == row["attack"]:
+    most = row.most_recognisable
+    if most is None or most.attack == row.attack:
         return _reid(row)
-    return f"{_reid(most)} ({most['attack']})"
+    return f"{_reid(most)} ({most.attack})"
 
 
-def markdown(rows: list[dict[str, Any]], skipped: list[str]) -> str:
+def markdown(rows: list[FrontierRow], skipped: list[str]) -> str:
     lines = [
         "# Leakage vs utility frontier",
         "",
@@ -189,13 +222,12 @@ def markdown(rows: list[dict[str, Any]], skipped: list[str]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in best_attacks(rows):
-        gain = None if r["baseline-psnr"] is None else r["psnr"] - r["baseline-psnr"]
-        cost = None if r["accuracy-cost"] is None else 100 * r["accuracy-cost"]
+        gain = None if r.baseline_psnr is None else r.psnr - r.baseline_psnr
+        cost = None if r.accuracy_cost is None else 100 * r.accuracy_cost
         lines.append(
-            f"| {r['defence']} | {r['setting']} | {r['budget-level'] or '—'} | {r['attack']} | {r['psnr']:.1f} | "
-            f"{fmt(r['ssim'], '.3f')} | {fmt(r['baseline-psnr'], '.1f')} | {fmt(gain, '+.1f')} | "
-            f"{_most_recognisable(r)} | "
-            f"{r['verdict']} | {fmt(r['label-accuracy'], '.0%')} | {fmt(cost, '+.1f')} |"
+            f"| {r.defence} | {r.setting} | {r.budget_level or '—'} | {r.attack} | {r.psnr:.1f} | "
+            f"{fmt(r.ssim, '.3f')} | {fmt(r.baseline_psnr, '.1f')} | {fmt(gain, '+.1f')} | "
+            f"{_most_recognisable(r)} | {r.verdict} | {fmt(r.label_accuracy, '.0%')} | {fmt(cost, '+.1f')} |"
         )
     lines += ["", "## Every attack", "",
               "| defence | setting | attack | budget (steps) | matched PSNR (dB) | SSIM | re-identified (chance) / "
@@ -203,36 +235,36 @@ def markdown(rows: list[dict[str, Any]], skipped: list[str]) -> str:
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(
-            f"| {r['defence']} | {r['setting']} | {r['attack']} | {r.get('budget') or '—'} | {fmt(r['psnr'], '.1f')} "
-            f"| {fmt(r['ssim'], '.3f')} | {_reid(r)} | {fmt(r['seconds'], '.1f')} | {r['note']} |"
+            f"| {r.defence} | {r.setting} | {r.attack} | {r.budget or '—'} | {fmt(r.psnr, '.1f')} "
+            f"| {fmt(r.ssim, '.3f')} | {_reid(r)} | {fmt(r.seconds, '.1f')} | {r.note} |"
         )
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped)]
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[FrontierRow], path: Path) -> None:
     """One panel per setting: the best attack's matched PSNR per defence (at the largest budget) against its
     accuracy cost (defences without a measured cost at cost 0, hollow); the dashed line is the baseline. Where
     several budgets ran, two more panels: the best optimisation attack's PSNR and re-identification vs budget."""
     from fedvit.core.plots import plt
 
     best = best_attacks(rows)
-    settings = list(dict.fromkeys(r["setting"] for r in best))
+    settings = list(dict.fromkeys(r.setting for r in best))
     if not settings:
         return
-    budgets = sorted({r["budget"] for r in rows if r.get("budget") is not None})
+    budgets = sorted({r.budget for r in rows if r.budget is not None})
     panels = len(settings) + (2 if len(budgets) > 1 else 0)
     fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6), squeeze=False)
     for ax, setting in zip(axes[0], settings, strict=False):
-        points = [r for r in best if r["setting"] == setting]
-        top = {r["defence"]: r for r in points}  # the largest budget's point per defence (levels ascend)
+        points = [r for r in best if r.setting == setting]
+        top = {r.defence: r for r in points}  # the largest budget's point per defence (levels ascend)
         for r in top.values():
-            measured = r["accuracy-cost"] is not None
-            x = 100 * r["accuracy-cost"] if measured else 0.0
-            ax.scatter([x], [r["psnr"]], facecolors=None if measured else "none", edgecolors="C0", s=22)
-            ax.annotate(r["defence"], (x, r["psnr"]), fontsize=5, xytext=(3, 2), textcoords="offset points")
-        baselines = [r["baseline-psnr"] for r in top.values() if r["baseline-psnr"] is not None]
+            measured = r.accuracy_cost is not None
+            x = 100 * r.accuracy_cost if measured else 0.0
+            ax.scatter([x], [r.psnr], facecolors=None if measured else "none", edgecolors="C0", s=22)
+            ax.annotate(r.defence, (x, r.psnr), fontsize=5, xytext=(3, 2), textcoords="offset points")
+        baselines = [r.baseline_psnr for r in top.values() if r.baseline_psnr is not None]
         if baselines:
             ax.axhline(float(np.mean(baselines)), ls="--", color="grey", lw=0.8, label="no-information baseline")
             ax.legend(fontsize=6, loc="upper right")
@@ -247,24 +279,24 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _budget_panels(rows: list[dict[str, Any]], budgets: list[int], psnr_ax, reid_ax) -> None:
+def _budget_panels(rows: list[FrontierRow], budgets: list[int], psnr_ax, reid_ax) -> None:
     """Per (defence, setting): the best budgeted attack's PSNR (solid; its baseline dotted) and re-identification
     rate (chance dotted) against the budget."""
-    cases = dict.fromkeys((r["defence"], r["setting"]) for r in rows if r.get("budget") is not None)
+    cases = dict.fromkeys((r.defence, r.setting) for r in rows if r.budget is not None)
     for i, (defence, setting) in enumerate(cases):
-        per = [[r for r in rows if (r["defence"], r["setting"], r.get("budget")) == (defence, setting, b)
-                and r["psnr"] is not None] for b in budgets]  # fmt: skip
+        per = [[r for r in rows if (r.defence, r.setting, r.budget) == (defence, setting, b) and r.psnr is not None]
+               for b in budgets]  # fmt: skip
         xs = [b for b, rs in zip(budgets, per, strict=True) if rs]
-        tops = [max(rs, key=lambda r: r["psnr"]) for rs in per if rs]
+        tops = [max(rs, key=lambda r: r.psnr) for rs in per if rs]
         if not tops:
             continue
         label, colour = f"{defence}, {setting}", f"C{i % 10}"
-        psnr_ax.plot(xs, [r["psnr"] for r in tops], marker="o", ms=3, color=colour, label=label)
-        if tops[0]["baseline-psnr"] is not None:
-            psnr_ax.axhline(tops[0]["baseline-psnr"], ls=":", lw=0.7, color=colour)
-        if tops[0].get("reid-top1") is not None:
-            reid_ax.plot(xs, [100 * r["reid-top1"] for r in tops], marker="o", ms=3, color=colour, label=label)
-            reid_ax.axhline(100 * tops[0]["reid-chance"], ls=":", lw=0.7, color=colour)
+        psnr_ax.plot(xs, [r.psnr for r in tops], marker="o", ms=3, color=colour, label=label)
+        if tops[0].baseline_psnr is not None:
+            psnr_ax.axhline(tops[0].baseline_psnr, ls=":", lw=0.7, color=colour)
+        if tops[0].reid_top1 is not None:
+            reid_ax.plot(xs, [100 * r.reid_top1 for r in tops], marker="o", ms=3, color=colour, label=label)
+            reid_ax.axhline(100 * tops[0].reid_chance, ls=":", lw=0.7, color=colour)
     axes = ((psnr_ax, "matched PSNR (dB); dotted: baseline"), (reid_ax, "re-identified (%); dotted: chance"))
     for ax, ylabel in axes:
         ax.set_xscale("log")
@@ -287,11 +319,11 @@ def final_accuracies(folder: Path) -> dict[str, float]:
 
 def write_frontier(
     audit_rows: list[dict[str, Any]], out: Path, accuracy: dict[str, float], skipped: list[str] | None = None
-) -> list[dict[str, Any]]:
+) -> list[FrontierRow]:
     """Write ``frontier.json``, ``frontier.md`` and ``frontier.png`` under ``out``; returns the rows."""
     rows = frontier_rows(audit_rows, accuracy)
     report = {"rows": rows, "best": best_attacks(rows), "accuracy": accuracy, "skipped": skipped or []}
-    atomic_write(out / "frontier.json", json.dumps(report, indent=1, default=float).encode())
+    atomic_write(out / "frontier.json", json.dumps(as_json(report), indent=1, default=float).encode())
     atomic_write(out / "frontier.md", markdown(rows, skipped or []).encode())
     plot(rows, out / "frontier.png")
     return rows

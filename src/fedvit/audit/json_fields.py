@@ -1,12 +1,14 @@
-"""How a type of the audit's names its fields in ``audit.json``: the field's name in kebab case unless it says
-otherwise (:func:`named`: the statistic's own name, such as ``tpr@0.01``), or its fields merged into its parent's
-(:func:`flattened`). :func:`fedvit.audit.report.as_json` reads these."""
+"""How the audit's types become JSON, in one place (:func:`as_json`, for ``audit.json`` and ``frontier.json``): a
+field is named by its name in kebab case unless it says otherwise (:func:`named`: the statistic's own name, such as
+``tpr@0.01``), or its fields are merged into its parent's (:func:`flattened`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 JSON, FLATTEN = "json", "flatten"
 
@@ -46,3 +48,26 @@ def json_keys(kind: type) -> tuple[str, ...]:
         inner = f.metadata.get(FLATTEN)
         keys += json_keys(inner) if inner is not None else [json_key(f)]
     return tuple(keys)
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as ``audit.json`` holds it, the one place the audit's types become JSON: a dataclass (a leakage
+    type's evidence) an object of its fields, named in kebab case (``null_error`` → ``null-error``) unless the field
+    names itself (:mod:`fedvit.audit.json_fields`), a flattened field's beside its parent's; numpy scalars
+    and arrays numbers and lists; mappings, lists and tuples element by element; anything else as it is."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if (kind := f.metadata.get(FLATTEN)) is None:
+                out[json_key(f)] = as_json(item)
+            else:  # its fields beside the parent's (None where it is None: one schema)
+                out |= as_json(item) if item is not None else {json_key(g): None for g in dataclasses.fields(kind)}
+        return out
+    if isinstance(value, dict):
+        return {key: as_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_json(item) for item in value]
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    return value

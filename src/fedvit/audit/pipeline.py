@@ -32,6 +32,7 @@ from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
 from fedvit.audit.html import Picture, write_html
+from fedvit.audit.json_fields import as_json
 from fedvit.audit.members import member_membership
 from fedvit.audit.membership_stats import Roc
 from fedvit.audit.metrics import BATCH_SCORING, SETTINGS, reference_rows, reid_setting
@@ -46,7 +47,7 @@ from fedvit.audit.registry import (
     measure_all,
     membership_scores,
 )
-from fedvit.audit.report import AuditReport, as_json, json_text, markdown, save_grid
+from fedvit.audit.report import AuditReport, json_text, markdown, save_grid
 from fedvit.audit.secagg import (
     NotRebuilt,
     RoundEntry,

@@ -23,8 +23,8 @@ from fedvit.audit.evidence import (
     null_text,
     threshold_text,
 )
-from fedvit.audit.frontier import fmt, reid_cell
-from fedvit.audit.json_fields import FLATTEN, json_key, json_keys
+from fedvit.audit.frontier import FrontierRow, fmt, reid_cell
+from fedvit.audit.json_fields import json_keys
 from fedvit.audit.membership_stats import Judgement
 from fedvit.audit.metrics import as_batch, match_batch
 from fedvit.audit.secagg import SecureAggregation, gap_text
@@ -52,35 +52,12 @@ class AuditReport:
     updates: list[UpdateAudit]
     clients: list[ClientRounds]
     rows: list[dict[str, Any]]  # every attack's row per update (the frontier's input)
-    summary: list[dict[str, Any]]  # each attack's means per defence and setting (:func:`~.frontier.frontier_rows`)
+    summary: list[FrontierRow]  # each attack's means per defence and setting (:func:`~.frontier.frontier_rows`)
     notes: list[str]
     secure_aggregation: SecureAggregation | None
 
 
 TOP_LEVEL_KEYS = json_keys(AuditReport)  # audit.json's, in order
-
-
-def as_json(value: Any) -> Any:
-    """``value`` as ``audit.json`` holds it, the one place the audit's types become JSON: a dataclass (a leakage
-    type's evidence) an object of its fields, named in kebab case (``null_error`` → ``null-error``) unless the field
-    names itself (:mod:`fedvit.audit.json_fields`), a flattened field's beside its parent's; numpy scalars
-    and arrays numbers and lists; mappings, lists and tuples element by element; anything else as it is."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(value):
-            item = getattr(value, f.name)
-            if (kind := f.metadata.get(FLATTEN)) is None:
-                out[json_key(f)] = as_json(item)
-            else:  # its fields beside the parent's (None where it is None: one schema)
-                out |= as_json(item) if item is not None else {json_key(g): None for g in dataclasses.fields(kind)}
-        return out
-    if isinstance(value, dict):
-        return {key: as_json(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [as_json(item) for item in value]
-    if isinstance(value, np.generic | np.ndarray):
-        return value.tolist()
-    return value
 
 
 def json_text(report: dict[str, Any]) -> str:
@@ -110,10 +87,10 @@ def markdown(report: AuditReport) -> str:
     ]
     for r in report.summary:
         lines.append(
-            f"| {r['defence']} | {r['setting']} | {r['attack']} | {r['budget'] or '—'} | {r['updates']} | "
-            f"{fmt(r['psnr'], '.1f')} | {fmt(r['ssim'], '.3f')} | {fmt(r['baseline-psnr'], '.1f')} | {reid_cell(r)} "
-            f"| {fmt(r['reid-rank'], '.1f')} | {fmt(r['label-accuracy'], '.0%')} | {fmt(r['seconds'], '.3f')} "
-            f"| {r['note']} |"
+            f"| {r.defence} | {r.setting} | {r.attack} | {r.budget or '—'} | {r.updates} | "
+            f"{fmt(r.psnr, '.1f')} | {fmt(r.ssim, '.3f')} | {fmt(r.baseline_psnr, '.1f')} | {reid_cell(r)} "
+            f"| {fmt(r.reid_rank, '.1f')} | {fmt(r.label_accuracy, '.0%')} | {fmt(r.seconds, '.3f')} "
+            f"| {r.note} |"
         )
     lines += ["", "Metrics: " + "; ".join(f"{k}: {v}" for k, v in report.metrics.items()), ""]
     lines += [f"- {note}" for note in report.notes]
