@@ -24,7 +24,7 @@ from benchmarks.label_distribution import BATCH, PARTITIONS, models
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.attacks.label_distribution import prior_accuracy
 from fedvit.attacks.labels import label_accuracy
-from fedvit.audit.registry import LABELS, Held, evidence, measure_all
+from fedvit.audit.registry import LABELS, Held, MeasureOptions, evidence, measure_all
 from fedvit.core.budget import AuditConfig
 from fedvit.core.model import classify
 from fedvit.observed.model_spec import head_bias
@@ -72,18 +72,18 @@ def row(case: tuple[str, int, str, int], threads: int) -> dict:
     obs, (images, labels), others = trained(optimiser, epochs, partition, seed)
     aux = Auxiliary(*others, "2,000 other images")
     held = Held(images, labels, None, True, AuditConfig(), {}, aux, Candidates((images, labels), others, "other"),
-                references=REFERENCES)  # fmt: skip
+                MeasureOptions(references=REFERENCES))  # fmt: skip
     measured = measure_all(obs, held)
     findings, found = measured.findings, evidence(measured).leakage
     counts = findings[LABELS].rows[0]["labels"] or {}
-    membership, power = found["membership"], found["membership"].get("power", {})
+    membership, power = found["membership"].figures, found["membership"].power
     return {
         "optimiser": optimiser, "local epochs": epochs, "partition": partition, "client seed": seed, "images": SIZE,
         "label error": round(1 - label_accuracy(np.array([counts.get(k, 0) for k in range(10)]), labels), 4),
         "prior error": round(1 - prior_accuracy(aux.prior(10), labels), 4),
-        "membership AUC": round(membership["auc"], 3), "membership null AUC": round(membership["null"]["auc"], 3),
-        "strongest score": membership["score"], "clears null": membership["clears"],
-        "simulated AUC (power)": None if power.get("status") != "measured" else round(power["simulated"]["auc"], 3),
+        "membership AUC": round(membership.auc, 3), "membership null AUC": round(membership.null.auc, 3),
+        "strongest score": membership.score, "clears null": found["membership"].clears,
+        "simulated AUC (power)": None if power is None or power.simulated is None else round(power.simulated.auc, 3),
     }  # fmt: skip
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from benchmarks.common import ROOT, write_csv
 from fedvit.attacks.holdings import Auxiliary, Candidates
 from fedvit.audit import registry
-from fedvit.audit.registry import Held, evidence, measure_all
+from fedvit.audit.registry import Held, MeasureOptions, evidence, measure_all
 from fedvit.core.budget import AuditConfig
 from fedvit.core.model import classify
 from fedvit.observed.model_spec import ModelSpec
@@ -72,7 +72,7 @@ def head_update() -> tuple[Observation, Auxiliary, Candidates]:
 
 def audited(obs: Observation, aux: Auxiliary, candidates: Candidates) -> tuple[float, dict]:
     started = time.perf_counter()
-    held = Held(None, None, None, False, AuditConfig(), {}, aux, candidates, references=REFERENCES)
+    held = Held(None, None, None, False, AuditConfig(), {}, aux, candidates, MeasureOptions(references=REFERENCES))
     measured = measure_all(obs, held)
     found = evidence(measured).leakage
     return time.perf_counter() - started, {**found, "counts": measured.findings[registry.LABELS].rows[0]["labels"],
@@ -87,12 +87,12 @@ def main() -> None:
     for cached in (True, False):
         registry.on_features = on_features if cached else (lambda *args: "switched off")
         seconds, found = audited(obs, aux, candidates)
-        membership = found["membership"]
-        figures.append((found["counts"], {k: v["auc"] for k, v in membership["scores"].items()}))
+        membership = found["membership"].figures
+        figures.append((found["counts"], {k: v.auc for k, v in membership.scores.items()}))
         print(f"cached={cached}: {seconds:.1f} s; {found['frozen-features']}", flush=True)
         rows.append({"model": MODEL, "px": 224, "images": SIZE, "other images": OTHERS,
                      "shadow updates": REFERENCES, "frozen features": "cached once" if cached else "whole model",
-                     "seconds": round(seconds, 1), "membership AUC": round(membership["auc"], 3),
+                     "seconds": round(seconds, 1), "membership AUC": round(membership.auc, 3),
                      "label counts": found["counts"]})  # fmt: skip
     registry.on_features = on_features
     same_labels = figures[0][0] == figures[1][0]

@@ -181,11 +181,11 @@ def test_a_leakage_type_not_asked_for_is_not_measured_unless_an_asked_for_figure
     updates or its power twin simulate what it estimates (neither runs where canaries are scored)."""
     from types import SimpleNamespace
 
-    from fedvit.audit.registry import Held, not_asked
+    from fedvit.audit.registry import Held, MeasureOptions, not_asked
 
     def held(leakage: tuple[str, ...], references: int, canaries: bool) -> Held:
         return Held(None, None, None, False, BUDGET, {}, candidates=SimpleNamespace(canaries=canaries),
-                    references=references, leakage=leakage)  # fmt: skip
+                    options=MeasureOptions(references=references, leakage=leakage))  # fmt: skip
 
     assert not_asked("labels", held(("membership",), 8, False)) is None  # the shadow updates rest on it
     assert not_asked("labels", held(("membership",), 0, False)) is None  # the power twin does

@@ -1040,7 +1040,8 @@ def test_membership_takes_the_label_estimate_as_an_input_whatever_the_order_of_t
     obs, images, labels = client_update(192, 1, alpha=0.5)
     others = make_images(600, 99)
     held = registry.Held(images, labels, None, True, AuditConfig(), {}, Auxiliary(*others, "other images"),
-                         Candidates((images, labels), others, "other images"), references=2)  # fmt: skip
+                         Candidates((images, labels), others, "other images"),
+                         registry.MeasureOptions(references=2))  # fmt: skip
     measured = registry.measure_all(obs, held)
     assert measured.held.estimate.simulated_counts is not None and measured.held.split.pool is not None
     alignment = measured.findings[f"membership: {registry.ALIGNMENT}"]

@@ -8,6 +8,8 @@ import dataclasses
 
 from fedvit.attacks.simulation import RecipeFit
 from fedvit.audit.evidence import Evidence, ImageEvidence, LabelEvidence, MembershipEvidence
+from fedvit.audit.json_fields import flattened
+from fedvit.audit.metrics import ImageScores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +59,7 @@ class UpdateAudit:
     best_attack: str | None = None
     leakage: dict[str, Evidence] = dataclasses.field(default_factory=dict)  # by LEAKAGE_KINDS
     seconds: float = 0.0
-    psnr: float | None = None
-    ssim: float | None = None
-    reid_top1: float | None = None
-    reid_rank: float | None = None
-    reid_gallery: int | None = None
-    reid_chance: float | None = None
-    reid_null: float | None = None
+    best: ImageScores | None = flattened(ImageScores)  # the best attack's scores (None: no attack scored)
     membership_members: dict[str, MembershipEvidence] | None = None  # a SecAgg+ aggregate: each member's images
 
     @property

@@ -40,6 +40,7 @@ from fedvit.audit.node_matching import with_matched_nodes
 from fedvit.audit.registry import (
     LABELS,
     Held,
+    MeasureOptions,
     MembershipSplit,
     best_image,
     evidence,
@@ -145,6 +146,12 @@ class AuditOptions:
     gallery: Gallery | None = None  # decoys for every update (default: each run's test split, ``decoys`` of them)
     leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types measured (--leakage); the others say "not asked for"
     app_facts: tuple[dict[str, str], ...] = ()  # ``fedvit audit-app``: what it read from the app, with sources
+
+    @property
+    def measures(self) -> MeasureOptions:
+        """The part every measure reads (:class:`fedvit.audit.registry.Held` holds it)."""
+        return MeasureOptions(None if self.budgets is None else tuple(self.budgets), self.references,
+                              self.fit_check, self.leakage)  # fmt: skip
 
 
 class Audited(NamedTuple):
@@ -414,8 +421,7 @@ def attack_exchange(
     client = recipe(obs)
     started = time.perf_counter()
     held = Held(images, labels, gallery, exact, budget, {**obs.meta, "defence": obs.defence.name}, aux,
-                candidates, options.budgets, device or options.device, options.references, position,
-                fit_check=options.fit_check, leakage=options.leakage)  # fmt: skip
+                candidates, options.measures, device or options.device, position)  # fmt: skip
     measured = measure_all(obs, held)  # a measure may estimate a recipe value: the one recipe from here on
     obs, findings, held = measured.obs, measured.findings, measured.held
     judged = evidence(measured)
@@ -428,8 +434,6 @@ def attack_exchange(
     statuses |= {n: f.status for n, f in findings.items() if f.status is not None and not f.applied}
     labelled = findings[LABELS].rows[0]
     fit = held.estimate.recipe_fit
-    shown = ("psnr", "ssim", "reid_top1", "reid_rank", "reid_gallery", "reid_chance", "reid_null")
-    scored = {k: getattr(best_scores, k) if best else None for k in shown}
     update = UpdateAudit(
         update=obs.meta.get("update") or obs.meta["label"],
         node=obs.meta.get("node"),
@@ -443,8 +447,8 @@ def attack_exchange(
         recipe_sources=list(client.sources),  # per value: "value (where it came from)"
         app_code=obs.meta.get("app-code"),
         recipe_fit=None if fit is None else RecipeFitted.of(
-            fit, held.fit_check and not held.estimate.fit_unchecked,
-            held.estimate.fit_unchecked or (None if held.fit_check else "--no-fit-check")),  # fmt: skip
+            fit, held.options.fit_check and not held.estimate.fit_unchecked,
+            held.estimate.fit_unchecked or (None if held.options.fit_check else "--no-fit-check")),  # fmt: skip
         # recipe values no record carries and nothing estimated, and (another app) what no record can carry
         assumptions=client.assumed() + ([] if obs.defence.fedvit else unrecorded(client)),
         labels=labelled["labels"],
@@ -454,7 +458,7 @@ def attack_exchange(
         best_attack=best,
         leakage=judged.leakage,
         seconds=round(time.perf_counter() - started, 1),
-        **scored,
+        best=best_scores if best else None,
     )
     recs = {n: f.reconstruction for n, f in findings.items() if f.reconstruction is not None}
     ranks = {n: f.scores.reid_ranks for n, f in findings.items() if f.reconstruction is not None}
@@ -503,8 +507,9 @@ def audit_exchanges(
             updates.append(update)
             attacked.append(Audited(obs, truth[0], done.reconstructions))
             log.info(f"audit: {update.update}: labels {update.labels}; " + (
-                "unscored" if update.psnr is None else
-                f"best {update.best_attack} {update.psnr:.2f} dB, re-id top-1 {update.reid_top1:.0%}"
+                "unscored" if update.best is None else
+                f"best {update.best_attack} {update.best.psnr:.2f} dB, re-id top-1 "
+                + ("—" if update.best.reid_top1 is None else f"{update.best.reid_top1:.0%}")
             ) + f" ({update.seconds:.0f} s)")  # fmt: skip
     finally:
         forget_received_projection()

@@ -229,6 +229,16 @@ class FrozenFeatures:
     candidates: Candidates | None = None
 
 
+@dataclass(frozen=True)
+class MeasureOptions:
+    """The part of the audit's options the measures read (:attr:`fedvit.audit.pipeline.AuditOptions.measures`)."""
+
+    budgets: tuple[int, ...] | None = None  # Adam steps per restart, one row each (default: the budget's own)
+    references: int = 0  # shadow updates behind the shadow-alignment membership score (0: that score is off)
+    fit_check: bool = True  # withhold the simulation's figures where the recipe does not fit (off: a mutation check)
+    leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types asked for (--leakage); the others are not measured
+
+
 @dataclass
 class Held:
     """What the audit holds for one update beside the observation. Truth (``images``, ``labels``, ``gallery``;
@@ -244,12 +254,9 @@ class Held:
     head: dict[str, Any]  # the update's columns of every report row
     aux: Auxiliary | None = None
     candidates: Candidates | None = None
-    budgets: list[int] | None = None  # Adam steps per restart, one row each (default: the budget's own)
+    options: MeasureOptions = field(default_factory=MeasureOptions)
     device: str | None = None
-    references: int = 0  # shadow updates behind the shadow-alignment membership score (0: that score is off)
     position: str = ""  # "update k/n", for progress bars
-    fit_check: bool = True  # withhold the simulation's figures where the recipe does not fit (off: a mutation check)
-    leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types asked for (--leakage); the others are not measured
     features: FrozenFeatures = field(default_factory=FrozenFeatures)  # the head on frozen features, or not
     estimate: LabelStage = field(default_factory=LabelStage)  # the label estimate's stage (empty before it runs)
     split: MembershipSplit | None = None  # every membership score is taken on it (decided before they run)
@@ -345,7 +352,7 @@ def recipe_misfit(held: Held, obs: Observation) -> str | None:
     """Why the figures that simulate the client's recipe are withheld: its simulation does not reproduce the update
     (None: it does, or nothing was simulated, or the check is off)."""
     fit = held.estimate.recipe_fit
-    if fit is None or fit.fits or not held.fit_check or held.estimate.fit_unchecked:
+    if fit is None or fit.fits or not held.options.fit_check or held.estimate.fit_unchecked:
         return None
     state = recipe(obs).source_of("client state")  # a state the simulations cannot restore: why it may not fit
     return f"recipe does not fit: {fit.described()}" + (f"; {state}" if state else "")
@@ -394,7 +401,7 @@ LABEL_COUNTS = Measure(
 
 def shadows_apply(obs: Observation, held: Held) -> str | None:
     """Why shadow updates cannot be trained for ``obs`` (None: they can)."""
-    if held.references <= 0:
+    if held.options.references <= 0:
         return "no shadow updates asked for (--membership-references 0)"
     if (why := other_optimiser(obs) or recipe_misfit(held, obs)) is not None:
         return why
@@ -431,7 +438,7 @@ def candidate_losses_of(obs: Observation, held: Held) -> dict[str, tuple[np.ndar
 def alignment(obs: Observation, held: Held) -> Score:
     split = held.split
     shadows = reference_updates(obs, split.pool, held.estimate.simulated_counts, recipe(obs).momentum, split.seed,
-                                held.references)  # fmt: skip
+                                held.options.references)  # fmt: skip
     return alignment_score(obs, split.candidates, shadows, split.pool)
 
 
@@ -559,11 +566,12 @@ def judge_rounds(updates: list[tuple[list[Score], MembershipSplit]]) -> Membersh
 
 
 def image_measure(attack: Attack) -> Measure:
-    """An image attack as a registry entry: one row per budget (``held.budgets`` for the optimising attacks)."""
+    """An image attack as a registry entry: one row per budget (``held.options.budgets`` for the optimising
+    attacks)."""
 
     def run(obs: Observation, held: Held) -> Outcome:
         rows, rec, scored = [], None, None
-        for steps in (held.budgets or [held.budget.iterations]) if attack.optimising else [None]:
+        for steps in (held.options.budgets or [held.budget.iterations]) if attack.optimising else [None]:
             target = held.budget if steps is None else dataclasses.replace(held.budget, iterations=steps)
             start = time.perf_counter()
             rec = run_attack(attack, obs, target, held.device, held.position)
@@ -667,12 +675,12 @@ def not_asked(leakage: str, held: Held) -> str | None:
     """Why the measures of ``leakage`` do not run because it was not asked for (None: they run). The label
     estimate also runs where asked-for membership figures rest on its simulation: the shadow updates and the power
     twin, neither of which runs where canaries are scored (:func:`alignment_applies`, :func:`power_applies`)."""
-    if leakage in held.leakage:
+    if leakage in held.options.leakage:
         return None
     canaries = held.candidates is not None and held.candidates.canaries
-    if leakage == "labels" and "membership" in held.leakage and not canaries:
+    if leakage == "labels" and "membership" in held.options.leakage and not canaries:
         return None
-    return f"not asked for: --leakage {','.join(held.leakage)}"
+    return f"not asked for: --leakage {','.join(held.options.leakage)}"
 
 
 def run_measure(measure: Measure, obs: Observation, held: Held) -> Outcome:

@@ -26,7 +26,7 @@ from fedvit.audit.evidence import (
 from fedvit.audit.frontier import FrontierRow, fmt, reid_cell
 from fedvit.audit.json_fields import json_keys
 from fedvit.audit.membership_stats import Judgement
-from fedvit.audit.metrics import as_batch, match_batch
+from fedvit.audit.metrics import ImageScores, as_batch, match_batch
 from fedvit.audit.secagg import SecureAggregation, gap_text
 from fedvit.audit.summary import ClientFinding, summary_table
 from fedvit.observed.observation import Observation, Reconstruction
@@ -148,10 +148,11 @@ def update_lines(updates: list[UpdateAudit]) -> list[str]:
              "| re-id top-1 | rank |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for u in updates:
         labels = "—" if u.labels is None else str(u.labels)
+        best = u.best or ImageScores()
         lines.append(
             f"| {u.update} | {u.sent} | {u.batch} × {u.steps} | {labels} | {u.best_attack or '—'} "
-            f"| {unscored(u.psnr, '.2f')} | {unscored(u.ssim, '.3f')} | {unscored(u.reid_top1, '.0%')} "
-            f"| {unscored(u.reid_rank, '.1f')} |"
+            f"| {unscored(best.psnr, '.2f')} | {unscored(best.ssim, '.3f')} | {unscored(best.reid_top1, '.0%')} "
+            f"| {unscored(best.reid_rank, '.1f')} |"
         )
     lines += ["", "### Attacks per update", ""]
     for u in updates:
