@@ -1,6 +1,7 @@
 """What the report holds per update (:class:`UpdateAudit`) and per client over its updates (:class:`ClientRounds`), as
 types: the pipeline builds them, the summary, audit.md and the pictures read them by attribute, and
-:func:`fedvit.audit.report.as_json` writes them into ``audit.json`` (the field ``recipe_fit`` as ``recipe-fit``)."""
+:func:`fedvit.audit.json_fields.as_json` writes them into ``audit.json`` (the field ``recipe_fit`` as
+``recipe-fit``)."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def null_text(null: RocFigures, at: str | None = None, members: int | None = Non
 @dataclasses.dataclass(frozen=True)
 class LabelEvidence:
     """Label counts against the prior (:func:`label_evidence`); ``audit.json`` holds it field by field
-    (:func:`fedvit.audit.report.as_json`)."""
+    (:func:`fedvit.audit.json_fields.as_json`)."""
 
     status: str  # MEASURED, UNVERIFIED or NOT_MEASURED
     why: str = ""  # not measured or unverified: the reason
