@@ -458,7 +458,7 @@ def attack_exchange(
         best_attack=best,
         leakage=judged.leakage,
         seconds=round(time.perf_counter() - started, 1),
-        best=best_scores if best else None,
+        best=best_scores,
     )
     recs = {n: f.reconstruction for n, f in findings.items() if f.reconstruction is not None}
     ranks = {n: f.scores.reid_ranks for n, f in findings.items() if f.reconstruction is not None}
