@@ -27,6 +27,7 @@ from fedvit.audit.evidence import MembershipEvidence
 from fedvit.audit.json_fields import json_keys
 from fedvit.audit.membership_stats import RocFigures
 from fedvit.audit.pipeline import AuditOptions, run_audit
+from fedvit.audit.registry import MeasureOptions
 from fedvit.audit.user_data import UserData
 from fedvit.capture.reader import NOTHING_ON_THE_WIRE, AuditInputError
 from fedvit.capture.writer import add_direction, capture_stem
@@ -44,6 +45,7 @@ from cnnapp.task import Net, load_data, partition_size, train  # noqa: E402
 SPEC = ModelSpec("cnnapp.task:Net", app_dir=str(APP))
 DATA = UserData("cnnapp_partitions:partition", {}, decoy_partitions=tuple(range(4, 40)), app_dir=str(APP))
 BUDGET = AuditConfig(iterations=60, restarts=1, max_seconds=60)
+SHADOWS = MeasureOptions(references=3)  # three shadow updates behind membership: enough to test it, quick on CPU
 
 
 def audit_app_captures(captures: Path, out: Path, spec: ModelSpec, budget: AuditConfig, **options) -> dict:
@@ -148,8 +150,9 @@ def test_a_dp_claim_is_read_and_tested_against_planted_canaries(tmp_path):
     assert 0.5 < claimed["noisy"] == claimed["noiseless"] < 1.5
     data = UserData("cnnapp_partitions:dp", {"21": 1}, tuple(range(4, 40)), str(APP),
                     canaries="cnnapp_partitions:canaries")  # fmt: skip
+    asked = MeasureOptions(references=0, leakage=("membership",))
     reports = {name: audit_app_captures(tmp_path / name, tmp_path / f"{name}-out", SPEC, BUDGET, data=data,
-                                        references=0, leakage=("membership",)) for name in claimed}  # fmt: skip
+                                        measures=asked) for name in claimed}  # fmt: skip
     for name, report in reports.items():
         (row,) = report["updates"]
         for kind in ("labels", "images"):
@@ -181,7 +184,7 @@ def test_a_leakage_type_not_asked_for_is_not_measured_unless_an_asked_for_figure
     updates or its power twin simulate what it estimates (neither runs where canaries are scored)."""
     from types import SimpleNamespace
 
-    from fedvit.audit.registry import Held, MeasureOptions, not_asked
+    from fedvit.audit.registry import Held, not_asked
 
     def held(leakage: tuple[str, ...], references: int, canaries: bool) -> Held:
         return Held(None, None, None, False, BUDGET, {}, candidates=SimpleNamespace(canaries=canaries),
@@ -198,6 +201,22 @@ def test_a_leakage_type_not_asked_for_is_not_measured_unless_an_asked_for_figure
     for given in (iter(["membership", "label"]), "membership, label"):  # an iterator read once; the CLI's form
         with pytest.raises(ValueError, match=r"got \['label', 'membership'\]"):
             audit_captures(Path("no-captures"), leakage=given)
+
+
+def test_the_measures_options_refuse_values_no_measure_can_use():
+    """The measures' options check their own values, so the API, ``fedvit-audit.toml`` and a direct
+    ``AuditOptions`` fail alike, before any capture is read."""
+    for bad, message in (({"references": -1}, "membership references must be >= 0, got -1"),
+                         ({"budgets": ()}, r"budgets must be Adam steps >= 1, got \[\]"),
+                         ({"budgets": (50, 0)}, r"got \[50, 0\]"),
+                         ({"leakage": ()}, "leakage must name some of")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            MeasureOptions(**bad)
+    with pytest.raises(ValueError, match="membership references must be >= 0"):
+        audit_captures(Path("no-captures"), membership_references=-2)
+    with pytest.raises(ValueError, match=r"budgets must be Adam steps >= 1, got \[0, 10\]"):
+        audit_captures(Path("no-captures"), budgets=[10, 0])
+    assert MeasureOptions(budgets=(10, 50)).references == MeasureOptions().references > 0  # one default
 
 
 def test_labels_are_exact_and_reconstructions_are_scored_against_the_users_partitions(tmp_path):
@@ -245,7 +264,7 @@ def test_two_audits_of_one_capture_give_identical_figures(tmp_path):
     capture_exchange(tmp_path / "cap", 15, 3, 1, batch=2)
     data = UserData(DATA.source, {"15": 3}, DATA.decoy_partitions, DATA.app_dir)
     for out in ("first", "second"):
-        audit_app_captures(tmp_path / "cap", tmp_path / out, SPEC, BUDGET, data=data, references=3)
+        audit_app_captures(tmp_path / "cap", tmp_path / out, SPEC, BUDGET, data=data, measures=SHADOWS)
     first, second = (json.loads((tmp_path / out / "audit.json").read_text()) for out in ("first", "second"))
     assert first["updates"][0]["steps"] == 2 and first["updates"][0]["recipe-fit"] is not None
     assert without_timings(first) == without_timings(second)
@@ -258,7 +277,7 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
     for server_round in (1, 2):
         capture_exchange(tmp_path / "cap", 15, 3, server_round, batch=2)  # 4 images, batch 2: two local steps
     data = UserData(DATA.source, {"15": 3}, DATA.decoy_partitions, DATA.app_dir)
-    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data, references=3)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data, measures=SHADOWS)
     row = report["updates"][0]
     member = row["leakage"]["membership"]
     assert row["steps"] == 2 and member["status"] == "measured"
@@ -295,7 +314,8 @@ def test_membership_of_a_multi_step_update_against_shadow_updates(tmp_path):
 
     capture_exchange(tmp_path / "one", 14, 3)  # batch 4: one local step, nothing to simulate
     data = UserData(DATA.source, {"14": 3}, DATA.decoy_partitions, DATA.app_dir)
-    (row,) = audit_app_captures(tmp_path / "one", tmp_path / "out1", SPEC, BUDGET, data=data, references=3)["updates"]
+    (row,) = audit_app_captures(tmp_path / "one", tmp_path / "out1", SPEC, BUDGET, data=data, measures=SHADOWS)[
+        "updates"]  # fmt: skip
     assert row["attacks"]["membership: shadow alignment"].startswith("not applicable: shadow updates need a multi")
     assert row["leakage"]["membership"]["power"]["status"] == "not measured"
 
@@ -885,7 +905,7 @@ def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path,
     for server_round in (1, 2):
         capture_head_exchange(tmp_path / "cap", 21, 3, server_round, as_list=server_round == 2)
     data = UserData(DATA.source, {"21": 3}, DATA.decoy_partitions, DATA.app_dir)
-    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", spec, BUDGET, data=data, references=3)
+    report = audit_app_captures(tmp_path / "cap", tmp_path / "out", spec, BUDGET, data=data, measures=SHADOWS)
     assert len(report["updates"]) == 2
     for row in report["updates"]:
         assert "of heads only (2 of 10 parameter tensors)" in row["sent"], row["sent"]
@@ -900,7 +920,7 @@ def test_a_head_fine_tuned_on_a_frozen_backbone_is_audited_on_the_head(tmp_path,
         assert row["frozen-features"].startswith("the frozen layers' outputs computed once for 90 auxiliary and 94")
     assert "frozen backbone: the frozen layers' outputs computed once" in (tmp_path / "out" / "audit.md").read_text()
     monkeypatch.setattr(registry, "on_features", lambda *args: "switched off")
-    whole = audit_app_captures(tmp_path / "cap", tmp_path / "whole", spec, BUDGET, data=data, references=3)
+    whole = audit_app_captures(tmp_path / "cap", tmp_path / "whole", spec, BUDGET, data=data, measures=SHADOWS)
     for cached, full in zip(report["updates"], whole["updates"], strict=True):
         assert full["frozen-features"] == "the whole model runs: switched off"
         assert cached["labels"] == full["labels"]
@@ -1002,7 +1022,8 @@ def test_an_optimiser_on_record_is_simulated_or_said_everywhere_it_matters(tmp_p
 
     capture_adam_exchange(tmp_path / "cap", 31, 3)
     data = UserData(DATA.source, {"31": 3}, DATA.decoy_partitions, DATA.app_dir)
-    (row,) = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data, references=3)["updates"]
+    (row,) = audit_app_captures(tmp_path / "cap", tmp_path / "out", SPEC, BUDGET, data=data, measures=SHADOWS)[
+        "updates"]  # fmt: skip
     assert "optimiser adam (run config)" in row["recipe"] and "optimiser SGD (assumed)" not in row["assumptions"]
     assert "momentum — (adam: betas 0.9, 0.999, eps 1e-8, torch's defaults, assumed)" in row["recipe"]
     assert "plain SGD" not in row["recipe"]
@@ -1014,7 +1035,7 @@ def test_an_optimiser_on_record_is_simulated_or_said_everywhere_it_matters(tmp_p
     assert member["status"] == "measured" and "shadow alignment" in member["scores"]
     assert member["power"]["status"] == "measured"
 
-    options = {"data": data, "references": 3, "overrides": {"optimizer": "rmsprop"}}
+    options = {"data": data, "measures": SHADOWS, "overrides": {"optimizer": "rmsprop"}}
     (row,) = audit_app_captures(tmp_path / "cap", tmp_path / "o1", SPEC, BUDGET, **options)["updates"]
     why = "the client's optimiser is rmsprop (override); fedvit simulates SGD, Adam, AdamW"
     assert "optimiser rmsprop (override)" in row["recipe"]
@@ -1108,7 +1129,7 @@ def test_a_declared_augmentation_is_in_the_recipe_and_the_loss_scores_take_its_v
     data = UserData(DATA.source, {"31": 3}, DATA.decoy_partitions, DATA.app_dir)
     runs = {}
     for augment in ("none", "crop:0.5+flip"):
-        options = {"data": data, "references": 3, "overrides": {"augment": augment}}
+        options = {"data": data, "measures": SHADOWS, "overrides": {"augment": augment}}
         (runs[augment],) = audit_app_captures(tmp_path / "cap", tmp_path / augment, SPEC, BUDGET, **options)["updates"]
     row = runs["crop:0.5+flip"]
     assert "augmentation random resized crop (scale 0.5–1) + horizontal flip (override)" in row["recipe"]

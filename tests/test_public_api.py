@@ -80,6 +80,7 @@ def test_the_audits_defaults_are_one_set_for_the_command_line_the_api_and_the_at
     args = build_parser().parse_args(["audit", "x", "--out", "y"])
     api = inspect.signature(audit_captures).parameters
     options = AuditOptions()
-    assert args.membership_references == api["membership_references"].default == options.references == REFERENCES
+    references = options.measures.references
+    assert args.membership_references == api["membership_references"].default == references == REFERENCES
     assert REFERENCES == MEMBERSHIP_REFERENCES
     assert args.decoys == api["decoys"].default == options.decoys == DEFAULT_DECOYS

@@ -98,21 +98,23 @@ def audit_captures(
     """
     from fedvit.audit.evidence import LEAKAGE_KINDS
     from fedvit.audit.pipeline import AuditOptions, audit_captured
+    from fedvit.audit.registry import MeasureOptions
 
     captures, out = Path(captures), Path(out)
-    if decoys < 0 or membership_references < 0:
-        raise ValueError("decoys and membership_references must be >= 0")
+    if decoys < 0:
+        raise ValueError(f"decoys must be >= 0, got {decoys}")
     if sent not in ("auto", "gradient", "weights"):
         raise ValueError(f"sent must be auto, gradient or weights, got {sent!r}")
     kinds = LEAKAGE_KINDS
     if leakage is not None:  # read once: an iterator is consumed, a string is the command line's comma list
         asked = {k.strip() for k in leakage.split(",") if k.strip()} if isinstance(leakage, str) else set(leakage)
-        kinds = tuple(k for k in LEAKAGE_KINDS if k in asked)
-        if not kinds or asked - set(LEAKAGE_KINDS):
-            raise ValueError(f"leakage must name some of {', '.join(LEAKAGE_KINDS)}, got {sorted(asked)}")
-    steps = sorted({int(b) for b in budgets}) if budgets is not None else None
-    if steps is not None and (not steps or steps[0] < 1):
-        raise ValueError(f"budgets must be Adam steps >= 1, got {budgets!r}")
+        kinds = tuple(k for k in LEAKAGE_KINDS if k in asked) + tuple(sorted(asked - set(LEAKAGE_KINDS)))
+    measures = MeasureOptions(  # checks its values: references >= 0, budgets >= 1, known leakage types
+        budgets=None if budgets is None else tuple(sorted({int(b) for b in budgets})),
+        references=membership_references,
+        fit_check=fit_check,
+        leakage=kinds,
+    )
     found = find_spec_file(captures) if captures.exists() else None
     values = read_spec_file(found) if found else {}
     if found:
@@ -124,17 +126,14 @@ def audit_captures(
         tv_by_model="tv" not in budget,
         overrides=recipe_overrides(values.get("recipe", {}), recipe),
         app=None if app is None else existing(app, "app"),
-        fit_check=fit_check,
         sent_as=sent,
         data=user_data(values.get("data", {}), data, partitions, decoy_partitions, num_partitions, data_options,
                        canaries, spec, app_dir),  # fmt: skip
         decoys=decoys,
-        references=membership_references,
-        budgets=steps,
         device=device,
         title=title,
-        leakage=kinds,
         app_facts=tuple(dict(f) for f in app_facts),
+        measures=measures,
     )
     written = audit_captured(captures, out, options)
     report = written.report

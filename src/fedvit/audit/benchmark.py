@@ -21,6 +21,7 @@ from tqdm import tqdm
 from fedvit.audit.frontier import write_frontier
 from fedvit.audit.metrics import as_batch
 from fedvit.audit.pipeline import AuditOptions, Reader, audit_exchanges
+from fedvit.audit.registry import MeasureOptions
 from fedvit.audit.report import draw_grid
 from fedvit.audit.user_data import gallery_from_test_split
 from fedvit.capture.reader import load_exchanges
@@ -227,7 +228,7 @@ def run_benchmark(
             size = int(exchanges[0].ground_truth()["images"].shape[-1])
         options = AuditOptions(
             decoys=decoys,
-            budgets=budgets,
+            measures=MeasureOptions(budgets=None if budgets is None else tuple(budgets)),
             title=title,
             dataset_mean=dataset_mean_image(base, size) if exchanges else None,
             gallery=gallery_from_test_split(base, size, decoys) if decoys > 0 else None,

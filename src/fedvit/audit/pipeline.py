@@ -22,12 +22,12 @@ import numpy as np
 from tqdm import tqdm
 
 from fedvit.attacks.holdings import Auxiliary, Candidates
-from fedvit.attacks.membership import REFERENCES, forget_received_projection
+from fedvit.attacks.membership import forget_received_projection
 from fedvit.attacks.reidentification import Gallery
 from fedvit.attacks.scores import Score
 from fedvit.attacks.simulation import ModelInputError, trial_logits
 from fedvit.audit.entries import ClientRounds, RecipeFitted, UpdateAudit
-from fedvit.audit.evidence import LEAKAGE_KINDS, threat_model, verdict_detail
+from fedvit.audit.evidence import threat_model, verdict_detail
 from fedvit.audit.fedvit_run import fedvit_observation, model_skeleton
 from fedvit.audit.figures import BAND_DRAWS, label_figure, png, roc_figure
 from fedvit.audit.frontier import frontier_rows, write_frontier
@@ -134,24 +134,16 @@ class AuditOptions:
     tv_by_model: bool = True  # another app's model: the TV weight by model family (False: ``budget.tv`` stands)
     overrides: dict[str, str] = dataclasses.field(default_factory=dict)  # recipe values the user knows
     app: Path | None = None  # the app's code (a folder or a FAB): else the FAB a tap kept or the folder a mod named
-    fit_check: bool = True  # withhold what simulates a recipe that does not fit the update (off: mutation checks)
     sent_as: str = "auto"  # "gradient" | "weights": what another app's replies carry, when the distance misleads
     data: UserData | None = None  # the clients' data for scoring (else the ground truth fedvit's clients recorded)
     decoys: int = DEFAULT_DECOYS  # test-split decoys beside recorded ground truth (0: no re-identification)
-    references: int = REFERENCES  # shadow updates behind a multi-step update's membership (0: the loss drop)
-    budgets: list[int] | None = None  # Adam steps per restart, one row each (default: the budget's own)
     device: str | None = None  # default: a fedvit run's own ``device``, else "auto"
     title: str | None = None
     dataset_mean: np.ndarray | None = None  # the benchmark's "dataset mean image" reference
     gallery: Gallery | None = None  # decoys for every update (default: each run's test split, ``decoys`` of them)
-    leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types measured (--leakage); the others say "not asked for"
     app_facts: tuple[dict[str, str], ...] = ()  # ``fedvit audit-app``: what it read from the app, with sources
-
-    @property
-    def measures(self) -> MeasureOptions:
-        """The part every measure reads (:class:`fedvit.audit.registry.Held` holds it)."""
-        return MeasureOptions(None if self.budgets is None else tuple(self.budgets), self.references,
-                              self.fit_check, self.leakage)  # fmt: skip
+    # what every measure reads (the budgets, shadow references, fit check and leakage types asked for)
+    measures: MeasureOptions = dataclasses.field(default_factory=MeasureOptions)
 
 
 class Audited(NamedTuple):
@@ -486,7 +478,7 @@ def audit_exchanges(
             obs = reader.observe(ex, k + 1)
             budget, text = reader.budget(ex, obs)
             device = options.device or (config.device if (config := run_config(ex)) is not None else None)
-            budgets[budget_text(text, options.budgets)] = None
+            budgets[budget_text(text, options.measures.budgets)] = None
             truth = truths.of(ex, obs)
             aux = truths.auxiliary(ex, obs) if recipe(obs).several_steps else None
             candidates = truths.candidates(ex, obs, truth[0], truth[1])
@@ -594,7 +586,7 @@ def rounds_combined(by_client: dict[str, list[tuple[str, Any]]]) -> list[ClientR
     return out
 
 
-def budget_text(text: str, budgets: list[int] | None) -> str:
+def budget_text(text: str, budgets: tuple[int, ...] | None) -> str:
     """The optimisation budget as the report states it, with the budgets of ``--budgets`` where given."""
     if budgets:
         text = f"budgets (Adam steps per restart): {', '.join(map(str, budgets))}; otherwise " + text

@@ -59,7 +59,7 @@ from fedvit.audit.json_fields import keyed
 from fedvit.audit.membership_runs import aggregate_power, simulated_power
 from fedvit.audit.membership_stats import Judgement, Roc, judge, over_rounds, privacy_bound
 from fedvit.audit.metrics import ImageScores, as_batch, score
-from fedvit.core.budget import AuditConfig
+from fedvit.core.budget import MEMBERSHIP_REFERENCES, AuditConfig
 from fedvit.core.params import QKV0_WEIGHT
 from fedvit.observed.observation import (
     Observation,
@@ -234,9 +234,17 @@ class MeasureOptions:
     """The part of the audit's options the measures read (:attr:`fedvit.audit.pipeline.AuditOptions.measures`)."""
 
     budgets: tuple[int, ...] | None = None  # Adam steps per restart, one row each (default: the budget's own)
-    references: int = 0  # shadow updates behind the shadow-alignment membership score (0: that score is off)
+    references: int = MEMBERSHIP_REFERENCES  # shadow updates behind the shadow-alignment score (0: that score is off)
     fit_check: bool = True  # withhold the simulation's figures where the recipe does not fit (off: a mutation check)
     leakage: tuple[str, ...] = LEAKAGE_KINDS  # the leakage types asked for (--leakage); the others are not measured
+
+    def __post_init__(self) -> None:
+        if self.references < 0:
+            raise ValueError(f"membership references must be >= 0, got {self.references}")
+        if self.budgets is not None and (not self.budgets or min(self.budgets) < 1):
+            raise ValueError(f"budgets must be Adam steps >= 1, got {list(self.budgets)}")
+        if not self.leakage or set(self.leakage) - set(LEAKAGE_KINDS):
+            raise ValueError(f"leakage must name some of {', '.join(LEAKAGE_KINDS)}, got {sorted(self.leakage)}")
 
 
 @dataclass
