@@ -1,0 +1,92 @@
+"""Whether the label estimate could skip its class-mix search on one-epoch updates (the search is most of the
+quickstart CNN's audit time, #70): the passes' counts alone against the counts each search start ends at and the
+counts the audit keeps, on :mod:`benchmarks.audit_time`'s one-epoch reference updates (``cnn``: one update of
+1,864 images; ``rounds``: ten updates of 150 and 180 images over 5 rounds), audited as that benchmark audits them.
+
+``label_mix_search.py`` measured the passes on 1,000-image clients of synthetic data, where one epoch's passes
+were as good as the search. This checks the same claim on the audit's own reference updates. Times are not
+reported (see ``audit_time.py``).
+
+    uv run --frozen python -m benchmarks.label_passes_alone   # writes docs/results/data/label-passes-alone.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.audit_time import CASES
+from benchmarks.common import ROOT, write_csv
+from fedvit.attacks import label_distribution
+from fedvit.attacks.labels import label_accuracy
+from fedvit.audit.pipeline import run_audit
+
+OUT = ROOT / "docs" / "results" / "data" / "label-passes-alone.csv"
+
+
+def truth_of(case: str, node: int) -> np.ndarray:
+    """The true labels behind an update of ``case`` (the node's partition, as audit_time captured it)."""
+    from cnnapp_partitions import flower, medium
+
+    return flower(0)[1] if case == "cnn" else medium(node - 10)[1]
+
+
+def case_rows(case: str) -> list[dict[str, Any]]:
+    """One row per update of ``case``: the passes' error, each search start's, the kept counts' and the residuals."""
+    recorded = []
+    search = label_distribution.class_mix_search
+
+    def recording(*args: Any, **kwargs: Any) -> dict:
+        found = search(*args, **kwargs)
+        recorded.append((np.array(args[3]), found))  # args[3]: the passes' counts, the search's first start
+        return found
+
+    label_distribution.class_mix_search = recording
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            _, options = CASES[case](Path(tmp) / "cap")
+            updates = run_audit(Path(tmp) / "cap", Path(tmp) / "out", options)["updates"]
+    finally:
+        label_distribution.class_mix_search = search
+    if len(recorded) != len(updates):
+        raise RuntimeError(f"{case}: {len(recorded)} label searches for {len(updates)} updates")
+    rows = []
+    for update, (passed, found) in zip(updates, recorded, strict=True):
+        labels = truth_of(case, int(update["node"]))
+        error = lambda counts, labels=labels: round(1 - label_accuracy(counts, labels), 4)  # noqa: E731
+        first = found[label_distribution.FROM_PASSES]
+        learned = found.get(label_distribution.FROM_LEARNED)
+        kept = found[label_distribution.lowest_residual(found)]
+        rows.append({
+            "case": case, "round": update["round"], "node": update["node"], "images": len(labels),
+            "local epochs": 1, "passes error": error(passed), "from passes error": error(first.counts),
+            "from learned error": None if learned is None else error(learned.counts), "kept error": error(kept.counts),
+            "report's error": round(update["leakage"]["labels"]["error"], 4),
+            "spread at the passes": None if first.spread is None else round(first.spread, 3),
+            "kept residual": round(kept.residual, 3), "searched": not first.settled,
+            "search residuals": sum(f.simulations for f in found.values()),
+        })  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", choices=["cnn", "rounds", "all"], default="all")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # Messages outside a Flower run
+    rows = [row for case in (["cnn", "rounds"] if args.case == "all" else [args.case]) for row in case_rows(case)]
+    write_csv(rows, args.out)
+
+
+if __name__ == "__main__":
+    main()
