@@ -62,6 +62,16 @@ class Recorded:
         label_distribution.class_mix_search = self._search
 
 
+def start_errors(passed: np.ndarray, found: dict, labels: np.ndarray) -> dict[str, float | None]:
+    """The share of images misplaced by the passes' counts, by where each search start ended (None: the learned
+    start was not searched) and by the counts the audit kept (the lower residual)."""
+    error = lambda counts: round(1 - label_accuracy(counts, labels), 4)  # noqa: E731
+    learned = found.get(label_distribution.FROM_LEARNED)
+    return {"passes error": error(passed), "from passes error": error(found[label_distribution.FROM_PASSES].counts),
+            "from learned error": None if learned is None else error(learned.counts),
+            "kept error": error(found[label_distribution.lowest_residual(found)].counts)}  # fmt: skip
+
+
 def case_rows(case: str) -> list[dict[str, Any]]:
     """One row per update of ``case``: the passes' error, each search start's, the kept counts' and the residuals."""
     with tempfile.TemporaryDirectory() as tmp, Recorded() as searches:
@@ -73,14 +83,11 @@ def case_rows(case: str) -> list[dict[str, Any]]:
     rows = []
     for update, (passed, found) in zip(updates, recorded, strict=True):
         labels = truth_of(case, int(update["node"]))
-        error = lambda counts, labels=labels: round(1 - label_accuracy(counts, labels), 4)  # noqa: E731
         first = found[label_distribution.FROM_PASSES]
-        learned = found.get(label_distribution.FROM_LEARNED)
         kept = found[label_distribution.lowest_residual(found)]
         rows.append({
             "case": case, "round": update["round"], "node": update["node"], "images": len(labels),
-            "local epochs": 1, "passes error": error(passed), "from passes error": error(first.counts),
-            "from learned error": None if learned is None else error(learned.counts), "kept error": error(kept.counts),
+            "local epochs": 1, **start_errors(passed, found, labels),
             "report's error": round(update["leakage"]["labels"]["error"], 4),
             "spread at the passes": None if first.spread is None else round(first.spread, 3),
             "kept residual": round(kept.residual, 3), "searched": not first.settled,
@@ -95,27 +102,20 @@ def table_rows() -> list[dict[str, Any]]:
     and which start the audit kept."""
     from benchmarks.label_distribution import DRAWS, PARTITIONS, SIZES, client_update, models
 
+    specs = models()
+    cases = [(name, split, size, seed) for name in specs for split in PARTITIONS for size in SIZES
+             for seed in DRAWS[split]]  # label_distribution.py's order
     rows = []
-    for name, spec in models().items():
-        for partition in PARTITIONS:
-            for size in SIZES:
-                for seed in DRAWS[partition]:
-                    obs, (_, labels), others = client_update(spec, 1, size, partition, seed)
-                    with Recorded() as recorded:
-                        label_distribution.estimate(obs, Auxiliary(*others, "2,000 other images"), seed)
-                    ((passed, found),) = recorded.searches
-                    error = lambda counts, labels=labels: round(1 - label_accuracy(counts, labels), 4)  # noqa: E731
-                    learned = found.get(label_distribution.FROM_LEARNED)
-                    kept = label_distribution.lowest_residual(found)
-                    rows.append({
-                        "model": name, "partition": partition, "client seed": seed, "images": size,
-                        "passes error": error(passed),
-                        "from passes error": error(found[label_distribution.FROM_PASSES].counts),
-                        "from learned error": None if learned is None else error(learned.counts),
-                        "kept error": error(found[kept].counts),
-                        "kept start": "learned" if kept == label_distribution.FROM_LEARNED else "passes",
-                    })  # fmt: skip
-                    print(rows[-1], flush=True)
+    for name, partition, size, seed in cases:
+        obs, (_, labels), others = client_update(specs[name], 1, size, partition, seed)
+        with Recorded() as recorded:
+            label_distribution.estimate(obs, Auxiliary(*others, "2,000 other images"), seed)
+        ((passed, found),) = recorded.searches
+        kept = label_distribution.lowest_residual(found)
+        rows.append({"model": name, "partition": partition, "client seed": seed, "images": size,
+                     **start_errors(passed, found, labels),
+                     "kept start": "learned" if kept == label_distribution.FROM_LEARNED else "passes"})  # fmt: skip
+        print(rows[-1], flush=True)
     return rows
 
 
