@@ -108,6 +108,7 @@ def audit_captures(
     kinds = LEAKAGE_KINDS
     if leakage is not None:  # read once: an iterator is consumed, a string is the command line's comma list
         asked = {k.strip() for k in leakage.split(",") if k.strip()} if isinstance(leakage, str) else set(leakage)
+        # the report's order; an unknown name is kept for MeasureOptions to refuse it by name
         kinds = tuple(k for k in LEAKAGE_KINDS if k in asked) + tuple(sorted(asked - set(LEAKAGE_KINDS)))
     measures = MeasureOptions(  # checks its values: references >= 0, budgets >= 1, known leakage types
         budgets=None if budgets is None else tuple(sorted({int(b) for b in budgets})),
