@@ -262,8 +262,8 @@ def class_mix_search(obs: Observation, aux: Auxiliary, rows: np.ndarray, passed:
     simulation's draw-to-draw spread (``floor`` of :func:`residual_search`), else from it and from the sent model's
     class shares (:func:`learned_mix`). The rule is measured, not derived (benchmarks/label_mix_search.py, fifteen
     skewed CNN clients): after one local epoch the passes misplace as few images as a simulation at the true counts
-    and mostly end within the spread; after three or five they misplace 15–42%, never end within it, and the search
-    from both starts is what brings them to 1–4%, its residual still ranking counts below the spread."""
+    and mostly end within the spread; after three or five they misplace 16–42%, never end within it, and the search
+    from both starts is what brings them to 1–6%, its residual still ranking counts below the spread."""
     search = functools.partial(residual_search, obs, aux, rows, momentum=momentum, weight_decay=0.0, seed=seed,
                                steps=SEARCH_STEPS, systems=systems)  # fmt: skip
     searched = {FROM_PASSES: search(start=passed, floor=True)}
