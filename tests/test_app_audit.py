@@ -216,6 +216,8 @@ def test_the_measures_options_refuse_values_no_measure_can_use():
         audit_captures(Path("no-captures"), membership_references=-2)
     with pytest.raises(ValueError, match=r"budgets must be Adam steps >= 1, got \[0, 10\]"):
         audit_captures(Path("no-captures"), budgets=[10, 0])
+    with pytest.raises(ValueError, match=r"decoys \(--decoys\) must be >= 0, got -3"):
+        audit_captures(Path("no-captures"), decoys=-3)
     assert MeasureOptions(budgets=(10, 50)).references == MeasureOptions().references > 0  # one default
 
 

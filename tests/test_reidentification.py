@@ -140,7 +140,9 @@ def test_budgets_run_the_optimisation_attack_once_per_budget_and_reach_the_front
     assert [r["budget-level"] for r in frontier["best"]] == [3, 8]
     assert "budget (steps)" in (out / "frontier.md").read_text() and "re-identified" in (out / "audit.md").read_text()
     assert main([*args, "--budgets", "0,5"]) == 2 and "--budgets" in capsys.readouterr().err
-    assert main([*args, "--decoys", "-1"]) == 2
+    assert main([*args, "--decoys", "-1", "--out", str(tmp_path / "refused")]) == 2  # before any update is written
+    assert "fedvit audit: decoys (--decoys) must be >= 0, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
 
 
 def test_the_benchmark_attacks_a_finished_runs_model(tmp_path, capsys):

@@ -189,8 +189,6 @@ def main(args: argparse.Namespace) -> int:
     try:
         budgets = sorted(set(positive_list(args.budgets, "--budgets"))) if args.budgets else None
         if args.benchmark:
-            if args.decoys < 0:
-                raise ValueError("--decoys must be >= 0")
             return benchmark(args, budgets)
         audit_captures(args, budgets)
     except (ValueError, TypeError, FileNotFoundError) as err:  # AuditInputError and SpecError are ValueErrors

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedvit.core.budget import DEFAULT_DECOYS, MEMBERSHIP_REFERENCES
+from fedvit.core.budget import DEFAULT_DECOYS, MEMBERSHIP_REFERENCES, check_decoys
 
 if TYPE_CHECKING:  # the summary's types load numpy and scipy: not at `fedvit --help`
     from fedvit.audit.summary import ClientFinding
@@ -101,8 +101,7 @@ def audit_captures(
     from fedvit.audit.registry import MeasureOptions
 
     captures, out = Path(captures), Path(out)
-    if decoys < 0:
-        raise ValueError(f"decoys must be >= 0, got {decoys}")
+    check_decoys(decoys)
     if sent not in ("auto", "gradient", "weights"):
         raise ValueError(f"sent must be auto, gradient or weights, got {sent!r}")
     kinds = LEAKAGE_KINDS

@@ -29,7 +29,7 @@ from fedvit.capture.writer import capture_stem, direction_entry, write_direction
 from fedvit.clients import runner
 from fedvit.clients.encryption import ENCRYPTED, EncryptionKey, model_embedding_dims
 from fedvit.clients.privacy import privatize_offline
-from fedvit.core.budget import DEFAULT_DECOYS
+from fedvit.core.budget import DEFAULT_DECOYS, check_decoys
 from fedvit.core.config import Config, parse_config
 from fedvit.core.data import client_data, load_dataset
 from fedvit.core.model import build_model, get_weights
@@ -206,6 +206,7 @@ def run_benchmark(
     """``images`` client updates per defence and setting as captures (under ``keep``, else a temporary folder),
     audited; writes the audit's files, fig4.png and the frontier (``accuracy``: final accuracy per defence from
     short training runs). ``decoys``: test-split re-identification decoys (0: off); ``budgets``: Adam steps."""
+    check_decoys(decoys)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FEDVIT_CLIENT_STATE", str(out / "client-state"))  # locked masks of these clients
     chosen = defences or list(DEFENCES)

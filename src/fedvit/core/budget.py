@@ -10,6 +10,13 @@ DEFAULT_DECOYS = 99  # test-split decoys beside each true image: a gallery of 10
 MEMBERSHIP_REFERENCES = 8  # shadow updates per multi-step update (fewer where their time runs out)
 
 
+def check_decoys(decoys: int) -> None:
+    """``ValueError`` naming the flag where ``decoys`` is negative: the API, ``fedvit audit`` and its
+    ``--benchmark`` all check it here, before any capture is read or update written."""
+    if decoys < 0:
+        raise ValueError(f"decoys (--decoys) must be >= 0, got {decoys}")
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """The attack audit's budget per captured update (fedvit.attacks.inversion; written into every report).
