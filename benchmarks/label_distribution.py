@@ -10,6 +10,8 @@ held.
 
     uv run python -m benchmarks.label_distribution --workers 2   # writes docs/results/data/label-distribution.csv
     # a subset (the search's before/after table): --models cnn --sizes 500,1000 --epochs 1,3 --out FILE.csv
+    # the attack's own run-to-run spread: the same client updates, another draw of the attack's simulations
+    uv run python -m benchmarks.label_distribution --workers 2 --attack-draw 1 --out FILE.csv
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ OUT = ROOT / "docs" / "results" / "data" / "label-distribution.csv"
 EPOCHS, SIZES, PARTITIONS = (1, 3, 5), (500, 1000, 2000), {"IID": 0.0, "Dirichlet(0.5)": 0.5}
 DRAWS = {"IID": (0,), "Dirichlet(0.5)": (0, 1, 2, 3, 4)}  # client seeds: each Dirichlet draw is another class mix
 LR, MOMENTUM, BATCH = 0.01, 0.9, 32
+# --attack-draw K seeds the estimate with client seed + K · ATTACK_DRAW (0: the committed table's seeds): another
+# draw of the auxiliary images, the shuffles and the other-draw check, the client's update unchanged
+ATTACK_DRAW = 104_729
 
 
 def models() -> dict[str, ModelSpec]:
@@ -104,25 +109,26 @@ def client_update(spec: ModelSpec, epochs: int, size: int, partition: str, seed:
     return obs, (images, labels), (others, other_labels)
 
 
-def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed: int = 0) -> dict:
+def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed: int = 0, draw: int = 0) -> dict:
+    """One client's update (``seed``) and its label estimate under the attack's draw ``draw``."""
     obs, (images, labels), (others, other_labels) = client_update(spec, epochs, size, partition, seed)
     aux = Auxiliary(others, other_labels, "2,000 other images")
     started = time.perf_counter()
-    found = estimate(obs, aux, seed)
+    found = estimate(obs, aux, seed + draw * ATTACK_DRAW)
     label_seconds = time.perf_counter() - started
     return {
         "model": name, "partition": partition, "client seed": seed, "images": size, "local epochs": epochs,
         "label error": round(1 - label_accuracy(found.counts, labels), 4),
         "prior error": round(1 - prior_accuracy(aux.prior(10), labels), 4),
         "momentum estimated": found.momentum, "label s": round(label_seconds, 1),
-    }  # fmt: skip
+    } | ({"attack draw": draw} if draw else {})  # fmt: skip
 
 
-def run_case(case: tuple[str, int, int, str, int], threads: int) -> dict:
+def run_case(case: tuple[str, int, int, str, int, int], threads: int) -> dict:
     """One row on ``threads`` threads (a pool's workers run side by side on one each)."""
     torch.set_num_threads(threads)
-    name, epochs, size, partition, seed = case
-    return row(name, models()[name], epochs, size, partition, seed)
+    name, epochs, size, partition, seed, draw = case
+    return row(name, models()[name], epochs, size, partition, seed, draw)
 
 
 def main() -> None:
@@ -132,15 +138,21 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(models()), help="comma-separated (default: all)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="client images, comma-separated")
     parser.add_argument("--epochs", default=",".join(map(str, EPOCHS)), help="local epochs, comma-separated")
+    parser.add_argument("--attack-draw", type=int, default=0, help="another draw of the attack's simulations on the "
+                        "same client updates (0: the committed table's)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT, help="the CSV written")
     args = parser.parse_args()
+    if args.attack_draw < 0:
+        parser.error(f"--attack-draw must be >= 0, got {args.attack_draw}")
+    if args.attack_draw and args.out == OUT:
+        parser.error("--attack-draw writes another draw: name its file with --out (the committed table is draw 0)")
     workers = args.workers
     names, sizes, epoch_list = args.models.split(","), [int(s) for s in args.sizes.split(",")], [
         int(e) for e in args.epochs.split(",")]  # fmt: skip
     unknown = sorted(set(names) - set(models()))
     if unknown:
         parser.error(f"unknown models {unknown} (one of {', '.join(models())})")
-    cases = [(name, epochs, size, partition, seed) for name in names for partition in PARTITIONS
+    cases = [(name, epochs, size, partition, seed, args.attack_draw) for name in names for partition in PARTITIONS
              for size in sizes for epochs in epoch_list for seed in DRAWS[partition]]  # fmt: skip
     rows = []
     for result in side_by_side(run_case, cases, workers):
