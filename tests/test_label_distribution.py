@@ -72,6 +72,7 @@ from cnnapp.task import normalize as normalize_cnn  # noqa: E402
 SPEC = ModelSpec("cnnapp.task:Net", app_dir=str(APP))
 CSV = Path(__file__).parents[1] / "docs" / "results" / "data" / "label-distribution.csv"
 ADAM_CSV = CSV.with_name("adam-vs-sgd.csv")
+SPREAD_CSV = CSV.with_name("label-distribution-spread.csv")  # the same client updates under another attack draw
 
 
 def test_step_weights_are_what_momentum_applies_of_each_gradient():
@@ -191,12 +192,15 @@ def test_the_search_takes_no_step_from_a_start_self_consistent_within_the_draw_t
     assert len(class_mix_search(obs, aux, rows, far, 0.9, 0, LinearSystems(rhs, truth, 0.01))) == 2
 
 
-def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case():
+def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case_over_both_attack_draws():
+    """The quoted error is the worst over the table and over the same client updates under the attack's other draw
+    (its own run-to-run spread), clients of at least 1,000 images."""
     rows = list(csv.DictReader(CSV.open()))
-    assert rows, CSV
+    other = [r | {"label error": r["label error draw 1"]} for r in csv.DictReader(SPREAD_CSV.open())]
+    assert rows and len(other) == len(rows), (CSV, SPREAD_CSV)
     for family, table in BENCHMARKED_ERROR.items():
         for epochs, bound in table.items():
-            worst = max(float(r["label error"]) for r in rows if r["model"] == family and
+            worst = max(float(r["label error"]) for r in rows + other if r["model"] == family and
                         int(r["local epochs"]) == epochs and int(r["images"]) >= 1000)  # fmt: skip
             assert bound == pytest.approx(np.ceil(worst * 100) / 100), (family, epochs, worst)
     adam = [r for r in csv.DictReader(ADAM_CSV.open()) if r["optimiser"] == "adam"]
