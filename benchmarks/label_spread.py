@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DATA / "label-distribution-spread.csv", help="the joined rows")
     parser.add_argument("--summary", type=Path, default=DATA / "label-distribution-spread-summary.csv")
     args = parser.parse_args()
+    if args.draw < 1:  # draw 0 is the first table: its columns would overwrite each other's
+        parser.error(f"--draw must be >= 1 (draw 0 is --first), got {args.draw}")
     second = read(args.other)
     draws = {r.get("attack draw", "0") for r in second.values()}
     if draws != {str(args.draw)}:
