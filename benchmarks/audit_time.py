@@ -19,6 +19,8 @@ Each repeat is a fresh audit of the same capture in this process (the first pays
     uv run --frozen python -m benchmarks.audit_time [--case cnn|vit-b16|rounds|all] [--repeats 2] [--profile]
     # writes docs/results/data/audit-time.csv, and per stage of each case's last repeat audit-stages.csv
     # (--out, --stages-out: other files, e.g. one case before and after a change)
+    # --search-steps K: the label estimate's class-mix search capped at K steps per start (the audit's cap is 5),
+    # what a smaller budget saves; its files must be named with --out and --stages-out
 
 The stages (seconds and share of the audit): the label search, the shadow updates, the shadow-alignment score, the
 loss scores' candidate losses, the membership judgement against its null, the power twin, the image inversion,
@@ -206,7 +208,17 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print the 25 costliest functions of the last repeat")
     parser.add_argument("--out", type=Path, default=OUT, help="the per-repeat CSV written")
     parser.add_argument("--stages-out", type=Path, default=STAGES_OUT, help="the per-stage CSV written")
+    parser.add_argument("--search-steps", type=int, default=None, help="cap the label estimate's class-mix search "
+                        "at this many Gauss-Newton steps per start (default: the audit's own cap)")  # fmt: skip
     args = parser.parse_args()
+    if args.search_steps is not None:
+        if args.search_steps < 0:
+            parser.error(f"--search-steps must be >= 0, got {args.search_steps}")
+        if args.out == OUT or args.stages_out == STAGES_OUT:
+            parser.error("--search-steps times another budget: name its files with --out and --stages-out")
+        from fedvit.attacks import label_distribution
+
+        label_distribution.SEARCH_STEPS = args.search_steps  # read by estimate() at each call
     torch.set_num_threads(2)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # Messages outside a Flower run
     rows, stage_rows = [], []
@@ -232,6 +244,7 @@ def main() -> None:
                              "audit_captures s": round(time.perf_counter() - started, 1),
                              "recipe": update["recipe-fit"]["recipe"], "recipe fits": update["recipe-fit"]["fits"],
                              "label error": update["leakage"]["labels"].get("error"),
+                             **({} if args.search_steps is None else {"search steps": args.search_steps}),
                              "membership": update["leakage"]["membership"]["status"],
                              "power": update["leakage"]["membership"]["power"]["status"]})  # fmt: skip
                 print(rows[-1], flush=True)

@@ -12,6 +12,8 @@ held.
     # a subset (the search's before/after table): --models cnn --sizes 500,1000 --epochs 1,3 --out FILE.csv
     # the attack's own run-to-run spread: the same client updates, another draw of the attack's simulations
     uv run python -m benchmarks.label_distribution --workers 2 --attack-draw 1 --out FILE.csv
+    # the class-mix search capped at K Gauss-Newton steps per start (its error against its time; 5 is the audit's)
+    uv run python -m benchmarks.label_distribution --workers 2 --search-steps 0,1,2,5 --epochs 1 --out FILE.csv
 """
 
 from __future__ import annotations
@@ -109,26 +111,29 @@ def client_update(spec: ModelSpec, epochs: int, size: int, partition: str, seed:
     return obs, (images, labels), (others, other_labels)
 
 
-def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed: int = 0, draw: int = 0) -> dict:
-    """One client's update (``seed``) and its label estimate under the attack's draw ``draw``."""
+def row(name: str, spec: ModelSpec, epochs: int, size: int, partition: str, seed: int = 0, draw: int = 0,
+        search_steps: int | None = None) -> dict:  # fmt: skip
+    """One client's update (``seed``) and its label estimate under the attack's draw ``draw``; ``search_steps``: the
+    class-mix search capped at that many steps per start (None: the audit's own cap, and no budget columns)."""
     obs, (images, labels), (others, other_labels) = client_update(spec, epochs, size, partition, seed)
     aux = Auxiliary(others, other_labels, "2,000 other images")
     started = time.perf_counter()
-    found = estimate(obs, aux, seed + draw * ATTACK_DRAW)
+    found = estimate(obs, aux, seed + draw * ATTACK_DRAW, search_steps)
     label_seconds = time.perf_counter() - started
+    budget = {} if search_steps is None else {"search steps": search_steps, "simulations": found.simulations}
     return {
         "model": name, "partition": partition, "client seed": seed, "images": size, "local epochs": epochs,
         "label error": round(1 - label_accuracy(found.counts, labels), 4),
         "prior error": round(1 - prior_accuracy(aux.prior(10), labels), 4),
         "momentum estimated": found.momentum, "label s": round(label_seconds, 1),
-    } | ({"attack draw": draw} if draw else {})  # fmt: skip
+    } | ({"attack draw": draw} if draw else {}) | budget  # fmt: skip
 
 
-def run_case(case: tuple[str, int, int, str, int, int], threads: int) -> dict:
+def run_case(case: tuple[str, int, int, str, int, int, int | None], threads: int) -> dict:
     """One row on ``threads`` threads (a pool's workers run side by side on one each)."""
     torch.set_num_threads(threads)
-    name, epochs, size, partition, seed, draw = case
-    return row(name, models()[name], epochs, size, partition, seed, draw)
+    name, epochs, size, partition, seed, draw, search_steps = case
+    return row(name, models()[name], epochs, size, partition, seed, draw, search_steps)
 
 
 def main() -> None:
@@ -140,8 +145,18 @@ def main() -> None:
     parser.add_argument("--epochs", default=",".join(map(str, EPOCHS)), help="local epochs, comma-separated")
     parser.add_argument("--attack-draw", type=int, default=0, help="another draw of the attack's simulations on the "
                         "same client updates (0: the committed table's)")  # fmt: skip
+    parser.add_argument("--search-steps", default=None, help="the class-mix search capped at these Gauss-Newton steps "
+                        "per start, comma-separated (a row per cap; default: the audit's own cap, no budget columns)")
     parser.add_argument("--out", type=Path, default=OUT, help="the CSV written")
     args = parser.parse_args()
+    try:
+        caps = [None] if args.search_steps is None else [int(k) for k in args.search_steps.split(",")]
+    except ValueError:
+        parser.error(f"--search-steps takes integers, comma-separated, got {args.search_steps!r}")
+    if any(k is not None and k < 0 for k in caps):
+        parser.error(f"--search-steps must be >= 0, got {args.search_steps}")
+    if args.search_steps is not None and args.out == OUT:
+        parser.error("--search-steps caps the search: name its file with --out (the committed table is the audit's)")
     if args.attack_draw < 0:
         parser.error(f"--attack-draw must be >= 0, got {args.attack_draw}")
     if args.attack_draw and args.out == OUT:
@@ -152,8 +167,8 @@ def main() -> None:
     unknown = sorted(set(names) - set(models()))
     if unknown:
         parser.error(f"unknown models {unknown} (one of {', '.join(models())})")
-    cases = [(name, epochs, size, partition, seed, args.attack_draw) for name in names for partition in PARTITIONS
-             for size in sizes for epochs in epoch_list for seed in DRAWS[partition]]  # fmt: skip
+    cases = [(name, epochs, size, partition, seed, args.attack_draw, cap) for name in names for partition in PARTITIONS
+             for size in sizes for epochs in epoch_list for seed in DRAWS[partition] for cap in caps]  # fmt: skip
     rows = []
     for result in side_by_side(run_case, cases, workers):
         rows.append(result)

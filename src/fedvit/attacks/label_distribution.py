@@ -98,6 +98,7 @@ class LabelEstimate:
     optimiser: str = "sgd"  # the optimiser the simulation ran
     fit: RecipeFit | None = None  # how well that simulation reproduces the update
     augment: Augmentation | None = None  # the augmentation the simulation ran (the declared one, or none)
+    simulations: int = 0  # the simulated local trainings run in all (a repeated one looked up, not counted)
 
 
 def noise_auxiliary(shape: tuple[int, int, int], num_classes: int, seed: int, per_class: int = 16) -> Auxiliary:
@@ -186,12 +187,13 @@ def candidate_name(candidate: Candidate, declared: Augmentation | None = None) -
     return name + (", no augmentation" if declared is not None and candidate.augment is None else "")
 
 
-def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
+def estimate(obs: Observation, aux: Auxiliary, seed: int = 0, search_steps: int | None = None) -> LabelEstimate:
     """Per-class counts of a multi-step FedAvg update (see the module docstring), and how well the recipe's
     simulation reproduces the update (:class:`RecipeFit`). Where the recipe's source leaves the optimiser or SGD's
     momentum open, each candidate of :func:`candidate_recipes` runs the passes and the one that fits the update best
     (:attr:`RecipeFit.mismatch`) is searched. ``obs.update`` holds the sent weights; the recipe's lr must be known
-    (the scale of the right-hand side)."""
+    (the scale of the right-hand side). ``search_steps``: the class-mix search's Gauss–Newton steps at most per start
+    (None: :data:`SEARCH_STEPS`; fewer trade error for time, benchmarks/label_distribution.py --search-steps)."""
     client = recipe(obs)
     total = client.examples
     rows = head_rows(obs)
@@ -222,7 +224,8 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
         note += f", {optimiser} with torch's default betas)"
     else:
         note += f", momentum {chosen:g})"
-    searched = class_mix_search(obs, aux, rows, passed, chosen, seed, systems)
+    searched = class_mix_search(obs, aux, rows, passed, chosen, seed, systems,
+                                SEARCH_STEPS if search_steps is None else search_steps)  # fmt: skip
     best = lowest_residual(searched)
     counts = searched[best].counts
     if searched[best].settled:
@@ -255,19 +258,23 @@ def estimate(obs: Observation, aux: Auxiliary, seed: int = 0) -> LabelEstimate:
     )  # another optimiser: SGD's steps ran in its place, not it
     runs = systems.runs + sum(s.runs for _, s, _ in trials.values() if s is not systems)
     note += f"; {runs} simulations run in all (a repeated one looked up)"
-    return LabelEstimate(counts, chosen, note, alternatives, how, optimiser, fit, key.augment)
+    return LabelEstimate(counts, chosen, note, alternatives, how, optimiser, fit, key.augment, runs)
 
 
 def class_mix_search(obs: Observation, aux: Auxiliary, rows: np.ndarray, passed: np.ndarray, momentum: float,
-                     seed: int, systems: Systems | None = None) -> dict[str, SearchResult]:  # fmt: skip
+                     seed: int, systems: Systems | None = None, steps: int = SEARCH_STEPS
+                     ) -> dict[str, SearchResult]:  # fmt: skip
     """The residual searches by start: none where the passes' estimate is already self-consistent to within the
     simulation's draw-to-draw spread (``floor`` of :func:`residual_search`), else from it and from the sent model's
     class shares (:func:`learned_mix`). The rule is measured, not derived (benchmarks/label_mix_search.py, fifteen
     skewed CNN clients): after one local epoch the passes misplace as few images as a simulation at the true counts
     and mostly end within the spread; after three or five they misplace 16–42%, never end within it, and the search
-    from both starts is what brings them to 1–6%, its residual still ranking counts below the spread."""
+    from both starts is what brings them to 1–6%, its residual still ranking counts below the spread. ``steps``:
+    Gauss–Newton steps at most per start."""
+    if steps < 0:
+        raise ValueError(f"the class-mix search's steps must be >= 0, got {steps}")
     search = functools.partial(residual_search, obs, aux, rows, momentum=momentum, weight_decay=0.0, seed=seed,
-                               steps=SEARCH_STEPS, systems=systems)  # fmt: skip
+                               steps=steps, systems=systems)  # fmt: skip
     searched = {FROM_PASSES: search(start=passed, floor=True)}
     if not searched[FROM_PASSES].settled:
         searched[FROM_LEARNED] = search(start=learned_mix(obs, aux))
