@@ -199,6 +199,55 @@ def capture_rounds(root: Path) -> tuple[int, AuditOptions]:
 CASES = {"cnn": capture_cnn, "vit-b16": capture_vit, "rounds": capture_rounds}
 
 
+@contextlib.contextmanager
+def search_capped(cap: int | None) -> Iterator[None]:
+    """The label estimate's class-mix search capped at ``cap`` steps per start while inside (None: as it is)."""
+    from fedvit.attacks import label_distribution
+
+    kept = label_distribution.SEARCH_STEPS
+    if cap is not None:
+        label_distribution.SEARCH_STEPS = cap  # read by estimate() at each call
+    try:
+        yield
+    finally:
+        label_distribution.SEARCH_STEPS = kept
+
+
+def audit_repeats(case: str, images: int, options: AuditOptions, root: Path, repeats: int, profiled: bool,
+                  tag: str = "") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """``repeats`` fresh audits of the capture under ``root / "cap"`` (each into a folder of its own, named with
+    ``tag``): a row per repeat, and the last one's stages."""
+    rows, stages = [], []
+    for repeat in range(1, repeats + 1):
+        profile = cProfile.Profile() if profiled and repeat == repeats else None
+        clock = StageClock()
+        started = time.perf_counter()
+        if profile is not None:
+            profile.enable()
+        with clock.installed():
+            updates = run_audit(root / "cap", root / f"out{tag}-{repeat}", options)["updates"]
+        update = updates[0]
+        if profile is not None:
+            profile.disable()
+        stages = clock.rows(time.perf_counter() - started)
+        rows.append({"case": case, "repeat": repeat, "images": images, "updates": len(updates),
+                     "local steps": update["steps"],
+                     "update s": round(sum(u["seconds"] for u in updates) / len(updates), 1),
+                     "audit_captures s": round(time.perf_counter() - started, 1),
+                     "recipe": update["recipe-fit"]["recipe"], "recipe fits": update["recipe-fit"]["fits"],
+                     "label error": update["leakage"]["labels"].get("error"),
+                     "membership": update["leakage"]["membership"]["status"],
+                     "power": update["leakage"]["membership"]["power"]["status"]})  # fmt: skip
+        print(rows[-1], flush=True)
+        print("labels:", update["attacks"]["labels (head-bias gradient)"], flush=True)
+        print("per update, membership AUC and label error:", [(round(u["leakage"]["membership"]["auc"], 4),
+              u["leakage"]["labels"].get("error")) for u in updates], flush=True)  # fmt: skip
+        print("frozen features:", update.get("frozen-features"), flush=True)
+        if profile is not None:
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
+    return rows, stages
+
+
 def main() -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
@@ -208,17 +257,20 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print the 25 costliest functions of the last repeat")
     parser.add_argument("--out", type=Path, default=OUT, help="the per-repeat CSV written")
     parser.add_argument("--stages-out", type=Path, default=STAGES_OUT, help="the per-stage CSV written")
-    parser.add_argument("--search-steps", type=int, default=None, help="cap the label estimate's class-mix search "
-                        "at this many Gauss-Newton steps per start (default: the audit's own cap)")  # fmt: skip
+    parser.add_argument("--search-steps", default=None, help="cap the label estimate's class-mix search at these "
+                        "Gauss-Newton steps per start, comma-separated, each audited in turn on the same capture "
+                        "(default: the audit's own cap, no column for it)")  # fmt: skip
     args = parser.parse_args()
+    caps: list[int | None] = [None]
     if args.search_steps is not None:
-        if args.search_steps < 0:
+        try:
+            caps = [int(k) for k in args.search_steps.split(",")]
+        except ValueError:
+            parser.error(f"--search-steps takes integers, comma-separated, got {args.search_steps!r}")
+        if min(caps) < 0:
             parser.error(f"--search-steps must be >= 0, got {args.search_steps}")
         if args.out == OUT or args.stages_out == STAGES_OUT:
-            parser.error("--search-steps times another budget: name its files with --out and --stages-out")
-        from fedvit.attacks import label_distribution
-
-        label_distribution.SEARCH_STEPS = args.search_steps  # read by estimate() at each call
+            parser.error("--search-steps times other budgets: name its files with --out and --stages-out")
     torch.set_num_threads(2)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # Messages outside a Flower run
     rows, stage_rows = [], []
@@ -226,38 +278,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             images, options = CASES[case](root / "cap")
-            for repeat in range(1, args.repeats + 1):
-                profile = cProfile.Profile() if args.profile and repeat == args.repeats else None
-                clock = StageClock()
-                started = time.perf_counter()
-                if profile is not None:
-                    profile.enable()
-                with clock.installed():
-                    updates = run_audit(root / "cap", root / f"out-{repeat}", options)["updates"]
-                update = updates[0]
-                if profile is not None:
-                    profile.disable()
-                stages = clock.rows(time.perf_counter() - started)
-                rows.append({"case": case, "repeat": repeat, "images": images, "updates": len(updates),
-                             "local steps": update["steps"],
-                             "update s": round(sum(u["seconds"] for u in updates) / len(updates), 1),
-                             "audit_captures s": round(time.perf_counter() - started, 1),
-                             "recipe": update["recipe-fit"]["recipe"], "recipe fits": update["recipe-fit"]["fits"],
-                             "label error": update["leakage"]["labels"].get("error"),
-                             **({} if args.search_steps is None else {"search steps": args.search_steps}),
-                             "membership": update["leakage"]["membership"]["status"],
-                             "power": update["leakage"]["membership"]["power"]["status"]})  # fmt: skip
-                print(rows[-1], flush=True)
-                print("labels:", update["attacks"]["labels (head-bias gradient)"], flush=True)
-                print("per update, membership AUC and label error:", [(round(u["leakage"]["membership"]["auc"], 4),
-                      u["leakage"]["labels"].get("error")) for u in updates], flush=True)  # fmt: skip
-                print("frozen features:", update.get("frozen-features"), flush=True)
-                if profile is not None:
-                    stats = pstats.Stats(profile).sort_stats("cumulative")
-                    stats.print_stats(25)
-            stage_rows += [{"case": case, **row} for row in stages]
-            for row in stages:
-                print(f"{case:8s} {row['stage']:45s} {row['seconds']:7.1f} s {row['share']:>5s}")
+            for cap in caps:
+                with search_capped(cap):
+                    found, stages = audit_repeats(case, images, options, root, args.repeats, args.profile, f"-{cap}")
+                budget = {} if cap is None else {"search steps": cap}
+                rows += [row | budget for row in found]
+                stage_rows += [{"case": case, **budget, **row} for row in stages]
+                for row in stages:
+                    print(f"{case:8s} {row['stage']:45s} {row['seconds']:7.1f} s {row['share']:>5s}")
     write_csv(rows, args.out)
     write_csv(stage_rows, args.stages_out)
 

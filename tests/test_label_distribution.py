@@ -148,7 +148,7 @@ def test_a_repeated_simulation_is_looked_up_and_the_estimate_is_bit_identical(mo
     assert every.note.rsplit("; ", 1)[0] == found
     runs, afresh_runs = int(runs.split()[0]), int(afresh_runs.split()[0])  # "K simulations run in all"
     print(f"{runs} simulations run, {afresh_runs} without the look-up")
-    assert runs <= afresh_runs
+    assert runs <= afresh_runs and looked_up.simulations == runs and every.simulations == afresh_runs
 
 
 class LinearSystems:
@@ -192,6 +192,34 @@ def test_the_search_takes_no_step_from_a_start_self_consistent_within_the_draw_t
     assert len(class_mix_search(obs, aux, rows, far, 0.9, 0, LinearSystems(rhs, truth, 0.01))) == 2
 
 
+def test_the_search_budget_caps_the_steps_from_each_start_and_the_estimate_passes_it_on(monkeypatch):
+    """``search_steps`` (the label table's and the audit timing's --search-steps) caps the Gauss–Newton steps of
+    each start: 0 leaves both starts where they are, 1 takes one step from each; the audit's default is 5."""
+    obs, _, _ = client_update(300, 1, alpha=0.5)
+    aux = Auxiliary(*make_images(100, 99), "other images")
+    rows = head_rows(obs)
+    truth = np.array([60, 50, 40, 30, 30, 30, 20, 20, 10, 10])
+    far, learned = np.full(10, 30), np.array([20, 20, 20, 20, 20, 40, 40, 40, 40, 40])
+    monkeypatch.setattr(label_distribution, "learned_mix", lambda obs, aux: learned.astype(float))
+    systems = lambda: LinearSystems(scaled_rhs(obs, rows, 0.9), truth, noise=0.01)  # noqa: E731
+    unmoved = class_mix_search(obs, aux, rows, far, 0.9, 0, systems(), steps=0)
+    assert [(r.counts.tolist(), r.simulations) for r in unmoved.values()] == [(far.tolist(), 2), (learned.tolist(), 1)]
+    one, full = (class_mix_search(obs, aux, rows, far, 0.9, 0, systems(), steps=k) for k in (1, 5))
+    assert all(r.simulations <= 2 + 10 + 3 for r in one.values())  # one Jacobian, up to three step lengths
+    assert all(np.abs(r.counts - truth).sum() < np.abs(far - truth).sum() for r in one.values())
+    assert min(np.abs(r.counts - truth).sum() for r in full.values()) <= 4
+    with pytest.raises(ValueError, match="steps must be >= 0"):
+        class_mix_search(obs, aux, rows, far, 0.9, 0, systems(), steps=-1)
+    # the estimate hands its budget to the search (None: the module's SEARCH_STEPS, read at the call)
+    asked = []
+    original = label_distribution.class_mix_search
+    monkeypatch.setattr(label_distribution, "class_mix_search", lambda *a: asked.append(a[-1]) or original(*a))
+    monkeypatch.setattr(label_distribution, "SEARCH_STEPS", 1)
+    for budget in (0, None):
+        estimate(obs, Auxiliary(*make_images(300, 99), "other images"), search_steps=budget)
+    assert asked == [0, 1]
+
+
 def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case_over_both_attack_draws():
     """The quoted error is the worst over the table and over the same client updates under the attack's other draw
     (its own run-to-run spread), clients of at least 1,000 images."""
@@ -209,6 +237,21 @@ def test_the_benchmarked_error_is_the_committed_benchmarks_worst_case_over_both_
         for epochs, bound in table.items():
             worst = max(float(r["label error"]) for r in adam if int(r["local epochs"]) == epochs)
             assert bound == pytest.approx(np.ceil(worst * 100) / 100), (family, epochs, worst)
+
+
+def test_the_committed_search_budget_summary_is_its_rows_read_against_the_committed_table():
+    """docs/results/data/label-search-budget-summary.csv is what benchmarks/label_search_budget.py gives from the
+    committed rows and table, and at the audit's own cap the rows are the table's (but for the one row the results
+    page names)."""
+    from benchmarks.label_search_budget import key, summary
+
+    rows = list(csv.DictReader(CSV.with_name("label-search-budget.csv").open()))
+    table = {key(r): r for r in csv.DictReader(CSV.open())}
+    committed = list(csv.DictReader(CSV.with_name("label-search-budget-summary.csv").open()))
+    assert [{k: str(v) for k, v in r.items()} for r in summary(rows, table)] == committed
+    own = [r for r in rows if int(r["search steps"]) == label_distribution.SEARCH_STEPS]
+    differ = [key(r) for r in own if r["label error"] != table[key(r)]["label error"]]
+    assert len(own) == 36 and differ == [("cnn", "Dirichlet(0.5)", "0", "2000", "1")], differ
 
 
 def test_membership_figures_and_their_null():
