@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from benchmarks.common import ROOT, write_csv
+from benchmarks.common import ROOT, search_caps, write_csv
 
 APP = ROOT / "tests" / "thirdparty_app"
 VIT_APP = ROOT / "benchmarks" / "vitb16_app"
@@ -261,16 +261,9 @@ def main() -> None:
                         "Gauss-Newton steps per start, comma-separated, each audited in turn on the same capture "
                         "(default: the audit's own cap, no column for it)")  # fmt: skip
     args = parser.parse_args()
-    caps: list[int | None] = [None]
-    if args.search_steps is not None:
-        try:
-            caps = [int(k) for k in args.search_steps.split(",")]
-        except ValueError:
-            parser.error(f"--search-steps takes integers, comma-separated, got {args.search_steps!r}")
-        if min(caps) < 0:
-            parser.error(f"--search-steps must be >= 0, got {args.search_steps}")
-        if args.out == OUT or args.stages_out == STAGES_OUT:
-            parser.error("--search-steps times other budgets: name its files with --out and --stages-out")
+    caps = search_caps(parser, args.search_steps)
+    if args.search_steps is not None and (args.out == OUT or args.stages_out == STAGES_OUT):
+        parser.error("--search-steps times other budgets: name its files with --out and --stages-out")
     torch.set_num_threads(2)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # Messages outside a Flower run
     rows, stage_rows = [], []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import functools
@@ -52,3 +53,17 @@ def side_by_side(fn: Callable, cases: list, workers: int, **kwargs) -> Iterator:
             return
         pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
         yield from pool.imap(functools.partial(fn, threads=1, **kwargs), cases)
+
+
+def search_caps(parser: argparse.ArgumentParser, text: str | None) -> list[int | None]:
+    """``--search-steps``' caps of the label estimate's class-mix search ("0,1,2": integers >= 0), or [None] (the
+    audit's own cap) where it was not given; a bad value ends the run through ``parser``."""
+    if text is None:
+        return [None]
+    try:
+        caps = [int(k) for k in text.split(",")]
+    except ValueError:
+        parser.error(f"--search-steps takes integers, comma-separated, got {text!r}")
+    if min(caps) < 0:
+        parser.error(f"--search-steps must be >= 0, got {text}")
+    return caps

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import ROOT, TINY, side_by_side, write_csv
+from benchmarks.common import ROOT, TINY, search_caps, side_by_side, write_csv
 
 sys.path.insert(0, str(ROOT / "tests" / "thirdparty_app"))
 
@@ -149,12 +149,7 @@ def main() -> None:
                         "per start, comma-separated (a row per cap; default: the audit's own cap, no budget columns)")
     parser.add_argument("--out", type=Path, default=OUT, help="the CSV written")
     args = parser.parse_args()
-    try:
-        caps = [None] if args.search_steps is None else [int(k) for k in args.search_steps.split(",")]
-    except ValueError:
-        parser.error(f"--search-steps takes integers, comma-separated, got {args.search_steps!r}")
-    if any(k is not None and k < 0 for k in caps):
-        parser.error(f"--search-steps must be >= 0, got {args.search_steps}")
+    caps = search_caps(parser, args.search_steps)
     if args.search_steps is not None and args.out == OUT:
         parser.error("--search-steps caps the search: name its file with --out (the committed table is the audit's)")
     if args.attack_draw < 0:
