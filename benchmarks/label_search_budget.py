@@ -22,7 +22,7 @@ import numpy as np
 
 from benchmarks.common import write_csv
 from benchmarks.label_distribution import OUT as TABLE
-from benchmarks.label_spread import DATA, KEY, QUOTED_FROM
+from benchmarks.label_spread import DATA, QUOTED_FROM, key, read
 
 
 def summary(rows: list[dict], table: dict[tuple, dict]) -> list[dict]:
@@ -49,10 +49,6 @@ def summary(rows: list[dict], table: dict[tuple, dict]) -> list[dict]:
     return out
 
 
-def key(row: dict) -> tuple:
-    return tuple(row[k] for k in KEY)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("budget", type=Path, help="label_distribution's rows under --search-steps")
@@ -66,8 +62,7 @@ def main() -> None:
         raise SystemExit(f"{args.budget} holds no --search-steps rows (label_distribution --search-steps K,...)")
     if any("attack draw" in r and r["attack draw"] not in ("", "0") for r in rows):
         raise SystemExit(f"{args.budget} is another draw of the attack: the table it is read against is draw 0")
-    with args.table.open() as f:
-        table = {key(r): r for r in csv.DictReader(f)}
+    table = read(args.table)
     if missing := sorted({key(r) for r in rows} - table.keys()):
         raise SystemExit(f"client updates the table does not hold, e.g. {missing[:3]} ({len(missing)} in all)")
     write_csv(rows, args.out)

@@ -24,9 +24,15 @@ KEY = ("model", "partition", "client seed", "images", "local epochs")
 QUOTED_FROM = 1000  # the audit quotes the worst error over clients of at least this many images
 
 
+def key(row: dict) -> tuple:
+    """The client update a row holds: its :data:`KEY` values."""
+    return tuple(row[k] for k in KEY)
+
+
 def read(path: Path) -> dict[tuple, dict]:
+    """A table's rows by their client update (:func:`key`)."""
     with path.open() as f:
-        return {tuple(r[k] for k in KEY): r for r in csv.DictReader(f)}
+        return {key(r): r for r in csv.DictReader(f)}
 
 
 def joined(first: dict[tuple, dict], second: dict[tuple, dict], draw: int) -> list[dict]:
